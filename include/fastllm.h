@@ -1,0 +1,223 @@
+/*
+ * fastllm.h — the public C API of libfastllm.
+ *
+ * Conventions (after sqlite3.h and llama.h):
+ *  - Every name starts with fastllm_ / FASTLLM_. Handles are opaque pointers.
+ *  - Functions that can fail return a fastllm_status; FASTLLM_OK is 0. After a failure,
+ *    fastllm_last_error() gives a readable message for the calling thread.
+ *  - Objects are created by *_load / *_create, which the caller owns, and released by the matching
+ *    *_free. *_free(NULL) does nothing.
+ *  - Params structs are filled by *_default_params() first, then changed field by field, so that
+ *    new fields can be added without breaking callers.
+ *  - No function calls exit() or abort(); C++ exceptions never cross this boundary.
+ *
+ * Threads: a fastllm_model is immutable after loading and may be shared by any number of threads
+ * and sessions. A fastllm_session is used by one thread at a time (the caller serialises).
+ */
+#ifndef FASTLLM_H
+#define FASTLLM_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#if defined(_WIN32)
+#  if defined(FASTLLM_BUILD)
+#    define FASTLLM_API __declspec(dllexport)
+#  else
+#    define FASTLLM_API
+#  endif
+#else
+#  define FASTLLM_API __attribute__((visibility("default")))
+#endif
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Library version (of this header) and ABI version. The ABI version changes whenever a struct
+ * layout or a function signature changes; bindings compare it with fastllm_abi_version(). */
+#define FASTLLM_VERSION_MAJOR 0
+#define FASTLLM_VERSION_MINOR 1
+#define FASTLLM_VERSION_PATCH 0
+#define FASTLLM_ABI_VERSION 1
+
+typedef enum fastllm_status {
+    FASTLLM_OK = 0,
+    FASTLLM_ERR_INVALID_ARGUMENT = 1, /* NULL handle, bad parameter value */
+    FASTLLM_ERR_IO = 2,               /* file cannot be opened, read or mapped */
+    FASTLLM_ERR_BAD_FORMAT = 3,       /* not a .flm file, truncated, corrupted, wrong version */
+    FASTLLM_ERR_UNSUPPORTED = 4,      /* valid file but an architecture/dtype this build lacks */
+    FASTLLM_ERR_OUT_OF_MEMORY = 5,
+    FASTLLM_ERR_CONTEXT_FULL = 6,     /* the tokens do not fit into the session's context */
+    FASTLLM_ERR_BUFFER_TOO_SMALL = 7, /* output buffer too small; the needed size is returned */
+    FASTLLM_ERR_TOKEN_OUT_OF_RANGE = 8,
+    FASTLLM_ERR_INTERNAL = 9
+} fastllm_status;
+
+/* Version string such as "0.1.0" (static storage; do not free). */
+FASTLLM_API const char *fastllm_version(void);
+/* ABI version of the loaded library; compare with FASTLLM_ABI_VERSION. */
+FASTLLM_API int fastllm_abi_version(void);
+/* Static name of a status code, e.g. "FASTLLM_ERR_BAD_FORMAT". */
+FASTLLM_API const char *fastllm_status_name(fastllm_status status);
+/* Message of the last failure on the calling thread ("" if none). Valid until the next call into
+ * the library from the same thread. */
+FASTLLM_API const char *fastllm_last_error(void);
+/* Instruction set the kernels use: "avx512", "avx2" or "scalar" (static storage). The environment
+ * variable FASTLLM_ISA=scalar|avx2|avx512 forces a lower level than the CPU supports. */
+FASTLLM_API const char *fastllm_isa(void);
+
+/* ------------------------------------------------------------------------------------------ */
+/* Model: the weights, the config and the tokenizer of one .flm file.                          */
+
+typedef struct fastllm_model fastllm_model;
+
+typedef struct fastllm_model_params {
+    int32_t n_threads; /* default threads for this model's sessions; 0 = all cores */
+    int32_t use_mmap;  /* 1 (default): map the file and use the weights in place; 0: read it */
+} fastllm_model_params;
+
+FASTLLM_API fastllm_model_params fastllm_model_default_params(void);
+
+/* Loads a .flm file. On success *out_model owns the model; free it with fastllm_model_free after
+ * every session that uses it is freed. params may be NULL (defaults). */
+FASTLLM_API fastllm_status fastllm_model_load(const char *path, const fastllm_model_params *params,
+                                              fastllm_model **out_model);
+FASTLLM_API void fastllm_model_free(fastllm_model *model);
+
+typedef struct fastllm_model_info {
+    const char *architecture; /* e.g. "llama"; owned by the model */
+    const char *name;         /* owned by the model */
+    int32_t vocab_size;
+    int32_t context_length;
+    int32_t hidden_size;
+    int32_t num_layers;
+    int32_t num_heads;
+    int32_t num_kv_heads;
+    int32_t head_dim;
+    int32_t bos_id; /* -1 if none */
+    int32_t eos_id; /* -1 if none */
+    const char *weight_dtype; /* "f32", "f16" or "bf16"; owned by the model */
+    uint64_t n_params;
+} fastllm_model_info;
+
+FASTLLM_API fastllm_status fastllm_model_get_info(const fastllm_model *model, fastllm_model_info *out_info);
+
+/* Chat template text stored in the model, or NULL if it has none. Owned by the model. */
+FASTLLM_API const char *fastllm_model_chat_template(const fastllm_model *model);
+
+/* ------------------------------------------------------------------------------------------ */
+/* Tokenizer (part of the model; thread-safe).                                                 */
+
+/* Encodes text_len bytes of UTF-8 into token ids. add_bos: 1 prepend BOS, 0 don't, -1 the model's
+ * default. Writes at most out_capacity ids; *out_n_tokens receives the number of ids of the full
+ * encoding. If it exceeds out_capacity, returns FASTLLM_ERR_BUFFER_TOO_SMALL (call again with a
+ * buffer of *out_n_tokens). */
+FASTLLM_API fastllm_status fastllm_tokenize(const fastllm_model *model, const char *text, size_t text_len,
+                                            int add_bos, int32_t *out_tokens, size_t out_capacity,
+                                            size_t *out_n_tokens);
+
+/* Decodes ids to UTF-8 text as the reference tokenizer's decode does (control tokens such as BOS
+ * give no text). Writes a NUL-terminated string; *out_len receives its length without the NUL.
+ * Needs out_capacity >= *out_len + 1, else FASTLLM_ERR_BUFFER_TOO_SMALL. */
+FASTLLM_API fastllm_status fastllm_detokenize(const fastllm_model *model, const int32_t *tokens, size_t n_tokens,
+                                              char *out_text, size_t out_capacity, size_t *out_len);
+
+/* The raw bytes of one token as it contributes to a stream of text (a leading space is kept,
+ * byte pieces give their byte, control tokens give nothing). Not NUL-terminated; same buffer
+ * convention as fastllm_detokenize but without room for a NUL. */
+FASTLLM_API fastllm_status fastllm_token_to_piece(const fastllm_model *model, int32_t token, char *out,
+                                                  size_t out_capacity, size_t *out_len);
+
+/* ------------------------------------------------------------------------------------------ */
+/* Session: one conversation's state (KV cache and working memory) over a shared model.        */
+
+typedef struct fastllm_session fastllm_session;
+
+typedef struct fastllm_session_params {
+    int32_t n_ctx;     /* context length in tokens; 0 = the model's context length */
+    int32_t n_batch;   /* most tokens evaluated in one forward pass (longer inputs are split); default 256 */
+    int32_t n_threads; /* 0 = the model's default */
+} fastllm_session_params;
+
+FASTLLM_API fastllm_session_params fastllm_session_default_params(void);
+
+/* Creates a session. All its memory (KV cache, activations) is allocated here, once. The model
+ * must outlive the session. params may be NULL (defaults). */
+FASTLLM_API fastllm_status fastllm_session_create(const fastllm_model *model, const fastllm_session_params *params,
+                                                  fastllm_session **out_session);
+FASTLLM_API void fastllm_session_free(fastllm_session *session);
+/* Forgets all tokens: the next evaluation starts a fresh context. */
+FASTLLM_API fastllm_status fastllm_session_reset(fastllm_session *session);
+/* Number of tokens in the session's context so far (evaluated or pending). */
+FASTLLM_API int32_t fastllm_session_n_tokens(const fastllm_session *session);
+FASTLLM_API int32_t fastllm_session_n_ctx(const fastllm_session *session);
+
+typedef enum fastllm_logits_mode {
+    FASTLLM_LOGITS_NONE = 0, /* only fill the KV cache */
+    FASTLLM_LOGITS_LAST = 1, /* logits of the last token: vocab_size floats */
+    FASTLLM_LOGITS_ALL = 2   /* logits of every token: n_tokens x vocab_size floats, row-major */
+} fastllm_logits_mode;
+
+/* Appends n_tokens ids to the session's context and runs the model over them. out_logits is a
+ * caller buffer of the size the mode needs (may be NULL for FASTLLM_LOGITS_NONE).
+ * Errors: FASTLLM_ERR_TOKEN_OUT_OF_RANGE (an id outside the vocabulary), FASTLLM_ERR_CONTEXT_FULL
+ * (the tokens do not fit); on error the session's context is unchanged. */
+FASTLLM_API fastllm_status fastllm_session_eval(fastllm_session *session, const int32_t *tokens, size_t n_tokens,
+                                                fastllm_logits_mode mode, float *out_logits);
+
+/* ------------------------------------------------------------------------------------------ */
+/* Generation                                                                                  */
+
+typedef struct fastllm_sampling_params {
+    int32_t max_new_tokens;     /* default 256 */
+    float temperature;          /* <= 0: greedy (argmax). default 0.8 */
+    int32_t top_k;              /* 0 = off. default 40 */
+    float top_p;                /* 1.0 = off. default 0.95 */
+    float min_p;                /* 0 = off. default 0.05 */
+    float repetition_penalty;   /* 1.0 = off (HF convention: divide positive logits). default 1.0 */
+    int32_t repeat_last_n;      /* tokens the penalty looks back on; 0 = whole context. default 64 */
+    uint64_t seed;              /* same seed, same prompt, same params: same output. default 0 */
+    const char *const *stop;    /* stop strings (not included in the output); may be NULL */
+    int32_t n_stop;
+    int32_t ignore_eos;         /* 1: do not stop at end-of-sequence tokens. default 0 */
+} fastllm_sampling_params;
+
+FASTLLM_API fastllm_sampling_params fastllm_sampling_default_params(void);
+
+typedef enum fastllm_stop_reason {
+    FASTLLM_STOP_EOS = 0,          /* the model produced an end-of-sequence token */
+    FASTLLM_STOP_MAX_TOKENS = 1,   /* max_new_tokens reached */
+    FASTLLM_STOP_STRING = 2,       /* a stop string appeared */
+    FASTLLM_STOP_CALLBACK = 3,     /* the callback asked to stop */
+    FASTLLM_STOP_CONTEXT_FULL = 4  /* the session's context is full */
+} fastllm_stop_reason;
+
+/* Receives generated text as it is produced. text is valid UTF-8 (a character split across tokens
+ * is delivered once complete), text_len bytes, not NUL-terminated, valid only during the call.
+ * Text that might be the start of a stop string is held back until it is known not to be one.
+ * Return 0 to continue, non-zero to stop generating. */
+typedef int (*fastllm_stream_callback)(const char *text, size_t text_len, void *user_data);
+
+typedef struct fastllm_generation_result {
+    int32_t n_prompt_tokens;
+    int32_t n_generated_tokens;
+    fastllm_stop_reason stop_reason;
+    double prompt_ms;   /* time spent evaluating the prompt */
+    double generate_ms; /* time spent generating */
+} fastllm_generation_result;
+
+/* Appends the prompt ids to the session's context, then samples up to max_new_tokens new tokens,
+ * streaming their text to callback (may be NULL). The generated tokens stay in the session's
+ * context, so a later call continues the conversation. out_result may be NULL.
+ * Errors as fastllm_session_eval (for the prompt). */
+FASTLLM_API fastllm_status fastllm_session_generate(fastllm_session *session, const int32_t *prompt_tokens,
+                                                    size_t n_prompt_tokens, const fastllm_sampling_params *params,
+                                                    fastllm_stream_callback callback, void *user_data,
+                                                    fastllm_generation_result *out_result);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* FASTLLM_H */

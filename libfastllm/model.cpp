@@ -1,0 +1,23 @@
+#include "model.h"
+
+#include <thread>
+
+#include "error.h"
+
+namespace fastllm {
+
+Model::Model(const std::string &path, bool use_mmap, int n_threads) {
+    file_ = std::make_unique<FlmFile>(path, use_mmap);
+    architecture_ = file_->get_string("general.architecture");
+    if (architecture_ != "llama")
+        fail(FASTLLM_ERR_UNSUPPORTED, "%s: architecture '%s' is not supported (supported: llama)", path.c_str(),
+             architecture_.c_str());
+    name_ = file_->get_string("general.name", "");
+    llama_ = std::make_unique<LlamaModel>(*file_);
+    tokenizer_ = make_tokenizer(*file_, llama_->config().vocab_size);
+    has_chat_template_ = file_->has("tokenizer.chat_template");
+    chat_template_ = file_->get_string("tokenizer.chat_template", "");
+    n_threads_ = n_threads > 0 ? n_threads : (int)std::max(1u, std::thread::hardware_concurrency());
+}
+
+}  // namespace fastllm

@@ -1,0 +1,145 @@
+#include "ops.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+#ifdef FASTLLM_USE_BLAS
+#include <cblas.h>
+#endif
+
+namespace fastllm {
+namespace ops {
+
+namespace {
+
+constexpr int kRowBlock = 16;      // weight rows a thread takes at a time
+constexpr int kBlasRowBlock = 256;  // rows converted to f32 per sgemm call (f16/bf16 weights)
+constexpr int kBlasMinTokens = 8;  // below this, our own tiles beat the sgemm call overhead
+
+inline int thread_id() {
+#ifdef _OPENMP
+    return omp_get_thread_num();
+#else
+    return 0;
+#endif
+}
+
+}  // namespace
+
+size_t matmul_scratch_floats(int64_t K, int n_threads) {
+    return (size_t)std::max(n_threads * kRowBlock, kBlasRowBlock) * (size_t)K;
+}
+
+void matmul(const KernelTable &k, const Tensor &W, const float *bias, const float *x, int T, float *y, float *scratch,
+            int n_threads) {
+    const int64_t N = W.rows(), K = W.cols();
+    const int dt = (int)W.dtype;
+    const int64_t n_blocks = (N + kRowBlock - 1) / kRowBlock;
+    if (T == 1) {
+        // Decoding: every weight is read once; split the rows across threads.
+#pragma omp parallel for num_threads(n_threads) schedule(static)
+        for (int64_t b = 0; b < n_blocks; b++) {
+            int64_t r0 = b * kRowBlock;
+            int rows = (int)std::min<int64_t>(kRowBlock, N - r0);
+            k.dot_rows[dt](W.row(r0), W.row_bytes(), rows, x, (int)K, y + r0);
+        }
+    }
+#ifdef FASTLLM_USE_BLAS
+    else if (T >= kBlasMinTokens) {
+        if (W.dtype == DType::F32) {
+            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, T, (int)N, (int)K, 1.0f, x, (int)K, W.f32(), (int)K,
+                        0.0f, y, (int)N);
+        } else {
+            for (int64_t r0 = 0; r0 < N; r0 += kBlasRowBlock) {
+                int rows = (int)std::min<int64_t>(kBlasRowBlock, N - r0);
+#pragma omp parallel for num_threads(n_threads) schedule(static)
+                for (int r = 0; r < rows; r++) k.to_f32[dt](W.row(r0 + r), scratch + (size_t)r * K, (int)K);
+                cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, T, rows, (int)K, 1.0f, x, (int)K, scratch,
+                            (int)K, 0.0f, y + r0, (int)N);
+            }
+        }
+    }
+#endif
+    else {
+        // Prompt batch: a thread converts a block of rows to f32 once and applies it to every token.
+#pragma omp parallel for num_threads(n_threads) schedule(static)
+        for (int64_t b = 0; b < n_blocks; b++) {
+            int64_t r0 = b * kRowBlock;
+            int rows = (int)std::min<int64_t>(kRowBlock, N - r0);
+            const float *wb = (const float *)W.row(r0);
+            if (W.dtype != DType::F32) {
+                float *buf = scratch + (size_t)thread_id() * kRowBlock * K;
+                for (int r = 0; r < rows; r++) k.to_f32[dt](W.row(r0 + r), buf + (size_t)r * K, (int)K);
+                wb = buf;
+            }
+            for (int t = 0; t < T; t++)
+                k.dot_rows[(int)DType::F32](wb, (size_t)K * 4, rows, x + (size_t)t * K, (int)K, y + (size_t)t * N + r0);
+        }
+    }
+    if (bias)
+        for (int t = 0; t < T; t++)
+            for (int64_t r = 0; r < N; r++) y[(size_t)t * N + r] += bias[r];
+}
+
+void rmsnorm(const float *x, const float *w, int n, float eps, float *out) {
+    double ss = 0;
+    for (int i = 0; i < n; i++) ss += x[i] * x[i];
+    float inv = (float)(1.0 / std::sqrt(ss / n + eps));
+    for (int i = 0; i < n; i++) out[i] = x[i] * inv * w[i];
+}
+
+void rope(float *v, int n_heads, int head_dim, const float *cos, const float *sin) {
+    int half = head_dim / 2;
+    for (int h = 0; h < n_heads; h++) {
+        float *p = v + h * head_dim;
+        for (int i = 0; i < half; i++) {
+            float a = p[i], b = p[i + half];
+            p[i] = a * cos[i] - b * sin[i];
+            p[i + half] = b * cos[i] + a * sin[i];
+        }
+    }
+}
+
+void swiglu(const float *gate_up, int n, float *out) {
+    for (int i = 0; i < n; i++) {
+        float g = gate_up[i];
+        out[i] = g / (1.0f + std::exp(-g)) * gate_up[n + i];
+    }
+}
+
+void softmax(float *x, int n) {
+    float mx = x[0];
+    for (int i = 1; i < n; i++) mx = std::max(mx, x[i]);
+    float sum = 0;
+    for (int i = 0; i < n; i++) sum += (x[i] = std::exp(x[i] - mx));
+    float inv = 1.0f / sum;
+    for (int i = 0; i < n; i++) x[i] *= inv;
+}
+
+void attention(const KernelTable &k, const float *q, int T, int pos0, const float *k_cache, const float *v_cache,
+               int n_heads, int n_kv_heads, int head_dim, float *out, float *scores, int n_threads) {
+    const int kv_dim = n_kv_heads * head_dim, group = n_heads / n_kv_heads;
+    const size_t kv_stride = (size_t)kv_dim * sizeof(float);
+    const float scale = 1.0f / std::sqrt((float)head_dim);
+    const int n_scores = pos0 + T;
+#pragma omp parallel for collapse(2) num_threads(n_threads) schedule(static)
+    for (int t = 0; t < T; t++)
+        for (int h = 0; h < n_heads; h++) {
+            const int n = pos0 + t + 1, kv_off = (h / group) * head_dim;
+            const float *qh = q + (size_t)t * n_heads * head_dim + (size_t)h * head_dim;
+            float *s = scores + (size_t)thread_id() * n_scores;
+            k.dot_rows[(int)DType::F32](k_cache + kv_off, kv_stride, n, qh, head_dim, s);
+            for (int j = 0; j < n; j++) s[j] *= scale;
+            softmax(s, n);
+            float *o = out + (size_t)t * n_heads * head_dim + (size_t)h * head_dim;
+            std::memset(o, 0, (size_t)head_dim * sizeof(float));
+            for (int j = 0; j < n; j++) k.axpy(s[j], v_cache + (size_t)j * kv_dim + kv_off, o, head_dim);
+        }
+}
+
+}  // namespace ops
+}  // namespace fastllm

@@ -1,0 +1,92 @@
+// Reference ops: plain loops in double precision, written for clarity, not speed. The tests check
+// every fast op in ops.cpp (at every ISA level) against these.
+#include <cmath>
+#include <vector>
+
+#include "ops.h"
+
+namespace fastllm {
+namespace ref {
+
+float weight(const Tensor &W, int64_t r, int64_t c) {
+    const void *row = W.row(r);
+    switch (W.dtype) {
+    case DType::F32: return ((const float *)row)[c];
+    case DType::F16: return f16_to_f32(((const uint16_t *)row)[c]);
+    case DType::BF16: return bf16_to_f32(((const uint16_t *)row)[c]);
+    }
+    return 0;
+}
+
+void matmul(const Tensor &W, const float *bias, const float *x, int T, float *y) {
+    int64_t N = W.rows(), K = W.cols();
+    for (int t = 0; t < T; t++)
+        for (int64_t r = 0; r < N; r++) {
+            double s = bias ? bias[r] : 0.0;
+            for (int64_t c = 0; c < K; c++) s += (double)weight(W, r, c) * x[t * K + c];
+            y[t * N + r] = (float)s;
+        }
+}
+
+void rmsnorm(const float *x, const float *w, int n, float eps, float *out) {
+    double ss = 0;
+    for (int i = 0; i < n; i++) ss += (double)x[i] * x[i];
+    double inv = 1.0 / std::sqrt(ss / n + eps);
+    for (int i = 0; i < n; i++) out[i] = (float)(x[i] * inv * w[i]);
+}
+
+void rope(float *v, int n_heads, int head_dim, const float *cos, const float *sin) {
+    int half = head_dim / 2;
+    for (int h = 0; h < n_heads; h++) {
+        float *p = v + h * head_dim;
+        for (int i = 0; i < half; i++) {
+            double a = p[i], b = p[i + half];
+            p[i] = (float)(a * cos[i] - b * sin[i]);
+            p[i + half] = (float)(b * cos[i] + a * sin[i]);
+        }
+    }
+}
+
+void swiglu(const float *gate_up, int n, float *out) {
+    for (int i = 0; i < n; i++) {
+        double g = gate_up[i];
+        out[i] = (float)(g / (1.0 + std::exp(-g)) * gate_up[n + i]);
+    }
+}
+
+void softmax(float *x, int n) {
+    double mx = x[0];
+    for (int i = 1; i < n; i++) mx = std::max(mx, (double)x[i]);
+    double sum = 0;
+    for (int i = 0; i < n; i++) sum += std::exp(x[i] - mx);
+    for (int i = 0; i < n; i++) x[i] = (float)(std::exp(x[i] - mx) / sum);
+}
+
+void attention(const float *q, int T, int pos0, const float *k_cache, const float *v_cache, int n_heads,
+               int n_kv_heads, int head_dim, float *out) {
+    int kv_dim = n_kv_heads * head_dim, group = n_heads / n_kv_heads;
+    for (int t = 0; t < T; t++)
+        for (int h = 0; h < n_heads; h++) {
+            int n = pos0 + t + 1, kvh = h / group;
+            const float *qh = q + (size_t)t * n_heads * head_dim + h * head_dim;
+            std::vector<double> s(n);
+            double mx = -1e300;
+            for (int j = 0; j < n; j++) {
+                double d = 0;
+                for (int i = 0; i < head_dim; i++) d += (double)qh[i] * k_cache[(size_t)j * kv_dim + kvh * head_dim + i];
+                s[j] = d / std::sqrt((double)head_dim);
+                mx = std::max(mx, s[j]);
+            }
+            double sum = 0;
+            for (int j = 0; j < n; j++) sum += (s[j] = std::exp(s[j] - mx));
+            float *o = out + (size_t)t * n_heads * head_dim + h * head_dim;
+            for (int i = 0; i < head_dim; i++) {
+                double acc = 0;
+                for (int j = 0; j < n; j++) acc += s[j] / sum * v_cache[(size_t)j * kv_dim + kvh * head_dim + i];
+                o[i] = (float)acc;
+            }
+        }
+}
+
+}  // namespace ref
+}  // namespace fastllm

@@ -1,0 +1,48 @@
+// tokenizer.h — text <-> token ids. The concrete tokenizer is chosen by the .flm metadata key
+// `tokenizer.model` (make_tokenizer); the rest of the library sees only this interface.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace fastllm {
+
+class FlmFile;
+
+class Tokenizer {
+public:
+    virtual ~Tokenizer() = default;
+
+    // Token ids of text (UTF-8), optionally with BOS first.
+    virtual std::vector<int32_t> encode(std::string_view text, bool add_bos) const = 0;
+    // Text of ids as the reference tokenizer's decode gives it (control tokens give nothing).
+    virtual std::string decode(const int32_t *ids, size_t n) const = 0;
+    // Raw bytes one token adds to a stream of text (may be part of a UTF-8 character).
+    virtual std::string piece_bytes(int32_t id) const = 0;
+
+    int32_t vocab_size() const { return (int32_t)pieces_.size(); }
+    const std::string &piece(int32_t id) const { return pieces_[id]; }
+    int32_t bos_id() const { return bos_id_; }
+    int32_t eos_id() const { return eos_id_; }
+    bool add_bos_default() const { return add_bos_; }
+    bool is_eos(int32_t id) const;
+
+protected:
+    std::vector<std::string> pieces_;
+    int32_t bos_id_ = -1, eos_id_ = -1;
+    std::vector<int32_t> eos_ids_;  // every id that ends generation
+    bool add_bos_ = true;
+};
+
+// Reads the tokenizer stored in a .flm file; vocab_size is the model's (the tokenizer must match).
+std::unique_ptr<Tokenizer> make_tokenizer(const FlmFile &file, int64_t vocab_size);
+
+// Replaces invalid UTF-8 sequences with U+FFFD, as the reference decoders do.
+std::string sanitize_utf8(const std::string &bytes);
+// Length of the longest prefix of s that ends on a UTF-8 character boundary (for streaming).
+size_t utf8_complete_prefix(std::string_view s);
+
+}  // namespace fastllm

@@ -1,0 +1,254 @@
+// test_kernels.cpp — every fast op (at every ISA level this CPU supports) against its reference in
+// ops_ref.cpp, plus the small pure pieces: f16/bf16 conversion, the sampler, the text stream.
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "kernels.h"
+#include "ops.h"
+#include "sampler.h"
+#include "text_stream.h"
+#include "tokenizer.h"
+
+using namespace fastllm;
+
+static int g_passed = 0, g_failed = 0;
+
+#define CHECK(cond, ...)                                   \
+    do {                                                   \
+        if (cond) {                                        \
+            g_passed++;                                    \
+        } else {                                           \
+            g_failed++;                                    \
+            std::printf("FAIL %s:%d: ", __FILE__, __LINE__); \
+            std::printf(__VA_ARGS__);                      \
+            std::printf("\n");                             \
+        }                                                  \
+    } while (0)
+
+static std::mt19937 rng(1234);
+static std::vector<float> randn(size_t n, float scale = 1.0f) {
+    std::normal_distribution<float> d(0.0f, scale);
+    std::vector<float> v(n);
+    for (auto &x : v) x = d(rng);
+    return v;
+}
+
+// Largest |a-b| relative to the largest |b|.
+static double rel_err(const float *a, const float *b, size_t n) {
+    double diff = 0, mag = 1e-30;
+    for (size_t i = 0; i < n; i++) {
+        diff = std::max(diff, (double)std::fabs(a[i] - b[i]));
+        mag = std::max(mag, (double)std::fabs(b[i]));
+    }
+    return diff / mag;
+}
+
+struct Weights {  // a matrix stored in one dtype, with its Tensor view
+    std::vector<uint16_t> half;
+    std::vector<float> full;
+    Tensor t;
+};
+static Weights make_weights(DType dt, int N, int K) {
+    Weights w;
+    w.full = randn((size_t)N * K);
+    if (dt == DType::F16) {
+        for (float f : w.full) w.half.push_back(f32_to_f16(f));
+    } else if (dt == DType::BF16) {
+        for (float f : w.full) {
+            uint32_t b;
+            std::memcpy(&b, &f, 4);
+            w.half.push_back((uint16_t)(b >> 16));
+        }
+    }
+    w.t.name = "w";
+    w.t.dtype = dt;
+    w.t.n_dims = 2;
+    w.t.dims[0] = N;
+    w.t.dims[1] = K;
+    w.t.data = dt == DType::F32 ? (const void *)w.full.data() : (const void *)w.half.data();
+    return w;
+}
+
+static void test_matmul(const KernelTable &k) {
+    const DType dtypes[] = {DType::F32, DType::F16, DType::BF16};
+    const int shapes[][3] = {{1, 37, 67}, {1, 64, 128}, {3, 37, 67}, {5, 33, 256}, {20, 70, 96}, {40, 300, 64}};
+    for (DType dt : dtypes)
+        for (auto &s : shapes) {
+            int T = s[0], N = s[1], K = s[2];
+            Weights w = make_weights(dt, N, K);
+            std::vector<float> x = randn((size_t)T * K), bias = randn(N), y((size_t)T * N), yr((size_t)T * N);
+            std::vector<float> scratch(ops::matmul_scratch_floats(K, 2));
+            ops::matmul(k, w.t, bias.data(), x.data(), T, y.data(), scratch.data(), 2);
+            ref::matmul(w.t, bias.data(), x.data(), T, yr.data());
+            double e = rel_err(y.data(), yr.data(), y.size());
+            CHECK(e < 2e-6, "matmul %s %s T=%d N=%d K=%d rel err %g", isa_name(k.isa), dtype_name(dt), T, N, K, e);
+        }
+}
+
+static void test_conversions(const KernelTable &k) {
+    // Every f16 bit pattern converts exactly as the scalar reference does.
+    std::vector<uint16_t> all(65536);
+    for (int i = 0; i < 65536; i++) all[i] = (uint16_t)i;
+    std::vector<float> out(65536);
+    k.to_f32[(int)DType::F16](all.data(), out.data(), 65536);
+    int bad = 0;
+    for (int i = 0; i < 65536; i++) {
+        float r = f16_to_f32((uint16_t)i);
+        if (!(std::memcmp(&r, &out[i], 4) == 0 || (std::isnan(r) && std::isnan(out[i])))) bad++;
+    }
+    CHECK(bad == 0, "%s f16->f32 mismatches: %d", isa_name(k.isa), bad);
+    k.to_f32[(int)DType::BF16](all.data(), out.data(), 65536);
+    bad = 0;
+    for (int i = 0; i < 65536; i++) {
+        float r = bf16_to_f32((uint16_t)i);
+        if (!(std::memcmp(&r, &out[i], 4) == 0 || (std::isnan(r) && std::isnan(out[i])))) bad++;
+    }
+    CHECK(bad == 0, "%s bf16->f32 mismatches: %d", isa_name(k.isa), bad);
+}
+
+static void test_attention(const KernelTable &k) {
+    const int n_heads = 8, n_kv = 2, hd = 16, pos0 = 7, T = 5, kv_dim = n_kv * hd;
+    std::vector<float> q = randn((size_t)T * n_heads * hd), kc = randn((size_t)(pos0 + T) * kv_dim),
+                       vc = randn((size_t)(pos0 + T) * kv_dim);
+    std::vector<float> out((size_t)T * n_heads * hd), outr(out.size()), scores(2 * (pos0 + T));
+    ops::attention(k, q.data(), T, pos0, kc.data(), vc.data(), n_heads, n_kv, hd, out.data(), scores.data(), 2);
+    ref::attention(q.data(), T, pos0, kc.data(), vc.data(), n_heads, n_kv, hd, outr.data());
+    double e = rel_err(out.data(), outr.data(), out.size());
+    CHECK(e < 1e-5, "attention %s rel err %g", isa_name(k.isa), e);
+}
+
+static void test_elementwise() {
+    const int n = 83;
+    std::vector<float> x = randn(n, 3.0f), w = randn(n), a(n), b(n);
+    ops::rmsnorm(x.data(), w.data(), n, 1e-5f, a.data());
+    ref::rmsnorm(x.data(), w.data(), n, 1e-5f, b.data());
+    CHECK(rel_err(a.data(), b.data(), n) < 1e-6, "rmsnorm");
+
+    std::vector<float> gu = randn(2 * n, 4.0f);
+    ops::swiglu(gu.data(), n, a.data());
+    ref::swiglu(gu.data(), n, b.data());
+    CHECK(rel_err(a.data(), b.data(), n) < 1e-6, "swiglu");
+
+    a = x, b = x;
+    ops::softmax(a.data(), n);
+    ref::softmax(b.data(), n);
+    CHECK(rel_err(a.data(), b.data(), n) < 1e-6, "softmax");
+
+    const int heads = 3, hd = 10;
+    std::vector<float> v = randn(heads * hd), cs = randn(hd / 2), sn = randn(hd / 2);
+    a = v, b = v;
+    ops::rope(a.data(), heads, hd, cs.data(), sn.data());
+    ref::rope(b.data(), heads, hd, cs.data(), sn.data());
+    CHECK(rel_err(a.data(), b.data(), heads * hd) < 1e-6, "rope");
+}
+
+static void test_f16_rounding() {
+    CHECK(f16_to_f32(0x3C00) == 1.0f, "f16 1.0");
+    CHECK(f16_to_f32(0xC000) == -2.0f, "f16 -2.0");
+    CHECK(f16_to_f32(0x0001) == std::ldexp(1.0f, -24), "f16 smallest subnormal");
+    CHECK(f16_to_f32(0x7BFF) == 65504.0f, "f16 max");
+    int bad = 0;
+    for (int i = 0; i < 0x7C00; i++)
+        if (f32_to_f16(f16_to_f32((uint16_t)i)) != i) bad++;
+    CHECK(bad == 0, "f16 round trip mismatches: %d", bad);
+}
+
+static void test_sampler() {
+    const int V = 50;
+    std::vector<float> logits = randn(V, 2.0f);
+    int argmax = (int)(std::max_element(logits.begin(), logits.end()) - logits.begin());
+    fastllm_sampling_params p{};
+    p.temperature = 0;
+    p.repetition_penalty = 1;
+    std::vector<float> l = logits;
+    CHECK(Sampler(p, V).sample(l.data(), nullptr, 0) == argmax, "greedy picks the argmax");
+
+    p.temperature = 1.0f;
+    p.top_k = 1;
+    l = logits;
+    CHECK(Sampler(p, V).sample(l.data(), nullptr, 0) == argmax, "top_k=1 picks the argmax");
+
+    p.top_k = 0;
+    p.seed = 42;
+    auto draw = [&](uint64_t seed) {
+        p.seed = seed;
+        Sampler s(p, V);
+        std::vector<int> out;
+        for (int i = 0; i < 20; i++) {
+            std::vector<float> c = logits;
+            out.push_back(s.sample(c.data(), nullptr, 0));
+        }
+        return out;
+    };
+    CHECK(draw(42) == draw(42), "same seed, same draws");
+    CHECK(draw(42) != draw(43), "another seed, other draws");
+
+    // min_p = 1 keeps only the most likely token; top_p tiny keeps only it too.
+    p.min_p = 1.0f;
+    l = logits;
+    CHECK(Sampler(p, V).sample(l.data(), nullptr, 0) == argmax, "min_p=1 picks the argmax");
+    p.min_p = 0;
+    p.top_p = 1e-6f;
+    l = logits;
+    CHECK(Sampler(p, V).sample(l.data(), nullptr, 0) == argmax, "tiny top_p picks the argmax");
+
+    // A strong repetition penalty moves greedy away from a token already in the history.
+    p = fastllm_sampling_params{};
+    p.temperature = 0;
+    p.repetition_penalty = 1e6f;
+    l = logits;
+    int32_t hist[1] = {argmax};
+    CHECK(Sampler(p, V).sample(l.data(), hist, 1) != argmax, "repetition penalty");
+}
+
+static void test_text_stream() {
+    std::string got;
+    auto cb = [](const char *t, size_t n, void *u) -> int {
+        static_cast<std::string *>(u)->append(t, n);
+        return 0;
+    };
+    {
+        TextStream s({"STOP"}, cb, &got);
+        CHECK(!s.push("Hello ST"), "no stop yet");
+        CHECK(got == "Hello ", "held back a possible stop prefix: '%s'", got.c_str());
+        CHECK(!s.push("ART "), "not a stop string");
+        CHECK(s.push("and STO") == false && s.push("P here"), "stop found across pieces");
+        CHECK(got == "Hello START and ", "text before the stop string only: '%s'", got.c_str());
+    }
+    got.clear();
+    {
+        TextStream s({}, cb, &got);
+        s.push("caf\xC3");  // "é" split across two tokens
+        CHECK(got == "caf", "incomplete UTF-8 held back: '%s'", got.c_str());
+        s.push("\xA9!");
+        s.finish();
+        CHECK(got == "caf\xC3\xA9!", "completed character delivered");
+    }
+    CHECK(sanitize_utf8("a\xFF" "b") == "a\xEF\xBF\xBD" "b", "invalid byte replaced");
+    CHECK(utf8_complete_prefix("ab\xE2\x96") == 2, "partial 3-byte char cut");
+}
+
+int main() {
+    for (Isa isa : {Isa::Scalar, Isa::Avx2, Isa::Avx512}) {
+        const KernelTable *k = kernels_for(isa);
+        if (!k) {
+            std::printf("ISA %s: not supported by this CPU/build, not tested here\n", isa_name(isa));
+            continue;
+        }
+        std::printf("ISA %s\n", isa_name(isa));
+        test_matmul(*k);
+        test_conversions(*k);
+        test_attention(*k);
+    }
+    test_elementwise();
+    test_f16_rounding();
+    test_sampler();
+    test_text_stream();
+    std::printf("%d passed, %d failed\n", g_passed, g_failed);
+    return g_failed ? 1 : 0;
+}
