@@ -1,0 +1,19 @@
+"""fastllm: LLM inference in C++ with a pure-ctypes Python binding.
+
+    import fastllm
+    with fastllm.Model("model.flm", threads=2) as m:
+        print(m.generate("Once upon a time", max_new_tokens=32, temperature=0.0))
+"""
+from ._lib import lib as _clib
+from .model import FastLLMError, GenerationResult, Model, Session
+
+__version__ = _clib.fastllm_version().decode()
+library_path = _clib.path
+
+
+def isa() -> str:
+    """Instruction set the kernels use on this CPU ("avx512", "avx2" or "scalar")."""
+    return _clib.fastllm_isa().decode()
+
+
+__all__ = ["Model", "Session", "FastLLMError", "GenerationResult", "isa", "library_path", "__version__"]

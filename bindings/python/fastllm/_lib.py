@@ -1,0 +1,128 @@
+"""Raw ctypes layer: mirrors include/fastllm.h one to one (structs, enums, prototypes).
+
+Nothing Pythonic lives here; the classes in model.py build on it. Keep this file in step with the
+header: FASTLLM_ABI_VERSION below must equal the header's.
+"""
+from __future__ import annotations
+
+import ctypes
+import os
+from ctypes import (CFUNCTYPE, POINTER, Structure, c_char, c_char_p, c_double, c_float, c_int, c_int32, c_size_t,
+                    c_uint64, c_void_p)
+from pathlib import Path
+
+FASTLLM_ABI_VERSION = 1
+
+# fastllm_status
+OK = 0
+ERR_INVALID_ARGUMENT = 1
+ERR_IO = 2
+ERR_BAD_FORMAT = 3
+ERR_UNSUPPORTED = 4
+ERR_OUT_OF_MEMORY = 5
+ERR_CONTEXT_FULL = 6
+ERR_BUFFER_TOO_SMALL = 7
+ERR_TOKEN_OUT_OF_RANGE = 8
+ERR_INTERNAL = 9
+
+# fastllm_logits_mode
+LOGITS_NONE, LOGITS_LAST, LOGITS_ALL = 0, 1, 2
+
+# fastllm_stop_reason
+STOP_REASONS = {0: "eos", 1: "max_tokens", 2: "stop_string", 3: "callback", 4: "context_full"}
+
+
+class ModelParams(Structure):
+    _fields_ = [("n_threads", c_int32), ("use_mmap", c_int32)]
+
+
+class ModelInfo(Structure):
+    _fields_ = [
+        ("architecture", c_char_p), ("name", c_char_p), ("vocab_size", c_int32), ("context_length", c_int32),
+        ("hidden_size", c_int32), ("num_layers", c_int32), ("num_heads", c_int32), ("num_kv_heads", c_int32),
+        ("head_dim", c_int32), ("bos_id", c_int32), ("eos_id", c_int32), ("weight_dtype", c_char_p),
+        ("n_params", c_uint64),
+    ]
+
+
+class SessionParams(Structure):
+    _fields_ = [("n_ctx", c_int32), ("n_batch", c_int32), ("n_threads", c_int32)]
+
+
+class SamplingParams(Structure):
+    _fields_ = [
+        ("max_new_tokens", c_int32), ("temperature", c_float), ("top_k", c_int32), ("top_p", c_float),
+        ("min_p", c_float), ("repetition_penalty", c_float), ("repeat_last_n", c_int32), ("seed", c_uint64),
+        ("stop", POINTER(c_char_p)), ("n_stop", c_int32), ("ignore_eos", c_int32),
+    ]
+
+
+class GenerationResult(Structure):
+    _fields_ = [
+        ("n_prompt_tokens", c_int32), ("n_generated_tokens", c_int32), ("stop_reason", c_int),
+        ("prompt_ms", c_double), ("generate_ms", c_double),
+    ]
+
+
+StreamCallback = CFUNCTYPE(c_int, POINTER(c_char), c_size_t, c_void_p)
+
+_PROTOTYPES = {
+    "fastllm_version": (c_char_p, []),
+    "fastllm_abi_version": (c_int, []),
+    "fastllm_status_name": (c_char_p, [c_int]),
+    "fastllm_last_error": (c_char_p, []),
+    "fastllm_isa": (c_char_p, []),
+    "fastllm_model_default_params": (ModelParams, []),
+    "fastllm_model_load": (c_int, [c_char_p, POINTER(ModelParams), POINTER(c_void_p)]),
+    "fastllm_model_free": (None, [c_void_p]),
+    "fastllm_model_get_info": (c_int, [c_void_p, POINTER(ModelInfo)]),
+    "fastllm_model_chat_template": (c_char_p, [c_void_p]),
+    "fastllm_tokenize": (c_int, [c_void_p, c_char_p, c_size_t, c_int, POINTER(c_int32), c_size_t, POINTER(c_size_t)]),
+    "fastllm_detokenize": (c_int, [c_void_p, POINTER(c_int32), c_size_t, c_char_p, c_size_t, POINTER(c_size_t)]),
+    "fastllm_token_to_piece": (c_int, [c_void_p, c_int32, c_char_p, c_size_t, POINTER(c_size_t)]),
+    "fastllm_session_default_params": (SessionParams, []),
+    "fastllm_session_create": (c_int, [c_void_p, POINTER(SessionParams), POINTER(c_void_p)]),
+    "fastllm_session_free": (None, [c_void_p]),
+    "fastllm_session_reset": (c_int, [c_void_p]),
+    "fastllm_session_n_tokens": (c_int32, [c_void_p]),
+    "fastllm_session_n_ctx": (c_int32, [c_void_p]),
+    "fastllm_session_eval": (c_int, [c_void_p, POINTER(c_int32), c_size_t, c_int, POINTER(c_float)]),
+    "fastllm_sampling_default_params": (SamplingParams, []),
+    "fastllm_session_generate": (c_int, [c_void_p, POINTER(c_int32), c_size_t, POINTER(SamplingParams), StreamCallback,
+                                         c_void_p, POINTER(GenerationResult)]),
+}
+
+
+def library_candidates() -> list[Path]:
+    """Where the shared library is looked for, in order."""
+    here = Path(__file__).resolve().parent
+    out = []
+    if os.environ.get("FASTLLM_LIBRARY"):
+        out.append(Path(os.environ["FASTLLM_LIBRARY"]))
+    out.append(here / "libfastllm.so")  # bundled next to the package (wheels)
+    out.append(here.parents[2] / "build" / "libfastllm.so")  # a source checkout's build folder
+    return out
+
+
+def load_library() -> ctypes.CDLL:
+    tried = []
+    for path in library_candidates():
+        if path.is_file():
+            lib = ctypes.CDLL(str(path))
+            break
+        tried.append(str(path))
+    else:
+        raise ImportError("libfastllm.so not found; build it (cmake -S . -B build && cmake --build build) or set "
+                          "FASTLLM_LIBRARY. Looked in: " + ", ".join(tried))
+    for name, (restype, argtypes) in _PROTOTYPES.items():
+        fn = getattr(lib, name)
+        fn.restype = restype
+        fn.argtypes = argtypes
+    abi = lib.fastllm_abi_version()
+    if abi != FASTLLM_ABI_VERSION:
+        raise ImportError(f"{path}: library ABI version {abi}, this Python package needs {FASTLLM_ABI_VERSION}")
+    lib.path = str(path)
+    return lib
+
+
+lib = load_library()

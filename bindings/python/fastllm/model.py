@@ -1,0 +1,323 @@
+"""Pythonic layer over the raw ctypes API (_lib.py): Model and Session."""
+from __future__ import annotations
+
+import ctypes
+import queue
+import threading
+import weakref
+from dataclasses import dataclass
+from typing import Iterator, Sequence
+
+import numpy as np
+
+from . import _lib as raw
+from ._lib import lib
+
+
+class FastLLMError(RuntimeError):
+    """A failure reported by libfastllm; .status is the fastllm_status code, .status_name its name."""
+
+    def __init__(self, status: int, message: str):
+        self.status = status
+        self.status_name = lib.fastllm_status_name(status).decode()
+        super().__init__(f"{message} ({self.status_name})")
+
+
+def _check(status: int) -> None:
+    if status != raw.OK:
+        raise FastLLMError(status, lib.fastllm_last_error().decode(errors="replace"))
+
+
+def _ids_array(ids: Sequence[int]):
+    ids = [int(i) for i in ids]
+    return (ctypes.c_int32 * max(len(ids), 1))(*ids), len(ids)
+
+
+@dataclass
+class GenerationResult:
+    """What the last generate() call did."""
+    n_prompt_tokens: int
+    n_generated_tokens: int
+    stop_reason: str  # "eos", "max_tokens", "stop_string", "callback" or "context_full"
+    prompt_ms: float
+    generate_ms: float
+
+
+def _sampling(max_new_tokens, temperature, top_k, top_p, min_p, repetition_penalty, repeat_last_n, seed, stop,
+              ignore_eos):
+    p = lib.fastllm_sampling_default_params()
+    p.max_new_tokens = max_new_tokens
+    if temperature is not None:
+        p.temperature = temperature
+    if top_k is not None:
+        p.top_k = top_k
+    if top_p is not None:
+        p.top_p = top_p
+    if min_p is not None:
+        p.min_p = min_p
+    if repetition_penalty is not None:
+        p.repetition_penalty = repetition_penalty
+    if repeat_last_n is not None:
+        p.repeat_last_n = repeat_last_n
+    p.seed = seed
+    p.ignore_eos = int(bool(ignore_eos))
+    if isinstance(stop, str):
+        stop = [stop]
+    stop = [s.encode() for s in (stop or [])]
+    keep = (ctypes.c_char_p * max(len(stop), 1))(*stop)
+    p.stop = ctypes.cast(keep, ctypes.POINTER(ctypes.c_char_p)) if stop else None
+    p.n_stop = len(stop)
+    return p, keep  # keep: the stop strings must outlive the call
+
+
+class Model:
+    """A loaded .flm model. Thread-safe; many Sessions may share it.
+
+    threads: default thread count of its sessions (0 = all cores). use_mmap: map the weights in place.
+    """
+
+    def __init__(self, path: str, threads: int = 0, use_mmap: bool = True):
+        params = lib.fastllm_model_default_params()
+        params.n_threads = threads
+        params.use_mmap = int(use_mmap)
+        handle = ctypes.c_void_p()
+        _check(lib.fastllm_model_load(str(path).encode(), ctypes.byref(params), ctypes.byref(handle)))
+        self._handle = handle
+        self._sessions: weakref.WeakSet[Session] = weakref.WeakSet()
+        info = raw.ModelInfo()
+        _check(lib.fastllm_model_get_info(self._handle, ctypes.byref(info)))
+        self.info = {name: getattr(info, name) for name, _ in raw.ModelInfo._fields_}
+        for key in ("architecture", "name", "weight_dtype"):
+            self.info[key] = self.info[key].decode()
+        self.vocab_size = info.vocab_size
+        self.context_length = info.context_length
+        template = lib.fastllm_model_chat_template(self._handle)
+        self.chat_template = template.decode() if template is not None else None
+
+    # -- lifetime ---------------------------------------------------------------------------
+    def close(self) -> None:
+        """Frees the model (and closes its sessions). Closing twice is harmless."""
+        for s in list(getattr(self, "_sessions", ())):
+            s.close()
+        if getattr(self, "_handle", None):
+            lib.fastllm_model_free(self._handle)
+            self._handle = None
+
+    def __enter__(self) -> "Model":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def __del__(self):
+        self.close()
+
+    @property
+    def handle(self):
+        if not self._handle:
+            raise FastLLMError(raw.ERR_INVALID_ARGUMENT, "the model is closed")
+        return self._handle
+
+    # -- tokenizer --------------------------------------------------------------------------
+    def tokenize(self, text: str, add_bos: bool | None = None) -> list[int]:
+        """Token ids of text; add_bos None uses the model's default."""
+        data = text.encode()
+        flag = -1 if add_bos is None else int(bool(add_bos))
+        n = ctypes.c_size_t()
+        capacity = len(data) + 8
+        while True:
+            buf = (ctypes.c_int32 * capacity)()
+            status = lib.fastllm_tokenize(self.handle, data, len(data), flag, buf, capacity, ctypes.byref(n))
+            if status != raw.ERR_BUFFER_TOO_SMALL:
+                _check(status)
+                return list(buf[: n.value])
+            capacity = n.value
+
+    def detokenize(self, ids: Sequence[int]) -> str:
+        arr, n = _ids_array(ids)
+        out_len = ctypes.c_size_t()
+        capacity = 16 * n + 16
+        while True:
+            buf = ctypes.create_string_buffer(capacity)
+            status = lib.fastllm_detokenize(self.handle, arr, n, buf, capacity, ctypes.byref(out_len))
+            if status != raw.ERR_BUFFER_TOO_SMALL:
+                _check(status)
+                return buf.raw[: out_len.value].decode()
+            capacity = out_len.value + 1
+
+    def token_to_piece(self, token: int) -> bytes:
+        """Raw bytes one token adds to a text stream (may be part of a UTF-8 character)."""
+        buf = ctypes.create_string_buffer(256)
+        n = ctypes.c_size_t()
+        status = lib.fastllm_token_to_piece(self.handle, int(token), buf, 256, ctypes.byref(n))
+        if status == raw.ERR_BUFFER_TOO_SMALL:
+            buf = ctypes.create_string_buffer(n.value)
+            status = lib.fastllm_token_to_piece(self.handle, int(token), buf, n.value, ctypes.byref(n))
+        _check(status)
+        return buf.raw[: n.value]
+
+    # -- inference --------------------------------------------------------------------------
+    def session(self, n_ctx: int = 0, n_batch: int = 0, threads: int = 0) -> "Session":
+        """A new stateful context (its own KV cache) over this model."""
+        return Session(self, n_ctx=n_ctx, n_batch=n_batch, threads=threads)
+
+    def forward(self, ids: Sequence[int]) -> np.ndarray:
+        """Logits of every position, shape (len(ids), vocab_size), in a fresh context."""
+        with self.session(n_ctx=max(len(ids), 1)) as s:
+            return s.eval(ids, logits="all")
+
+    def generate(self, prompt: str | Sequence[int], max_new_tokens: int = 256, *, stream: bool = False,
+                 add_bos: bool | None = None, **sampling):
+        """Text continuing prompt in a fresh context (str), or with stream=True an iterator of str pieces.
+
+        sampling: temperature (0 = greedy), top_k, top_p, min_p, repetition_penalty, repeat_last_n, seed,
+        stop (str or list), ignore_eos. Defaults are the C library's (temperature 0.8, top_k 40, ...).
+        """
+        ids = self.tokenize(prompt, add_bos=add_bos) if isinstance(prompt, str) else list(prompt)
+        n_ctx = min(self.context_length, len(ids) + max_new_tokens) if ids else 0
+        session = self.session(n_ctx=max(n_ctx, 1))
+        if not stream:
+            with session:
+                return session.generate(ids, max_new_tokens, **sampling)
+        return _closing_iter(session, session.generate(ids, max_new_tokens, stream=True, **sampling))
+
+
+def _closing_iter(session: "Session", pieces: Iterator[str]) -> Iterator[str]:
+    with session:
+        yield from pieces
+
+
+class Session:
+    """One conversation's state over a Model: token history and KV cache. Use from one thread at a time."""
+
+    def __init__(self, model: Model, n_ctx: int = 0, n_batch: int = 0, threads: int = 0):
+        params = lib.fastllm_session_default_params()
+        params.n_ctx = n_ctx
+        if n_batch:
+            params.n_batch = n_batch
+        params.n_threads = threads
+        handle = ctypes.c_void_p()
+        _check(lib.fastllm_session_create(model.handle, ctypes.byref(params), ctypes.byref(handle)))
+        self._handle = handle
+        self.model = model  # keeps the model alive while the session is
+        model._sessions.add(self)
+        self.last_result: GenerationResult | None = None
+
+    def close(self) -> None:
+        if getattr(self, "_handle", None):
+            lib.fastllm_session_free(self._handle)
+            self._handle = None
+
+    def __enter__(self) -> "Session":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def __del__(self):
+        self.close()
+
+    @property
+    def handle(self):
+        if not self._handle:
+            raise FastLLMError(raw.ERR_INVALID_ARGUMENT, "the session is closed")
+        return self._handle
+
+    @property
+    def n_tokens(self) -> int:
+        return lib.fastllm_session_n_tokens(self.handle)
+
+    @property
+    def n_ctx(self) -> int:
+        return lib.fastllm_session_n_ctx(self.handle)
+
+    def reset(self) -> None:
+        _check(lib.fastllm_session_reset(self.handle))
+
+    def eval(self, ids: Sequence[int], logits: str | None = "last") -> np.ndarray | None:
+        """Appends ids to the context. logits: "last" -> (vocab,), "all" -> (len(ids), vocab), None -> None."""
+        arr, n = _ids_array(ids)
+        vocab = self.model.vocab_size
+        if logits == "all":
+            out = np.empty((n, vocab), dtype=np.float32)
+            mode = raw.LOGITS_ALL
+        elif logits == "last":
+            out = np.empty((vocab,), dtype=np.float32)
+            mode = raw.LOGITS_LAST
+        elif logits is None:
+            out, mode = None, raw.LOGITS_NONE
+        else:
+            raise ValueError(f"logits must be 'last', 'all' or None, not {logits!r}")
+        ptr = out.ctypes.data_as(ctypes.POINTER(ctypes.c_float)) if out is not None else None
+        _check(lib.fastllm_session_eval(self.handle, arr, n, mode, ptr))
+        return out
+
+    def generate(self, prompt: str | Sequence[int] = (), max_new_tokens: int = 256, *, stream: bool = False,
+                 add_bos: bool | None = None, temperature: float | None = None, top_k: int | None = None,
+                 top_p: float | None = None, min_p: float | None = None, repetition_penalty: float | None = None,
+                 repeat_last_n: int | None = None, seed: int = 0, stop: str | Sequence[str] | None = None,
+                 ignore_eos: bool = False):
+        """Continues the conversation: appends prompt, then generates. Returns str, or with stream=True an
+        iterator of str pieces. A str prompt gets BOS only when the session is empty (add_bos=None)."""
+        if isinstance(prompt, str):
+            if add_bos is None and self.n_tokens > 0:
+                add_bos = False  # BOS opens a context; a continuation does not repeat it
+            ids = self.model.tokenize(prompt, add_bos=add_bos)
+        else:
+            ids = list(prompt)
+        params, keep = _sampling(max_new_tokens, temperature, top_k, top_p, min_p, repetition_penalty, repeat_last_n,
+                                 seed, stop, ignore_eos)
+        if stream:
+            return self._stream(ids, params, keep)
+        pieces: list[bytes] = []
+
+        def on_text(text, length, _user):
+            pieces.append(ctypes.string_at(text, length))
+            return 0
+
+        self._run(ids, params, raw.StreamCallback(on_text))
+        return b"".join(pieces).decode()
+
+    def _run(self, ids, params, callback) -> None:
+        arr, n = _ids_array(ids)
+        result = raw.GenerationResult()
+        status = lib.fastllm_session_generate(self.handle, arr, n, ctypes.byref(params), callback, None,
+                                              ctypes.byref(result))
+        self.last_result = GenerationResult(result.n_prompt_tokens, result.n_generated_tokens,
+                                            raw.STOP_REASONS.get(result.stop_reason, "?"), result.prompt_ms,
+                                            result.generate_ms)
+        _check(status)
+
+    def _stream(self, ids, params, keep) -> Iterator[str]:
+        # The C call runs in a worker thread (ctypes releases the GIL); pieces come back through a queue.
+        # Closing the iterator early makes the callback ask the library to stop.
+        pieces: queue.Queue = queue.Queue()
+        cancelled = threading.Event()
+        done = object()
+
+        def on_text(text, length, _user):
+            pieces.put(ctypes.string_at(text, length).decode())
+            return 1 if cancelled.is_set() else 0
+
+        callback = raw.StreamCallback(on_text)
+        error: list[BaseException] = []
+
+        def work():
+            try:
+                self._run(ids, params, callback)
+            except BaseException as e:  # re-raised in the consumer's thread
+                error.append(e)
+            finally:
+                pieces.put(done)
+
+        worker = threading.Thread(target=work, daemon=True)
+        worker.start()
+        try:
+            while (item := pieces.get()) is not done:
+                yield item
+        finally:
+            cancelled.set()
+            worker.join()
+            del keep
+        if error:
+            raise error[0]

@@ -1,0 +1,146 @@
+"""HuggingFace checkpoint folder -> `.flm` file (docs/flm_format.md).
+
+    python converter/convert.py --model_path HF_DIR --out_path OUT.flm [--dtype f32|f16|bf16]
+                                [--model_type llama]
+
+or, with converter/ on sys.path:
+
+    from convert import convert
+    convert("path/to/hf", "model.flm", dtype="f16")
+
+The output appears only once it is complete (written to a temporary file in the same folder,
+then renamed); on any error nothing is left behind.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+
+# The converter's modules import each other by their plain names (`from errors import ...`):
+# make that work however this file is reached (script, `from convert import`, runpy, package).
+_HERE = Path(__file__).resolve().parent
+if not any(Path(p or ".").resolve() == _HERE for p in sys.path):
+    sys.path.insert(0, str(_HERE))
+
+import hf_tokenizer  # noqa: E402
+import llama  # noqa: E402
+from checkpoint import Checkpoint  # noqa: E402
+from errors import ConversionError  # noqa: E402
+from flm_writer import FlmWriter  # noqa: E402
+
+DTYPES = ("f32", "f16", "bf16")
+# model family name -> its module; each module has ARCHITECTURES and MODEL_TYPE
+FAMILIES = {"llama": llama}
+
+__all__ = ["convert", "main", "detect_model_type", "ConversionError"]
+
+
+def detect_model_type(config: dict, requested: str | None = None) -> str:
+    """The family of a config.json: from `architectures`, else from `model_type`.
+    `requested` (--model_type) must agree with the config, and is used when the config names
+    neither."""
+    if requested is not None and requested not in FAMILIES:
+        raise ConversionError(f"unsupported --model_type {requested!r} (supported: "
+                              f"{', '.join(FAMILIES)})")
+    archs = config.get("architectures") or []
+    if isinstance(archs, str):
+        archs = [archs]
+    detected = None
+    if archs:
+        for arch in archs:
+            for name, module in FAMILIES.items():
+                if arch in module.ARCHITECTURES:
+                    detected = name
+        if detected is None:
+            supported = ", ".join(a for m in FAMILIES.values() for a in m.ARCHITECTURES)
+            raise ConversionError(f"unsupported architecture {', '.join(map(str, archs))} "
+                                  f"(model_type {config.get('model_type')!r}); supported: "
+                                  f"{supported}")
+    elif config.get("model_type") is not None:
+        mt = config["model_type"]
+        for name, module in FAMILIES.items():
+            if mt == module.MODEL_TYPE:
+                detected = name
+        if detected is None:
+            raise ConversionError(f"unsupported model_type {mt!r} (supported: "
+                                  f"{', '.join(m.MODEL_TYPE for m in FAMILIES.values())})")
+    if detected is None:
+        if requested is None:
+            raise ConversionError("config.json has neither architectures nor model_type; "
+                                  "pass --model_type")
+        return requested
+    if requested is not None and requested != detected:
+        raise ConversionError(f"--model_type {requested} does not match the checkpoint, which is "
+                              f"{detected} ({', '.join(archs) or config.get('model_type')})")
+    return detected
+
+
+def _check_out_path(out_path: Path) -> None:
+    if out_path.is_dir():
+        raise ConversionError(f"output path {out_path} is a folder")
+    parent = out_path.resolve().parent
+    if not parent.is_dir():
+        raise ConversionError(f"output folder {parent} does not exist")
+
+
+def convert(model_path, out_path, dtype: str = "f32", model_type: str | None = None,
+            progress: bool = True) -> str:
+    """Converts the HF folder `model_path` to `out_path`; returns out_path.
+    Raises ConversionError for anything wrong with the input."""
+    if dtype not in DTYPES:
+        raise ConversionError(f"unknown dtype {dtype!r} (choose {', '.join(DTYPES)})")
+    model_path = Path(model_path)
+    out_path = Path(out_path)
+    _check_out_path(out_path)
+    ckpt = Checkpoint(model_path)
+    family = detect_model_type(ckpt.config, model_type)
+    assert family == "llama"
+
+    hp = llama.read_hparams(ckpt.config)
+    tok = hf_tokenizer.read_tokenizer(ckpt, hp.vocab_size, llama.ADD_BOS_DEFAULT)
+
+    writer = FlmWriter(out_path)
+    tied = llama.add_tensors(writer, ckpt, hp, dtype)
+    writer.add_string("general.architecture", "llama")
+    writer.add_string("general.name", model_path.resolve().name)
+    writer.add_string("general.source", "hf")
+    llama.add_metadata(writer, hp, tied)
+    hf_tokenizer.add_tokenizer_metadata(writer, tok)
+    writer.write(progress=progress, desc=f"{out_path.name} ({dtype})")
+    return str(out_path)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(
+        prog="convert.py",
+        description="Convert a HuggingFace checkpoint folder to a fastllm .flm file.")
+    ap.add_argument("--model_path", required=True, help="HuggingFace model folder")
+    ap.add_argument("--out_path", required=True, help="output .flm file")
+    ap.add_argument("--dtype", default="f32", choices=DTYPES,
+                    help="dtype of the weight matrices (norms and biases stay f32)")
+    ap.add_argument("--model_type", default=None, choices=sorted(FAMILIES),
+                    help="model family; detected from config.json when omitted")
+    ap.add_argument("--quiet", action="store_true", help="no progress bar")
+    args = ap.parse_args(argv)
+    try:
+        out = convert(args.model_path, args.out_path, dtype=args.dtype,
+                      model_type=args.model_type, progress=not args.quiet)
+    except ConversionError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    except OSError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print("error: interrupted", file=sys.stderr)
+        return 130
+    size = os.path.getsize(out)
+    print(f"wrote {out} ({size / 1e6:.1f} MB)", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,264 @@
+"""Writes `.flm` files (docs/flm_format.md, version 1).
+
+Usage:
+
+    w = FlmWriter("model.flm")
+    w.add_string("general.architecture", "llama")
+    w.add_i64("llama.num_layers", 2)
+    w.add_tensor("token_embd.weight", "f16", (512, 64), lambda: embedding_as_float16_array)
+    w.write(progress=True)
+
+Tensors are declared with their name, dtype and shape plus a function that produces the data
+when it is needed: `write` lays out the header, metadata and tensor table from the declarations
+alone, then calls the producers one after another and streams each result to the file, so only
+one tensor's data is in memory at a time.
+
+The file is written to a temporary file in the destination folder and moved over the
+destination with `os.replace` only once it is complete; on any exception (KeyboardInterrupt
+included) the temporary file is removed and the destination is left untouched.
+
+This module depends on numpy only. bf16 data is passed as uint16 (or int16) arrays holding the
+raw bfloat16 bit patterns, since numpy has no bfloat16 type.
+"""
+
+from __future__ import annotations
+
+import os
+import struct
+import sys
+import tempfile
+from dataclasses import dataclass
+from typing import Callable, Iterable, Sequence
+
+import numpy as np
+
+MAGIC = b"FASTLLM\0"
+VERSION = 1
+ALIGNMENT = 64
+HEADER_SIZE = 40
+
+# metadata value types
+META_I64 = 1
+META_F64 = 2
+META_STRING = 3
+META_I64_ARRAY = 4
+META_F32_ARRAY = 5
+META_STRING_ARRAY = 6
+
+# tensor dtypes: name -> (code, bytes per element, accepted numpy dtypes)
+DTYPES = {
+    "f32": (0, 4, (np.dtype(np.float32),)),
+    "f16": (1, 2, (np.dtype(np.float16),)),
+    "bf16": (2, 2, (np.dtype(np.uint16), np.dtype(np.int16))),
+}
+MAX_DIMS = 4
+
+_I64_MIN = -(1 << 63)
+_I64_MAX = (1 << 63) - 1
+_U64_MAX = (1 << 64) - 1
+
+
+def align_up(n: int, alignment: int = ALIGNMENT) -> int:
+    return (n + alignment - 1) // alignment * alignment
+
+
+def _encode_string(s: str) -> bytes:
+    if not isinstance(s, str):
+        raise TypeError(f"expected a str, got {type(s).__name__}")
+    b = s.encode("utf-8")
+    return struct.pack("<Q", len(b)) + b
+
+
+def _check_i64(key: str, v) -> int:
+    if isinstance(v, (bool, np.bool_)):
+        v = int(v)
+    if not isinstance(v, (int, np.integer)):
+        raise TypeError(f"metadata {key!r}: expected an integer, got {type(v).__name__}")
+    v = int(v)
+    if not _I64_MIN <= v <= _I64_MAX:
+        raise ValueError(f"metadata {key!r}: {v} does not fit in an i64")
+    return v
+
+
+@dataclass
+class _TensorDecl:
+    name: str
+    dtype: str
+    shape: tuple
+    produce: Callable[[], np.ndarray]
+    n_bytes: int
+    offset: int = 0  # relative to data_offset, set by _layout
+
+
+class FlmWriter:
+    """Collects metadata and tensor declarations, then writes the file in `write()`."""
+
+    def __init__(self, path):
+        self.path = os.fspath(path)
+        self._meta: list[bytes] = []
+        self._keys: set[str] = set()
+        self._tensors: list[_TensorDecl] = []
+        self._names: set[str] = set()
+
+    # ---- metadata -------------------------------------------------------------------------
+
+    def _add_meta(self, key: str, type_code: int, payload: bytes) -> None:
+        if not isinstance(key, str) or not key:
+            raise ValueError(f"metadata key must be a non-empty str, got {key!r}")
+        if key in self._keys:
+            raise ValueError(f"duplicate metadata key {key!r}")
+        self._keys.add(key)
+        self._meta.append(_encode_string(key) + struct.pack("<I", type_code) + payload)
+
+    def add_i64(self, key: str, value: int) -> None:
+        self._add_meta(key, META_I64, struct.pack("<q", _check_i64(key, value)))
+
+    def add_f64(self, key: str, value: float) -> None:
+        if not isinstance(value, (int, float, np.integer, np.floating)) or isinstance(value, bool):
+            raise TypeError(f"metadata {key!r}: expected a number, got {type(value).__name__}")
+        self._add_meta(key, META_F64, struct.pack("<d", float(value)))
+
+    def add_string(self, key: str, value: str) -> None:
+        if not isinstance(value, str):
+            raise TypeError(f"metadata {key!r}: expected a str, got {type(value).__name__}")
+        self._add_meta(key, META_STRING, _encode_string(value))
+
+    def add_i64_array(self, key: str, values: Iterable[int]) -> None:
+        ints = [_check_i64(key, v) for v in values]
+        payload = struct.pack("<Q", len(ints)) + np.asarray(ints, dtype="<i8").tobytes()
+        self._add_meta(key, META_I64_ARRAY, payload)
+
+    def add_f32_array(self, key: str, values) -> None:
+        arr = np.asarray(values)
+        if arr.ndim != 1:
+            raise ValueError(f"metadata {key!r}: expected a 1-D sequence, got shape {arr.shape}")
+        if arr.size and arr.dtype.kind not in "fiu":
+            raise TypeError(f"metadata {key!r}: expected numbers, got dtype {arr.dtype}")
+        arr = arr.astype("<f4")
+        self._add_meta(key, META_F32_ARRAY, struct.pack("<Q", arr.size) + arr.tobytes())
+
+    def add_string_array(self, key: str, values: Sequence[str]) -> None:
+        values = list(values)
+        for i, v in enumerate(values):
+            if not isinstance(v, str):
+                raise TypeError(f"metadata {key!r}[{i}]: expected a str, got {type(v).__name__}")
+        payload = struct.pack("<Q", len(values)) + b"".join(_encode_string(v) for v in values)
+        self._add_meta(key, META_STRING_ARRAY, payload)
+
+    # ---- tensors --------------------------------------------------------------------------
+
+    def add_tensor(self, name: str, dtype: str, shape: Sequence[int],
+                   produce: Callable[[], np.ndarray]) -> None:
+        """Declares a tensor; `produce()` is called during `write()` and must return a numpy
+        array of exactly `shape` with a numpy dtype matching `dtype` (f32: float32, f16: float16,
+        bf16: uint16/int16 bit patterns)."""
+        if not isinstance(name, str) or not name:
+            raise ValueError(f"tensor name must be a non-empty str, got {name!r}")
+        if name in self._names:
+            raise ValueError(f"duplicate tensor {name!r}")
+        if dtype not in DTYPES:
+            raise ValueError(f"tensor {name!r}: unknown dtype {dtype!r} (known: {', '.join(DTYPES)})")
+        shape = tuple(int(d) for d in shape)
+        if not 1 <= len(shape) <= MAX_DIMS:
+            raise ValueError(f"tensor {name!r}: {len(shape)} dims, must be 1..{MAX_DIMS}")
+        if any(d <= 0 for d in shape):
+            raise ValueError(f"tensor {name!r}: every dim must be positive, got {shape}")
+        n_bytes = DTYPES[dtype][1]
+        for d in shape:
+            n_bytes *= d
+        if n_bytes > _U64_MAX:
+            raise ValueError(f"tensor {name!r}: too large")
+        if not callable(produce):
+            raise TypeError(f"tensor {name!r}: produce must be callable")
+        self._names.add(name)
+        self._tensors.append(_TensorDecl(name, dtype, shape, produce, n_bytes))
+
+    # ---- layout and output ----------------------------------------------------------------
+
+    def _layout(self) -> tuple[bytes, int]:
+        """Returns the bytes before the tensor data (header, metadata, table, padding) and
+        sets each tensor's offset."""
+        offset = 0
+        for t in self._tensors:
+            offset = align_up(offset)
+            t.offset = offset
+            offset += t.n_bytes
+        table = []
+        for t in self._tensors:
+            table.append(
+                _encode_string(t.name)
+                + struct.pack("<II", DTYPES[t.dtype][0], len(t.shape))
+                + struct.pack(f"<{len(t.shape)}Q", *t.shape)
+                + struct.pack("<QQ", t.offset, t.n_bytes)
+            )
+        body = b"".join(self._meta) + b"".join(table)
+        data_offset = align_up(HEADER_SIZE + len(body))
+        header = MAGIC + struct.pack("<IIQQQ", VERSION, 0, len(self._meta), len(self._tensors),
+                                     data_offset)
+        assert len(header) == HEADER_SIZE
+        prefix = header + body
+        return prefix + b"\0" * (data_offset - len(prefix)), data_offset
+
+    def _check_data(self, t: _TensorDecl, arr) -> np.ndarray:
+        if not isinstance(arr, np.ndarray):
+            raise TypeError(f"tensor {t.name!r}: producer returned {type(arr).__name__}, "
+                            f"expected a numpy array")
+        accepted = DTYPES[t.dtype][2]
+        if arr.dtype.newbyteorder("=") not in accepted:
+            raise ValueError(f"tensor {t.name!r}: data has dtype {arr.dtype}, expected "
+                             f"{' or '.join(str(a) for a in accepted)} for {t.dtype}")
+        if tuple(arr.shape) != t.shape:
+            raise ValueError(f"tensor {t.name!r}: data has shape {tuple(arr.shape)}, "
+                             f"declared {t.shape}")
+        # little-endian, C-contiguous
+        arr = np.ascontiguousarray(arr, dtype=arr.dtype.newbyteorder("<"))
+        assert arr.nbytes == t.n_bytes
+        return arr
+
+    def write(self, progress: bool = False, desc: str | None = None) -> str:
+        """Writes the file atomically; returns its path."""
+        prefix, data_offset = self._layout()
+        out_dir = os.path.dirname(os.path.abspath(self.path))
+        base = os.path.basename(self.path)
+        fd, tmp = tempfile.mkstemp(prefix=f".{base}.", suffix=".tmp", dir=out_dir)
+        try:
+            with os.fdopen(fd, "wb") as f:
+                f.write(prefix)
+                pos = 0  # relative to data_offset
+                bar = None
+                if progress:
+                    from tqdm import tqdm
+                    bar = tqdm(total=len(self._tensors), desc=desc or base, unit="tensor",
+                               file=sys.stderr, leave=True)
+                try:
+                    for t in self._tensors:
+                        if bar is not None:
+                            bar.set_postfix_str(t.name, refresh=False)
+                        arr = self._check_data(t, t.produce())
+                        if t.offset > pos:
+                            f.write(b"\0" * (t.offset - pos))
+                        f.write(memoryview(arr).cast("B"))
+                        pos = t.offset + t.n_bytes
+                        del arr
+                        if bar is not None:
+                            bar.update(1)
+                finally:
+                    if bar is not None:
+                        bar.close()
+                f.flush()
+                os.fsync(f.fileno())
+            expected = data_offset + pos
+            actual = os.path.getsize(tmp)
+            if actual != expected:
+                raise OSError(f"{tmp}: wrote {actual} bytes, expected {expected}")
+            umask = os.umask(0)
+            os.umask(umask)
+            os.chmod(tmp, 0o666 & ~umask)
+            os.replace(tmp, self.path)
+        except BaseException:
+            try:
+                os.unlink(tmp)
+            except FileNotFoundError:
+                pass
+            raise
+        return self.path
