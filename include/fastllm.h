@@ -152,6 +152,11 @@ FASTLLM_API fastllm_status fastllm_session_reset(fastllm_session *session);
 /* Number of tokens in the session's context so far (evaluated or pending). */
 FASTLLM_API int32_t fastllm_session_n_tokens(const fastllm_session *session);
 FASTLLM_API int32_t fastllm_session_n_ctx(const fastllm_session *session);
+/* Copies the ids of the session's context (prompts and generated tokens, oldest first) into
+ * out_tokens; *out_n_tokens receives their number. FASTLLM_ERR_BUFFER_TOO_SMALL if it exceeds
+ * out_capacity. */
+FASTLLM_API fastllm_status fastllm_session_get_tokens(const fastllm_session *session, int32_t *out_tokens,
+                                                      size_t out_capacity, size_t *out_n_tokens);
 
 typedef enum fastllm_logits_mode {
     FASTLLM_LOGITS_NONE = 0, /* only fill the KV cache */

@@ -211,6 +211,20 @@ fastllm_status fastllm_session_reset(fastllm_session *session) {
 int32_t fastllm_session_n_tokens(const fastllm_session *session) { return session ? session->impl.n_tokens() : 0; }
 int32_t fastllm_session_n_ctx(const fastllm_session *session) { return session ? session->impl.n_ctx() : 0; }
 
+fastllm_status fastllm_session_get_tokens(const fastllm_session *session, int32_t *out_tokens, size_t out_capacity,
+                                          size_t *out_n_tokens) {
+    REQUIRE(session, "session");
+    REQUIRE(out_n_tokens, "out_n_tokens");
+    g_last_error.clear();
+    const std::vector<int32_t> &ids = session->impl.tokens();
+    *out_n_tokens = ids.size();
+    if (ids.size() > out_capacity || (!out_tokens && !ids.empty()))
+        return set_error(FASTLLM_ERR_BUFFER_TOO_SMALL, "token buffer holds " + std::to_string(out_capacity) +
+                                                           " ids, " + std::to_string(ids.size()) + " needed");
+    if (!ids.empty()) std::memcpy(out_tokens, ids.data(), ids.size() * sizeof(int32_t));
+    return FASTLLM_OK;
+}
+
 fastllm_status fastllm_session_eval(fastllm_session *session, const int32_t *tokens, size_t n_tokens,
                                     fastllm_logits_mode mode, float *out_logits) {
     REQUIRE(session, "session");

@@ -17,6 +17,7 @@ public:
     const Model &model() const { return model_; }
     int n_ctx() const { return n_ctx_; }
     int n_tokens() const { return (int)tokens_.size(); }
+    const std::vector<int32_t> &tokens() const { return tokens_; }
     void reset();
 
     // Appends tokens and runs the model (see fastllm_session_eval). Validates before changing state.

@@ -86,6 +86,7 @@ _PROTOTYPES = {
     "fastllm_session_reset": (c_int, [c_void_p]),
     "fastllm_session_n_tokens": (c_int32, [c_void_p]),
     "fastllm_session_n_ctx": (c_int32, [c_void_p]),
+    "fastllm_session_get_tokens": (c_int, [c_void_p, POINTER(c_int32), c_size_t, POINTER(c_size_t)]),
     "fastllm_session_eval": (c_int, [c_void_p, POINTER(c_int32), c_size_t, c_int, POINTER(c_float)]),
     "fastllm_sampling_default_params": (SamplingParams, []),
     "fastllm_session_generate": (c_int, [c_void_p, POINTER(c_int32), c_size_t, POINTER(SamplingParams), StreamCallback,

@@ -231,6 +231,15 @@ class Session:
     def n_ctx(self) -> int:
         return lib.fastllm_session_n_ctx(self.handle)
 
+    @property
+    def tokens(self) -> list[int]:
+        """Ids of the context so far: prompts and generated tokens, oldest first."""
+        n = self.n_tokens
+        buf = (ctypes.c_int32 * max(n, 1))()
+        got = ctypes.c_size_t()
+        _check(lib.fastllm_session_get_tokens(self.handle, buf, n, ctypes.byref(got)))
+        return list(buf[: got.value])
+
     def reset(self) -> None:
         _check(lib.fastllm_session_reset(self.handle))
 
