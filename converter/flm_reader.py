@@ -77,11 +77,12 @@ class _Cursor:
         self.size = size
         self.pos = 0
         self.path = path
+        self.limit = "the end of the file"
 
     def need(self, n: int, what: str) -> None:
         if n < 0 or self.pos + n > self.size:
-            raise ValueError(f"{self.path}: truncated file: {what} at offset {self.pos} needs "
-                             f"{n} bytes, file has {self.size}")
+            raise ValueError(f"{self.path}: {what} at offset {self.pos} needs {n} bytes, past "
+                             f"{self.limit} ({self.size})")
 
     def unpack(self, fmt: str, what: str):
         n = struct.calcsize(fmt)
@@ -175,6 +176,7 @@ def load_flm(path) -> FlmFile:
                          f"file of {size} bytes")
     # the metadata and the table must end before the tensor data
     cur.size = data_offset
+    cur.limit = "data_offset"
 
     f = FlmFile(path=path, version=version, file_size=size, data_offset=data_offset)
     for i in range(n_meta):

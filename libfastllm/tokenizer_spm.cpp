@@ -157,12 +157,13 @@ std::string SpmTokenizer::piece_bytes(int32_t id) const {
 
 std::string SpmTokenizer::decode(const int32_t *ids, size_t n) const {
     std::string bytes;
-    bool at_start = true;  // the dummy prefix space of the first text-producing piece is dropped
+    bool at_start = true;  // the dummy-prefix space of the first text piece is dropped
     for (size_t i = 0; i < n; i++) {
         std::string piece = piece_bytes(ids[i]);
-        if (at_start && add_dummy_prefix_ && !piece.empty() && types_[ids[i]] != BYTE && piece[0] == ' ')
-            piece.erase(0, 1);
-        if (!piece.empty() || (ids[i] >= 0 && ids[i] < vocab_size() && types_[ids[i]] == BYTE)) at_start = false;
+        int type = (ids[i] >= 0 && ids[i] < vocab_size()) ? types_[ids[i]] : CONTROL;
+        if (type == CONTROL || type == UNUSED) continue;
+        if (at_start && add_dummy_prefix_ && type != BYTE && !piece.empty() && piece[0] == ' ') piece.erase(0, 1);
+        at_start = false;
         bytes += piece;
     }
     return sanitize_utf8(bytes);

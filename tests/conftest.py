@@ -15,9 +15,10 @@ sys.path.insert(0, str(REPO / "bindings" / "python"))
 sys.path.insert(0, str(REPO / "converter"))
 sys.path.insert(0, str(REPO / "tests"))
 
-if not (BUILD / "libfastllm.so").exists():
-    raise RuntimeError(f"{BUILD / 'libfastllm.so'} is missing: build first (cmake -S . -B build && cmake --build build)")
-os.environ.setdefault("FASTLLM_LIBRARY", str(BUILD / "libfastllm.so"))
+# Tests that import fastllm need the built library (cmake -S . -B build && cmake --build build);
+# the converter tests do not.
+if (BUILD / "libfastllm.so").exists():
+    os.environ.setdefault("FASTLLM_LIBRARY", str(BUILD / "libfastllm.so"))
 
 
 def convert(model_dir, out_path, dtype="f32"):
