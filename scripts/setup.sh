@@ -1,0 +1,15 @@
+#!/usr/bin/env bash
+# Installs what fastllm needs on a fresh Debian machine (apt + pip) and builds it into build/.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+SUDO=""
+[ "$(id -u)" -ne 0 ] && SUDO="sudo"
+if ! dpkg -s cmake g++ libopenblas-dev >/dev/null 2>&1; then
+  $SUDO apt-get update -qq
+  $SUDO apt-get install -y -qq cmake g++ libopenblas-dev >/dev/null
+fi
+python3 -m pip install -q -r requirements.txt
+
+cmake -S . -B build -DCMAKE_BUILD_TYPE=Release
+cmake --build build -j2
