@@ -206,7 +206,7 @@ def test_stories260k(tmp_path, dtype):
 def test_stories260k_tokenizer_options_match_protobuf():
     """The hand-written protobuf decoder agrees with sentencepiece's ModelProto (when the
     protobuf package is there to run it)."""
-    pb = pytest.importorskip("sentencepiece.sentencepiece_model_pb2")
+    from sentencepiece import sentencepiece_model_pb2 as pb  # protobuf is in requirements.txt
     proto = pb.ModelProto()
     proto.ParseFromString((STORIES_HF / "tokenizer.model").read_bytes())
     m = load_spm(STORIES_HF / "tokenizer.model")
