@@ -8,7 +8,7 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 BUILD = Path(os.environ.get("FASTLLM_BUILD_DIR", REPO / "build"))
-SHARED = REPO.parent / "shared"
+SHARED = Path(os.environ.get("FASTLLM_SHARED", REPO.parent / "shared"))  # data beside the checkout
 STORIES = SHARED / "models" / "stories260K"
 
 sys.path.insert(0, str(REPO / "bindings" / "python"))

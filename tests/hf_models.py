@@ -19,6 +19,7 @@ None leaves it as save_pretrained wrote it.
 from __future__ import annotations
 
 import json
+import os
 import re
 import shutil
 from pathlib import Path
@@ -26,7 +27,7 @@ from pathlib import Path
 import torch
 
 REPO = Path(__file__).resolve().parents[1]
-SHARED = REPO.parent / "shared"
+SHARED = Path(os.environ.get("FASTLLM_SHARED", REPO.parent / "shared"))  # data beside the checkout
 STORIES_HF = SHARED / "models" / "stories260K" / "hf"
 TOKENIZER_FILES = ("tokenizer.model", "tokenizer_config.json", "special_tokens_map.json")
 
