@@ -28,10 +28,27 @@ inline int thread_id() {
 #endif
 }
 
+inline int omp_threads() {
+#ifdef _OPENMP
+    return omp_get_num_threads();
+#else
+    return 1;
+#endif
+}
+
+#ifdef FASTLLM_USE_BLAS
+// OpenBLAS would otherwise start its own thread pool, whose threads spin while waiting and starve
+// ours on a small machine; we parallelise around it instead.
+void blas_single_threaded() {
+    static const bool once = (openblas_set_num_threads(1), true);
+    (void)once;
+}
+#endif
+
 }  // namespace
 
 size_t matmul_scratch_floats(int64_t K, int n_threads) {
-    return (size_t)std::max(n_threads * kRowBlock, kBlasRowBlock) * (size_t)K;
+    return (size_t)n_threads * std::max(kRowBlock, kBlasRowBlock) * (size_t)K;
 }
 
 void matmul(const KernelTable &k, const Tensor &W, const float *bias, const float *x, int T, float *y, float *scratch,
@@ -50,16 +67,25 @@ void matmul(const KernelTable &k, const Tensor &W, const float *bias, const floa
     }
 #ifdef FASTLLM_USE_BLAS
     else if (T >= kBlasMinTokens) {
-        if (W.dtype == DType::F32) {
-            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, T, (int)N, (int)K, 1.0f, x, (int)K, W.f32(), (int)K,
-                        0.0f, y, (int)N);
-        } else {
-            for (int64_t r0 = 0; r0 < N; r0 += kBlasRowBlock) {
-                int rows = (int)std::min<int64_t>(kBlasRowBlock, N - r0);
-#pragma omp parallel for num_threads(n_threads) schedule(static)
-                for (int r = 0; r < rows; r++) k.to_f32[dt](W.row(r0 + r), scratch + (size_t)r * K, (int)K);
-                cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, T, rows, (int)K, 1.0f, x, (int)K, scratch,
-                            (int)K, 0.0f, y + r0, (int)N);
+        // Each of our threads runs a single-threaded sgemm on its own slice of rows: OpenBLAS's own
+        // threads would compete with ours for the cores (see blas_single_threaded).
+        blas_single_threaded();
+#pragma omp parallel num_threads(n_threads)
+        {
+            const int n_th = omp_threads(), tid = thread_id();
+            const int64_t per = ((N + n_th - 1) / n_th + kRowBlock - 1) / kRowBlock * kRowBlock;
+            const int64_t end = std::min(N, (tid + 1) * per);
+            const int64_t step = W.dtype == DType::F32 ? std::max<int64_t>(per, 1) : kBlasRowBlock;
+            float *buf = scratch + (size_t)tid * kBlasRowBlock * K;
+            for (int64_t r0 = std::min(N, tid * per); r0 < end; r0 += step) {
+                const int rows = (int)std::min(step, end - r0);
+                const float *wb = (const float *)W.row(r0);
+                if (W.dtype != DType::F32) {
+                    for (int r = 0; r < rows; r++) k.to_f32[dt](W.row(r0 + r), buf + (size_t)r * K, (int)K);
+                    wb = buf;
+                }
+                cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, T, rows, (int)K, 1.0f, x, (int)K, wb, (int)K,
+                            0.0f, y + r0, (int)N);
             }
         }
     }
