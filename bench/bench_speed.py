@@ -11,6 +11,8 @@ depend on the weight values. PyTorch runs in float32 (or bf16 with --torch_dtype
 from __future__ import annotations
 
 import argparse
+import hashlib
+import json
 import statistics
 import sys
 import tempfile
@@ -97,12 +99,12 @@ def main() -> int:
     from convert import convert
     args.work_dir.mkdir(parents=True, exist_ok=True)
     hf_dir = args.model_path or random_checkpoint(args.random, args.work_dir)
-    flm = args.work_dir / f"{hf_dir.name}-{args.dtype}.flm"
+    tag = hashlib.sha1(str(hf_dir.resolve()).encode()).hexdigest()[:8]  # two folders named "hf" must not share
+    flm = args.work_dir / f"{hf_dir.name}-{tag}-{args.dtype}.flm"
     if not flm.exists():
         convert(str(hf_dir), str(flm), dtype=args.dtype, progress=False)
-    import json
-    vocab = json.loads((hf_dir / "config.json").read_text())["vocab_size"]
-    ctx = json.loads((hf_dir / "config.json").read_text()).get("max_position_embeddings", 2048)
+    config = json.loads((hf_dir / "config.json").read_text())
+    vocab, ctx = config["vocab_size"], config.get("max_position_embeddings", 2048)
     n_prompt = min(args.prompt_len, ctx - args.gen - 1)
     prompt = [1] + [(7 * i + 11) % (vocab - 3) + 3 for i in range(n_prompt - 1)]
 

@@ -148,25 +148,14 @@ fastllm_status fastllm_tokenize(const fastllm_model *model, const char *text, si
     });
 }
 
-static fastllm_status check_ids(const fastllm_model *model, const int32_t *tokens, size_t n) {
-    const int vocab = model->impl.llama().config().vocab_size;
-    for (size_t i = 0; i < n; i++)
-        if (tokens[i] < 0 || tokens[i] >= vocab)
-            return set_error(FASTLLM_ERR_TOKEN_OUT_OF_RANGE, "token " + std::to_string(tokens[i]) + " at index " +
-                                                                 std::to_string(i) + " is outside the vocabulary [0, " +
-                                                                 std::to_string(vocab) + ")");
-    return FASTLLM_OK;
-}
-
 fastllm_status fastllm_detokenize(const fastllm_model *model, const int32_t *tokens, size_t n_tokens, char *out_text,
                                   size_t out_capacity, size_t *out_len) {
     REQUIRE(model, "model");
     REQUIRE(out_len, "out_len");
     REQUIRE(tokens || n_tokens == 0, "tokens");
-    g_last_error.clear();
-    if (fastllm_status s = check_ids(model, tokens, n_tokens)) return s;
     fastllm_status s = FASTLLM_OK;
     fastllm_status g = guard([&] {
+        model->impl.check_token_ids(tokens, n_tokens);
         s = copy_out(model->impl.tokenizer().decode(tokens, n_tokens), out_text, out_capacity, out_len, true);
     });
     return g ? g : s;
@@ -176,10 +165,11 @@ fastllm_status fastllm_token_to_piece(const fastllm_model *model, int32_t token,
                                       size_t *out_len) {
     REQUIRE(model, "model");
     REQUIRE(out_len, "out_len");
-    g_last_error.clear();
-    if (fastllm_status s = check_ids(model, &token, 1)) return s;
     fastllm_status s = FASTLLM_OK;
-    fastllm_status g = guard([&] { s = copy_out(model->impl.tokenizer().piece_bytes(token), out, out_capacity, out_len, false); });
+    fastllm_status g = guard([&] {
+        model->impl.check_token_ids(&token, 1);
+        s = copy_out(model->impl.tokenizer().piece_bytes(token), out, out_capacity, out_len, false);
+    });
     return g ? g : s;
 }
 

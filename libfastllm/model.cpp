@@ -20,4 +20,12 @@ Model::Model(const std::string &path, bool use_mmap, int n_threads) {
     n_threads_ = n_threads > 0 ? n_threads : (int)std::max(1u, std::thread::hardware_concurrency());
 }
 
+void Model::check_token_ids(const int32_t *ids, size_t n) const {
+    const int vocab = llama_->config().vocab_size;
+    for (size_t i = 0; i < n; i++)
+        if (ids[i] < 0 || ids[i] >= vocab)
+            fail(FASTLLM_ERR_TOKEN_OUT_OF_RANGE, "token %d at index %zu is outside the vocabulary [0, %d)", ids[i], i,
+                 vocab);
+}
+
 }  // namespace fastllm

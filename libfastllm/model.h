@@ -23,6 +23,8 @@ public:
     const std::string &chat_template() const { return chat_template_; }
     bool has_chat_template() const { return has_chat_template_; }
     int n_threads() const { return n_threads_; }
+    // Throws FASTLLM_ERR_TOKEN_OUT_OF_RANGE naming the first id outside the vocabulary.
+    void check_token_ids(const int32_t *ids, size_t n) const;
 
 private:
     std::unique_ptr<FlmFile> file_;

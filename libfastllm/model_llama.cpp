@@ -24,11 +24,8 @@ int read_dim(const FlmFile &f, const char *key, int64_t lo, int64_t hi) {
 // Looks up a tensor and checks its shape; optional tensors may be absent (empty view).
 Tensor get(const FlmFile &f, const std::string &name, std::initializer_list<int64_t> shape, bool optional = false,
            bool must_be_f32 = false) {
-    if (!f.has_tensor(name)) {
-        if (optional) return Tensor{};
-        f.tensor(name);  // throws "missing tensor"
-    }
-    const Tensor &t = f.tensor(name);
+    if (optional && !f.has_tensor(name)) return Tensor{};
+    const Tensor &t = f.tensor(name);  // throws "missing tensor"
     bool ok = t.n_dims == (int)shape.size();
     int d = 0;
     for (int64_t want : shape) ok = ok && t.dims[d++] == want;

@@ -42,11 +42,7 @@ void Session::reset() {
 
 void Session::check_tokens(const int32_t *tokens, size_t n) const {
     if (n > 0 && !tokens) fail(FASTLLM_ERR_INVALID_ARGUMENT, "tokens is NULL");
-    const int vocab = model_.llama().config().vocab_size;
-    for (size_t i = 0; i < n; i++)
-        if (tokens[i] < 0 || tokens[i] >= vocab)
-            fail(FASTLLM_ERR_TOKEN_OUT_OF_RANGE, "token %d at index %zu is outside the vocabulary [0, %d)", tokens[i], i,
-                 vocab);
+    model_.check_token_ids(tokens, n);
     if (tokens_.size() + n > (size_t)n_ctx_)
         fail(FASTLLM_ERR_CONTEXT_FULL, "%zu tokens do not fit: the context holds %d and %zu are in use", n, n_ctx_,
              tokens_.size());
