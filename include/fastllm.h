@@ -130,6 +130,26 @@ FASTLLM_API fastllm_status fastllm_token_to_piece(const fastllm_model *model, in
                                                   size_t out_capacity, size_t *out_len);
 
 /* ------------------------------------------------------------------------------------------ */
+/* Chat templates                                                                              */
+
+typedef struct fastllm_chat_message {
+    const char *role;    /* "system", "user" or "assistant" */
+    const char *content; /* UTF-8 */
+} fastllm_chat_message;
+
+/* Renders messages into prompt text with a chat template: tmpl, or the model's own when tmpl is
+ * NULL. The template's family (ChatML, Llama-2 [INST], Llama-3 headers, Zephyr, Gemma) is
+ * recognised from its text and rendered as transformers' apply_chat_template renders it; an
+ * unknown template gives FASTLLM_ERR_UNSUPPORTED rather than a wrong prompt, a conversation the
+ * template rejects (roles not alternating, ...) FASTLLM_ERR_INVALID_ARGUMENT. add_generation_prompt:
+ * 1 to end with the opening of the assistant's turn. Output buffer convention as
+ * fastllm_detokenize (NUL-terminated). Tokenize the result with parse_special = 1. */
+FASTLLM_API fastllm_status fastllm_chat_apply_template(const fastllm_model *model, const char *tmpl,
+                                                       const fastllm_chat_message *messages, size_t n_messages,
+                                                       int add_generation_prompt, char *out_text,
+                                                       size_t out_capacity, size_t *out_len);
+
+/* ------------------------------------------------------------------------------------------ */
 /* Session: one conversation's state (KV cache and working memory) over a shared model.        */
 
 typedef struct fastllm_session fastllm_session;
@@ -149,6 +169,10 @@ FASTLLM_API fastllm_status fastllm_session_create(const fastllm_model *model, co
 FASTLLM_API void fastllm_session_free(fastllm_session *session);
 /* Forgets all tokens: the next evaluation starts a fresh context. */
 FASTLLM_API fastllm_status fastllm_session_reset(fastllm_session *session);
+/* Keeps the first n_keep tokens of the context and forgets the rest (their KV cache entries are
+ * reused). To continue from a common prefix instead of recomputing it: truncate, then eval the
+ * tokens that differ. n_keep larger than the context is an error. */
+FASTLLM_API fastllm_status fastllm_session_truncate(fastllm_session *session, int32_t n_keep);
 /* Number of tokens in the session's context so far (evaluated or pending). */
 FASTLLM_API int32_t fastllm_session_n_tokens(const fastllm_session *session);
 FASTLLM_API int32_t fastllm_session_n_ctx(const fastllm_session *session);

@@ -5,6 +5,7 @@
 #include <new>
 #include <string>
 
+#include "chat_template.h"
 #include "error.h"
 #include "fastllm.h"
 #include "kernels.h"
@@ -173,6 +174,34 @@ fastllm_status fastllm_token_to_piece(const fastllm_model *model, int32_t token,
     return g ? g : s;
 }
 
+fastllm_status fastllm_chat_apply_template(const fastllm_model *model, const char *tmpl,
+                                           const fastllm_chat_message *messages, size_t n_messages,
+                                           int add_generation_prompt, char *out_text, size_t out_capacity,
+                                           size_t *out_len) {
+    REQUIRE(model, "model");
+    REQUIRE(out_len, "out_len");
+    REQUIRE(messages || n_messages == 0, "messages");
+    fastllm_status s = FASTLLM_OK;
+    fastllm_status g = guard([&] {
+        std::vector<fastllm::ChatMessage> msgs;
+        for (size_t i = 0; i < n_messages; i++) {
+            if (!messages[i].role || !messages[i].content)
+                fastllm::fail(FASTLLM_ERR_INVALID_ARGUMENT, "message %zu has a NULL role or content", i);
+            msgs.push_back({messages[i].role, messages[i].content});
+        }
+        const fastllm::Model &m = model->impl;
+        if (!tmpl && !m.has_chat_template())
+            fastllm::fail(FASTLLM_ERR_UNSUPPORTED, "the model has no chat template; pass one");
+        const auto &tok = m.tokenizer();
+        std::string bos = tok.bos_id() >= 0 ? tok.piece(tok.bos_id()) : "";
+        std::string eos = tok.eos_id() >= 0 ? tok.piece(tok.eos_id()) : "";
+        std::string text = fastllm::apply_chat_template(tmpl ? std::string(tmpl) : m.chat_template(), msgs,
+                                                        add_generation_prompt != 0, bos, eos);
+        s = copy_out(text, out_text, out_capacity, out_len, true);
+    });
+    return g ? g : s;
+}
+
 fastllm_session_params fastllm_session_default_params(void) {
     fastllm_session_params p;
     p.n_ctx = 0;
@@ -213,6 +242,12 @@ fastllm_status fastllm_session_get_tokens(const fastllm_session *session, int32_
                                                            " ids, " + std::to_string(ids.size()) + " needed");
     if (!ids.empty()) std::memcpy(out_tokens, ids.data(), ids.size() * sizeof(int32_t));
     return FASTLLM_OK;
+}
+
+fastllm_status fastllm_session_truncate(fastllm_session *session, int32_t n_keep) {
+    REQUIRE(session, "session");
+    if (n_keep < 0) return set_error(FASTLLM_ERR_INVALID_ARGUMENT, "n_keep must not be negative");
+    return guard([&] { session->impl.truncate((size_t)n_keep); });
 }
 
 fastllm_status fastllm_session_eval(fastllm_session *session, const int32_t *tokens, size_t n_tokens,

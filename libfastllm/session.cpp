@@ -40,6 +40,13 @@ void Session::reset() {
     n_evaluated_ = 0;
 }
 
+void Session::truncate(size_t n_keep) {
+    if (n_keep > tokens_.size())
+        fail(FASTLLM_ERR_INVALID_ARGUMENT, "cannot keep %zu tokens: the context has %zu", n_keep, tokens_.size());
+    tokens_.resize(n_keep);
+    n_evaluated_ = std::min(n_evaluated_, n_keep);
+}
+
 void Session::check_tokens(const int32_t *tokens, size_t n) const {
     if (n > 0 && !tokens) fail(FASTLLM_ERR_INVALID_ARGUMENT, "tokens is NULL");
     model_.check_token_ids(tokens, n);

@@ -19,6 +19,7 @@ public:
     int n_tokens() const { return (int)tokens_.size(); }
     const std::vector<int32_t> &tokens() const { return tokens_; }
     void reset();
+    void truncate(size_t n_keep);  // see fastllm_session_truncate
 
     // Appends tokens and runs the model (see fastllm_session_eval). Validates before changing state.
     void eval(const int32_t *tokens, size_t n, fastllm_logits_mode mode, float *out_logits);

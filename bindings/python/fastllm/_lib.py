@@ -64,6 +64,10 @@ class GenerationResult(Structure):
     ]
 
 
+class ChatMessage(Structure):
+    _fields_ = [("role", c_char_p), ("content", c_char_p)]
+
+
 StreamCallback = CFUNCTYPE(c_int, POINTER(c_char), c_size_t, c_void_p)
 
 _PROTOTYPES = {
@@ -80,6 +84,9 @@ _PROTOTYPES = {
     "fastllm_tokenize": (c_int, [c_void_p, c_char_p, c_size_t, c_int, POINTER(c_int32), c_size_t, POINTER(c_size_t)]),
     "fastllm_detokenize": (c_int, [c_void_p, POINTER(c_int32), c_size_t, c_char_p, c_size_t, POINTER(c_size_t)]),
     "fastllm_token_to_piece": (c_int, [c_void_p, c_int32, c_char_p, c_size_t, POINTER(c_size_t)]),
+    "fastllm_chat_apply_template": (c_int, [c_void_p, c_char_p, POINTER(ChatMessage), c_size_t, c_int, c_char_p,
+                                            c_size_t, POINTER(c_size_t)]),
+    "fastllm_session_truncate": (c_int, [c_void_p, c_int32]),
     "fastllm_session_default_params": (SessionParams, []),
     "fastllm_session_create": (c_int, [c_void_p, POINTER(SessionParams), POINTER(c_void_p)]),
     "fastllm_session_free": (None, [c_void_p]),

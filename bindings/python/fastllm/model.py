@@ -156,6 +156,34 @@ class Model:
         _check(status)
         return buf.raw[: n.value]
 
+    # -- chat -------------------------------------------------------------------------------
+    def apply_chat_template(self, messages: Sequence[dict], add_generation_prompt: bool = True,
+                            template: str | None = None) -> str:
+        """Prompt text for messages ([{"role": ..., "content": ...}]) rendered with the model's chat
+        template (or `template`), as transformers' apply_chat_template renders it."""
+        keep = [(m["role"].encode(), m["content"].encode()) for m in messages]
+        arr = (raw.ChatMessage * max(len(keep), 1))(*[raw.ChatMessage(r, c) for r, c in keep])
+        tmpl = template.encode() if template is not None else None
+        out_len = ctypes.c_size_t()
+        capacity = sum(len(r) + len(c) for r, c in keep) + 1024
+        while True:
+            buf = ctypes.create_string_buffer(capacity)
+            status = lib.fastllm_chat_apply_template(self.handle, tmpl, arr, len(keep), int(add_generation_prompt), buf,
+                                                     capacity, ctypes.byref(out_len))
+            if status != raw.ERR_BUFFER_TOO_SMALL:
+                _check(status)
+                return buf.raw[: out_len.value].decode()
+            capacity = out_len.value + 1
+
+    def chat(self, messages: Sequence[dict], max_new_tokens: int = 256, *, stream: bool = False, **sampling):
+        """The assistant's reply to messages, in a fresh context (str, or with stream=True an iterator
+        of str pieces). For a multi-turn conversation that keeps its KV cache, use Session.chat."""
+        session = self.session()
+        if not stream:
+            with session:
+                return session.chat(messages, max_new_tokens, **sampling)
+        return _closing_iter(session, session.chat(messages, max_new_tokens, stream=True, **sampling))
+
     # -- inference --------------------------------------------------------------------------
     def session(self, n_ctx: int = 0, n_batch: int = 0, threads: int = 0) -> "Session":
         """A new stateful context (its own KV cache) over this model."""
@@ -202,6 +230,7 @@ class Session:
         self.model = model  # keeps the model alive while the session is
         model._sessions.add(self)
         self.last_result: GenerationResult | None = None
+        self.messages: list[dict] = []  # the conversation so far, for chat()
 
     def close(self) -> None:
         if getattr(self, "_handle", None):
@@ -241,7 +270,45 @@ class Session:
         return list(buf[: got.value])
 
     def reset(self) -> None:
+        """Forgets the context (and the chat conversation)."""
         _check(lib.fastllm_session_reset(self.handle))
+        self.messages = []
+
+    def truncate(self, n_keep: int) -> None:
+        """Keeps the first n_keep tokens of the context and forgets the rest."""
+        _check(lib.fastllm_session_truncate(self.handle, n_keep))
+
+    def chat(self, message: str | dict | Sequence[dict], max_new_tokens: int = 256, *, stream: bool = False,
+             **sampling):
+        """Multi-turn chat: adds message (a user message as str, a message dict, or a list of them) to
+        this session's conversation and returns the assistant's reply (str, or an iterator of str
+        pieces with stream=True), which joins the conversation.
+
+        The whole conversation is rendered with the chat template, and only the tokens after the
+        part already in the KV cache are evaluated: earlier turns are not recomputed."""
+        if isinstance(message, str):
+            message = {"role": "user", "content": message}
+        new = [message] if isinstance(message, dict) else list(message)
+        messages = self.messages + [dict(m) for m in new]
+        prompt = self.model.apply_chat_template(messages, add_generation_prompt=True)
+        ids = self.model.tokenize(prompt, add_bos=False)
+        old = self.tokens
+        keep = 0
+        while keep < min(len(old), len(ids)) and old[keep] == ids[keep]:
+            keep += 1
+        self.truncate(keep)
+        pieces = self.generate(ids[keep:], max_new_tokens, stream=stream, **sampling)
+        if not stream:
+            self.messages = messages + [{"role": "assistant", "content": pieces}]
+            return pieces
+        return self._chat_stream(messages, pieces)
+
+    def _chat_stream(self, messages, pieces) -> Iterator[str]:
+        reply = []
+        for piece in pieces:
+            reply.append(piece)
+            yield piece
+        self.messages = messages + [{"role": "assistant", "content": "".join(reply)}]
 
     def eval(self, ids: Sequence[int], logits: str | None = "last") -> np.ndarray | None:
         """Appends ids to the context. logits: "last" -> (vocab,), "all" -> (len(ids), vocab), None -> None."""
