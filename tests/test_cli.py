@@ -1,8 +1,11 @@
 """The command lines: converter errors and `python -m fastllm`."""
 import json
 import os
+import signal
 import subprocess
 import sys
+
+import pytest
 
 from conftest import REPO, STORIES
 
@@ -40,3 +43,47 @@ def test_converter_cli_errors(tmp_path):
     r = run(REPO / "converter" / "convert.py", "--model_path", tmp_path / "empty", "--out_path", out)
     assert r.returncode == 1 and "config.json" in r.stderr and "Traceback" not in r.stderr
     assert not out.exists()
+
+
+CHATML = ("{% for message in messages %}{{'<|im_start|>' + message['role'] + '\\n' + message['content'] + "
+          "'<|im_end|>' + '\\n'}}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}")
+
+
+@pytest.fixture(scope="module")
+def chat_flm(tmp_path_factory):
+    """A random model with a ChatML template and a long context: replies run until stopped."""
+    from conftest import convert
+    from hf_models import make_llama
+    d = make_llama(tmp_path_factory.mktemp("chat") / "hf", hidden_size=256, intermediate_size=512,
+                   num_hidden_layers=4, max_position_embeddings=16384)
+    cfg = json.loads((d / "tokenizer_config.json").read_text())
+    cfg["chat_template"] = CHATML
+    (d / "tokenizer_config.json").write_text(json.dumps(cfg))
+    return convert(d, d.parent / "chat.flm")
+
+
+def test_chat_command_turns_and_reset(chat_flm):
+    r = subprocess.run([sys.executable, "-m", "fastllm", "chat", str(chat_flm), "--max-new-tokens", "8",
+                        "--temperature", "0"], input="Hello\n/reset\nTell me a story\n/quit\n", capture_output=True,
+                       text=True, env=ENV, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert "(conversation cleared)" in r.stderr
+    assert r.stdout.count("> ") >= 3
+
+
+def test_chat_command_ctrl_c_stops_the_reply_not_the_program(chat_flm):
+    p = subprocess.Popen([sys.executable, "-m", "fastllm", "chat", str(chat_flm), "--max-new-tokens", "100000",
+                          "--temperature", "1", "--threads", "1"],
+                         stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=ENV)
+    try:
+        p.stdin.write("Tell me a long story\n")
+        p.stdin.flush()
+        p.stdout.read(40)  # the reply is streaming
+        p.send_signal(signal.SIGINT)
+        p.stdin.write("/quit\n")
+        p.stdin.flush()
+        out, err = p.communicate(timeout=60)
+    finally:
+        p.kill()
+    assert p.returncode == 0, err
+    assert "[stopped]" in out

@@ -1,4 +1,4 @@
-"""Command line: python -m fastllm {generate,info} ..."""
+"""Command line: python -m fastllm {generate,chat,info} ..."""
 from __future__ import annotations
 
 import argparse
@@ -10,13 +10,50 @@ from . import FastLLMError, Model, isa
 def cmd_generate(args) -> int:
     with Model(args.model, threads=args.threads) as m:
         sys.stdout.write(args.prompt)
-        for piece in m.generate(args.prompt, args.max_new_tokens, stream=True, temperature=args.temperature,
-                                top_k=args.top_k, top_p=args.top_p, min_p=args.min_p,
-                                repetition_penalty=args.repetition_penalty, seed=args.seed, stop=args.stop or None):
+        for piece in m.generate(args.prompt, args.max_new_tokens, stream=True, **sampling_of(args)):
             sys.stdout.write(piece)
             sys.stdout.flush()
         sys.stdout.write("\n")
     return 0
+
+
+def sampling_of(args) -> dict:
+    return dict(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, min_p=args.min_p,
+                repetition_penalty=args.repetition_penalty, seed=args.seed, stop=args.stop or None)
+
+
+def cmd_chat(args) -> int:
+    """Interactive chat: each reply streams; Ctrl-C stops the reply, not the program; /reset forgets;
+    /quit or end of input leaves."""
+    with Model(args.model, threads=args.threads) as m, m.session() as s:
+        if args.system:
+            s.messages = [{"role": "system", "content": args.system}]
+        print("fastllm chat: /reset starts over, /quit leaves, Ctrl-C stops a reply.", file=sys.stderr)
+        while True:
+            try:
+                line = input("> ")
+            except (EOFError, KeyboardInterrupt):
+                print()
+                return 0
+            if line.strip() in ("/quit", "/exit"):
+                return 0
+            if line.strip() == "/reset":
+                system = s.messages[:1] if args.system else []
+                s.reset()
+                s.messages = system
+                print("(conversation cleared)", file=sys.stderr)
+                continue
+            if not line.strip():
+                continue
+            pieces = s.chat(line, args.max_new_tokens, stream=True, **sampling_of(args))
+            try:
+                for piece in pieces:
+                    sys.stdout.write(piece)
+                    sys.stdout.flush()
+            except KeyboardInterrupt:
+                pieces.close()  # asks the library to stop; the interrupted exchange is left out of the conversation
+                sys.stdout.write(" [stopped]")
+            sys.stdout.write("\n")
 
 
 def cmd_info(args) -> int:
@@ -28,22 +65,31 @@ def cmd_info(args) -> int:
     return 0
 
 
+def add_sampling_flags(p) -> None:
+    p.add_argument("--max-new-tokens", type=int, default=256)
+    p.add_argument("--temperature", type=float, default=0.8, help="0 = greedy")
+    p.add_argument("--top-k", type=int, default=40)
+    p.add_argument("--top-p", type=float, default=0.95)
+    p.add_argument("--min-p", type=float, default=0.05)
+    p.add_argument("--repetition-penalty", type=float, default=1.0)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--stop", action="append", help="stop string (repeatable)")
+    p.add_argument("--threads", type=int, default=0, help="0 = all cores")
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m fastllm", description="fastllm command line")
     sub = p.add_subparsers(dest="command", required=True)
     g = sub.add_parser("generate", help="continue a prompt, streaming the text")
     g.add_argument("model", help=".flm file")
     g.add_argument("prompt")
-    g.add_argument("--max-new-tokens", type=int, default=128)
-    g.add_argument("--temperature", type=float, default=0.8, help="0 = greedy")
-    g.add_argument("--top-k", type=int, default=40)
-    g.add_argument("--top-p", type=float, default=0.95)
-    g.add_argument("--min-p", type=float, default=0.05)
-    g.add_argument("--repetition-penalty", type=float, default=1.0)
-    g.add_argument("--seed", type=int, default=0)
-    g.add_argument("--stop", action="append", help="stop string (repeatable)")
-    g.add_argument("--threads", type=int, default=0, help="0 = all cores")
+    add_sampling_flags(g)
     g.set_defaults(func=cmd_generate)
+    c = sub.add_parser("chat", help="interactive chat with the model's chat template")
+    c.add_argument("model", help=".flm file")
+    c.add_argument("--system", help="system message")
+    add_sampling_flags(c)
+    c.set_defaults(func=cmd_chat)
     i = sub.add_parser("info", help="print a model's metadata")
     i.add_argument("model")
     i.set_defaults(func=cmd_info)
