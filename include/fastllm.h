@@ -219,7 +219,8 @@ typedef enum fastllm_stop_reason {
     FASTLLM_STOP_MAX_TOKENS = 1,   /* max_new_tokens reached */
     FASTLLM_STOP_STRING = 2,       /* a stop string appeared */
     FASTLLM_STOP_CALLBACK = 3,     /* the callback asked to stop */
-    FASTLLM_STOP_CONTEXT_FULL = 4  /* the session's context is full */
+    FASTLLM_STOP_CONTEXT_FULL = 4, /* the session's context is full */
+    FASTLLM_STOP_CANCELLED = 5     /* fastllm_session_cancel_generation was called */
 } fastllm_stop_reason;
 
 /* Receives generated text as it is produced. text is valid UTF-8 (a character split across tokens
@@ -244,6 +245,29 @@ FASTLLM_API fastllm_status fastllm_session_generate(fastllm_session *session, co
                                                     size_t n_prompt_tokens, const fastllm_sampling_params *params,
                                                     fastllm_stream_callback callback, void *user_data,
                                                     fastllm_generation_result *out_result);
+
+/* Step-wise generation, to advance many sessions together (continuous batching: a server, or a
+ * game with many NPCs). fastllm_session_begin_generation evaluates the prompt and sets up sampling
+ * (params are copied; callback and user_data must stay valid until the generation ends). Then
+ * fastllm_generate_step produces one token for each listed session, evaluating the new tokens of
+ * all of them in one pass over the weights. Sessions may join and leave between steps.
+ * fastllm_session_generate is begin + step until done. */
+FASTLLM_API fastllm_status fastllm_session_begin_generation(fastllm_session *session, const int32_t *prompt_tokens,
+                                                            size_t n_prompt_tokens,
+                                                            const fastllm_sampling_params *params,
+                                                            fastllm_stream_callback callback, void *user_data);
+/* sessions: n_sessions distinct sessions of one model, each with a generation in progress, all
+ * used by the calling thread only. out_done[i] is set to 1 when session i's generation has ended;
+ * do not step it again before beginning a new one. */
+FASTLLM_API fastllm_status fastllm_generate_step(fastllm_session *const *sessions, size_t n_sessions,
+                                                 int32_t *out_done);
+/* 1 while the session has a generation in progress, else 0. */
+FASTLLM_API int fastllm_session_is_generating(const fastllm_session *session);
+/* The session's last generation's result (final once it has ended). */
+FASTLLM_API fastllm_status fastllm_session_generation_result(const fastllm_session *session,
+                                                             fastllm_generation_result *out_result);
+/* Ends a generation in progress (stop reason FASTLLM_STOP_CANCELLED); harmless when there is none. */
+FASTLLM_API fastllm_status fastllm_session_cancel_generation(fastllm_session *session);
 
 #ifdef __cplusplus
 }

@@ -284,4 +284,37 @@ fastllm_status fastllm_session_generate(fastllm_session *session, const int32_t 
     return s;
 }
 
+fastllm_status fastllm_session_begin_generation(fastllm_session *session, const int32_t *prompt_tokens,
+                                                size_t n_prompt_tokens, const fastllm_sampling_params *params,
+                                                fastllm_stream_callback callback, void *user_data) {
+    REQUIRE(session, "session");
+    fastllm_sampling_params p = params ? *params : fastllm_sampling_default_params();
+    return guard([&] { session->impl.begin_generation(prompt_tokens, n_prompt_tokens, p, callback, user_data); });
+}
+
+fastllm_status fastllm_generate_step(fastllm_session *const *sessions, size_t n_sessions, int32_t *out_done) {
+    REQUIRE(sessions || n_sessions == 0, "sessions");
+    REQUIRE(out_done || n_sessions == 0, "out_done");
+    return guard([&] {
+        // fastllm_session wraps Session as its only member, so the impl pointers are looked up once.
+        std::vector<fastllm::Session *> impls(n_sessions);
+        for (size_t i = 0; i < n_sessions; i++) impls[i] = sessions[i] ? &sessions[i]->impl : nullptr;
+        fastllm::Session::step(impls.data(), n_sessions, out_done);
+    });
+}
+
+int fastllm_session_is_generating(const fastllm_session *session) { return session && session->impl.generating(); }
+
+fastllm_status fastllm_session_generation_result(const fastllm_session *session, fastllm_generation_result *out_result) {
+    REQUIRE(session, "session");
+    REQUIRE(out_result, "out_result");
+    *out_result = session->impl.generation_result();
+    return FASTLLM_OK;
+}
+
+fastllm_status fastllm_session_cancel_generation(fastllm_session *session) {
+    REQUIRE(session, "session");
+    return guard([&] { session->impl.cancel_generation(); });
+}
+
 }  // extern "C"

@@ -105,7 +105,8 @@ size_t LlamaModel::state_floats(int n_ctx, int B, int n_threads) const {
     int64_t max_k = std::max({c.hidden_size, c.q_dim(), c.intermediate_size});
     size_t per_token = (size_t)2 * c.hidden_size + c.q_dim() + c.qkv_dim() + c.q_dim() + 2 * (size_t)c.intermediate_size +
                        c.intermediate_size;
-    return per_token * B + (size_t)n_threads * n_ctx + ops::matmul_scratch_floats(max_k, n_threads) +
+    return per_token * B + (size_t)kLogitRows * c.vocab_size + (size_t)n_threads * n_ctx +
+           ops::matmul_scratch_floats(max_k, n_threads) +
            2 * (size_t)c.num_layers * n_ctx * c.kv_dim();
 }
 
@@ -119,14 +120,15 @@ void LlamaModel::init_state(LlamaState &s, Arena &a, int n_ctx, int B, int n_thr
     s.attn = a.take((size_t)B * c.q_dim());
     s.gate_up = a.take((size_t)B * 2 * c.intermediate_size);
     s.act = a.take((size_t)B * c.intermediate_size);
+    s.logits = a.take((size_t)kLogitRows * c.vocab_size);
     s.scores = a.take((size_t)n_threads * n_ctx);
     s.scratch = a.take(ops::matmul_scratch_floats(std::max({c.hidden_size, c.q_dim(), c.intermediate_size}), n_threads));
     s.k_cache = a.take((size_t)c.num_layers * n_ctx * c.kv_dim());
     s.v_cache = a.take((size_t)c.num_layers * n_ctx * c.kv_dim());
 }
 
-void LlamaModel::forward(const KernelTable &k, LlamaState &s, const int32_t *tokens, int T, int pos0,
-                         fastllm_logits_mode mode, float *out_logits) const {
+void LlamaModel::forward(const KernelTable &k, LlamaState &s, const int32_t *tokens, const ForwardRow *rows,
+                         int T) const {
     const LlamaConfig &c = cfg_;
     const int H = c.hidden_size, I = c.intermediate_size, hd = c.head_dim, half = hd / 2;
     const int nt = s.n_threads;
@@ -135,26 +137,34 @@ void LlamaModel::forward(const KernelTable &k, LlamaState &s, const int32_t *tok
 
     for (int l = 0; l < c.num_layers; l++) {
         const LlamaLayer &L = layers_[l];
-        float *kc = s.k_cache + (size_t)l * s.n_ctx * c.kv_dim();
-        float *vc = s.v_cache + (size_t)l * s.n_ctx * c.kv_dim();
+        const size_t layer_off = (size_t)l * c.kv_dim();  // times n_ctx of the row's own cache
 
         // Attention block: norm, fused QKV projection, RoPE, cache write, attention, output projection.
         for (int t = 0; t < T; t++) ops::rmsnorm(s.x + (size_t)t * H, L.attn_norm.f32(), H, c.rms_norm_eps, s.xb + (size_t)t * H);
         ops::matmul(k, L.qkv, L.qkv_bias.empty() ? nullptr : L.qkv_bias.f32(), s.xb, T, s.qkv, s.scratch, nt);
         for (int t = 0; t < T; t++) {
-            const int pos = pos0 + t;
+            const ForwardRow &r = rows[t];
             float *row = s.qkv + (size_t)t * c.qkv_dim();
             float *q = s.q + (size_t)t * c.q_dim();
-            float *kk = kc + (size_t)pos * c.kv_dim();
-            float *vv = vc + (size_t)pos * c.kv_dim();
+            float *kk = r.cache->k_cache + layer_off * r.cache->n_ctx + (size_t)r.pos * c.kv_dim();
+            float *vv = r.cache->v_cache + layer_off * r.cache->n_ctx + (size_t)r.pos * c.kv_dim();
             std::memcpy(q, row, sizeof(float) * c.q_dim());
             std::memcpy(kk, row + c.q_dim(), sizeof(float) * c.kv_dim());
             std::memcpy(vv, row + c.q_dim() + c.kv_dim(), sizeof(float) * c.kv_dim());
-            const float *cos = rope_cos_.data() + (size_t)pos * half, *sin = rope_sin_.data() + (size_t)pos * half;
+            const float *cos = rope_cos_.data() + (size_t)r.pos * half, *sin = rope_sin_.data() + (size_t)r.pos * half;
             ops::rope(q, c.num_heads, hd, cos, sin);
             ops::rope(kk, c.num_kv_heads, hd, cos, sin);
         }
-        ops::attention(k, s.q, T, pos0, kc, vc, c.num_heads, c.num_kv_heads, hd, s.attn, s.scores, nt);
+        // Rows of the same cache at consecutive positions (a prompt) attend as one batch.
+        for (int t = 0; t < T;) {
+            int g = 1;
+            while (t + g < T && rows[t + g].cache == rows[t].cache && rows[t + g].pos == rows[t].pos + g) g++;
+            LlamaState &cache = *rows[t].cache;
+            ops::attention(k, s.q + (size_t)t * c.q_dim(), g, rows[t].pos, cache.k_cache + layer_off * cache.n_ctx,
+                           cache.v_cache + layer_off * cache.n_ctx, c.num_heads, c.num_kv_heads, hd,
+                           s.attn + (size_t)t * c.q_dim(), cache.scores, std::min(nt, cache.n_threads));
+            t += g;
+        }
         ops::matmul(k, L.attn_output, L.attn_output_bias.empty() ? nullptr : L.attn_output_bias.f32(), s.attn, T, s.xb,
                     s.scratch, nt);
         for (size_t i = 0; i < (size_t)T * H; i++) s.x[i] += s.xb[i];
@@ -167,10 +177,20 @@ void LlamaModel::forward(const KernelTable &k, LlamaState &s, const int32_t *tok
         for (size_t i = 0; i < (size_t)T * H; i++) s.x[i] += s.xb[i];
     }
 
-    if (mode == FASTLLM_LOGITS_NONE) return;
-    const int first = mode == FASTLLM_LOGITS_LAST ? T - 1 : 0;
-    for (int t = first; t < T; t++) ops::rmsnorm(s.x + (size_t)t * H, output_norm_.f32(), H, c.rms_norm_eps, s.xb + (size_t)t * H);
-    ops::matmul(k, output_, nullptr, s.xb + (size_t)first * H, T - first, out_logits, s.scratch, nt);
+    // Output head, for the rows that want logits, kLogitRows at a time.
+    int wanted[kLogitRows];
+    for (int t = 0; t < T;) {
+        int n = 0;
+        for (; t < T && n < kLogitRows; t++)
+            if (rows[t].logits) {
+                ops::rmsnorm(s.x + (size_t)t * H, output_norm_.f32(), H, c.rms_norm_eps, s.xb + (size_t)n * H);
+                wanted[n++] = t;
+            }
+        if (n == 0) continue;
+        ops::matmul(k, output_, nullptr, s.xb, n, s.logits, s.scratch, nt);
+        for (int i = 0; i < n; i++)
+            std::memcpy(rows[wanted[i]].logits, s.logits + (size_t)i * c.vocab_size, sizeof(float) * c.vocab_size);
+    }
 }
 
 }  // namespace fastllm

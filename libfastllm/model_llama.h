@@ -29,9 +29,19 @@ struct LlamaLayer {
 struct LlamaState {
     int n_ctx = 0, max_batch = 0, n_threads = 1;
     float *x, *xb, *q, *qkv, *attn, *gate_up, *act;  // [max_batch, ...]
+    float *logits;                                   // [kLogitRows, vocab]: output-head rows before copy-out
     float *scores;                                   // [n_threads, n_ctx]
     float *scratch;                                  // matmul scratch
     float *k_cache, *v_cache;                        // [layers, n_ctx, kv_dim]
+};
+
+// One input token of a forward pass: whose KV cache it extends, at which position, and where its
+// logits go (nullptr: not needed). Rows of one pass may belong to different sessions, which is
+// how several sessions decode together in one pass over the weights.
+struct ForwardRow {
+    LlamaState *cache;
+    int pos;
+    float *logits;
 };
 
 class LlamaModel {
@@ -44,13 +54,13 @@ public:
 
     // Floats of memory a session needs (for Arena planning) and the number of buffers.
     size_t state_floats(int n_ctx, int max_batch, int n_threads) const;
-    static constexpr size_t kStateBuffers = 11;
+    static constexpr size_t kStateBuffers = 12;
+    static constexpr int kLogitRows = 16;  // output-head rows computed per pass over its weights
     void init_state(LlamaState &s, class Arena &arena, int n_ctx, int max_batch, int n_threads) const;
 
-    // Runs tokens[0..T) at positions pos0..pos0+T-1 (T <= max_batch; ids already validated),
-    // writing K/V into the cache. Logits: none, the last token's, or every token's into out_logits.
-    void forward(const KernelTable &k, LlamaState &s, const int32_t *tokens, int T, int pos0, fastllm_logits_mode mode,
-                 float *out_logits) const;
+    // Runs tokens[0..T) (T <= work.max_batch; ids already validated) using work's activation
+    // buffers; rows[t] says where token t's K/V and logits go (see ForwardRow).
+    void forward(const KernelTable &k, LlamaState &work, const int32_t *tokens, const ForwardRow *rows, int T) const;
 
 private:
     LlamaConfig cfg_;

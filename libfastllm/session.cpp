@@ -5,8 +5,6 @@
 #include <string>
 
 #include "error.h"
-#include "sampler.h"
-#include "text_stream.h"
 
 namespace fastllm {
 
@@ -33,11 +31,14 @@ Session::Session(const Model &model, const fastllm_session_params &p) : model_(m
     model.llama().init_state(state_, arena_, n_ctx_, n_batch_, n_threads_);
     logits_ = arena_.take((size_t)c.vocab_size);
     tokens_.reserve((size_t)n_ctx_ + 1);
+    rows_.resize((size_t)n_batch_);
+    row_tokens_.resize((size_t)n_batch_);
 }
 
 void Session::reset() {
     tokens_.clear();
     n_evaluated_ = 0;
+    gen_.reset();
 }
 
 void Session::truncate(size_t n_keep) {
@@ -45,6 +46,7 @@ void Session::truncate(size_t n_keep) {
         fail(FASTLLM_ERR_INVALID_ARGUMENT, "cannot keep %zu tokens: the context has %zu", n_keep, tokens_.size());
     tokens_.resize(n_keep);
     n_evaluated_ = std::min(n_evaluated_, n_keep);
+    gen_.reset();
 }
 
 void Session::check_tokens(const int32_t *tokens, size_t n) const {
@@ -57,14 +59,17 @@ void Session::check_tokens(const int32_t *tokens, size_t n) const {
 
 void Session::run_pending(fastllm_logits_mode mode, float *out_logits) {
     const size_t vocab = (size_t)model_.llama().config().vocab_size;
-    const KernelTable &k = kernels();
     const size_t first = n_evaluated_;
     while (n_evaluated_ < tokens_.size()) {
-        int T = (int)std::min<size_t>(n_batch_, tokens_.size() - n_evaluated_);
-        bool last_chunk = n_evaluated_ + T == tokens_.size();
-        fastllm_logits_mode m = mode == FASTLLM_LOGITS_ALL ? mode : (last_chunk ? mode : FASTLLM_LOGITS_NONE);
-        float *out = mode == FASTLLM_LOGITS_ALL ? out_logits + (n_evaluated_ - first) * vocab : out_logits;
-        model_.llama().forward(k, state_, tokens_.data() + n_evaluated_, T, (int)n_evaluated_, m, out);
+        const int T = (int)std::min<size_t>(n_batch_, tokens_.size() - n_evaluated_);
+        for (int t = 0; t < T; t++) {
+            const size_t i = n_evaluated_ + t;
+            float *logits = nullptr;
+            if (mode == FASTLLM_LOGITS_ALL) logits = out_logits + (i - first) * vocab;
+            else if (mode == FASTLLM_LOGITS_LAST && i + 1 == tokens_.size()) logits = out_logits;
+            rows_[t] = ForwardRow{&state_, (int)i, logits};
+        }
+        model_.llama().forward(kernels(), state_, tokens_.data() + n_evaluated_, rows_.data(), T);
         n_evaluated_ += T;
     }
 }
@@ -80,8 +85,8 @@ void Session::eval(const int32_t *tokens, size_t n, fastllm_logits_mode mode, fl
     run_pending(mode, out_logits);
 }
 
-void Session::generate(const int32_t *prompt, size_t n_prompt, const fastllm_sampling_params &p,
-                       fastllm_stream_callback callback, void *user_data, fastllm_generation_result &result) {
+void Session::begin_generation(const int32_t *prompt, size_t n_prompt, const fastllm_sampling_params &p,
+                               fastllm_stream_callback callback, void *user_data) {
     if (p.max_new_tokens < 0) fail(FASTLLM_ERR_INVALID_ARGUMENT, "max_new_tokens must not be negative");
     if (p.n_stop < 0 || (p.n_stop > 0 && !p.stop)) fail(FASTLLM_ERR_INVALID_ARGUMENT, "invalid stop list");
     std::vector<std::string> stops;
@@ -92,39 +97,87 @@ void Session::generate(const int32_t *prompt, size_t n_prompt, const fastllm_sam
     check_tokens(prompt, n_prompt);
     if (tokens_.empty() && n_prompt == 0) fail(FASTLLM_ERR_INVALID_ARGUMENT, "empty prompt and empty session");
 
-    result = fastllm_generation_result{};
-    result.n_prompt_tokens = (int32_t)n_prompt;
+    result_ = fastllm_generation_result{};
+    result_.n_prompt_tokens = (int32_t)n_prompt;
+    gen_.reset();
     auto t0 = std::chrono::steady_clock::now();
     tokens_.insert(tokens_.end(), prompt, prompt + n_prompt);
     if (n_evaluated_ == tokens_.size()) n_evaluated_--;  // re-run the last token to get its logits
     run_pending(FASTLLM_LOGITS_LAST, logits_);
-    result.prompt_ms = ms_since(t0);
+    result_.prompt_ms = ms_since(t0);
+    gen_ = std::make_unique<Generation>(p, model_.llama().config().vocab_size, std::move(stops), callback, user_data);
+    gen_->start = std::chrono::steady_clock::now();
+    if (p.max_new_tokens == 0) finish_generation(FASTLLM_STOP_MAX_TOKENS);
+}
 
-    t0 = std::chrono::steady_clock::now();
-    const Tokenizer &tok = model_.tokenizer();
-    Sampler sampler(p, model_.llama().config().vocab_size);
-    TextStream stream(std::move(stops), callback, user_data);
-    result.stop_reason = FASTLLM_STOP_MAX_TOKENS;
-    for (int i = 0; i < p.max_new_tokens; i++) {
-        if (tokens_.size() >= (size_t)n_ctx_) {
-            result.stop_reason = FASTLLM_STOP_CONTEXT_FULL;
-            break;
-        }
-        int32_t next = sampler.sample(logits_, tokens_.data(), tokens_.size());
-        tokens_.push_back(next);  // pending: evaluated when the next token's logits are needed
-        result.n_generated_tokens++;
-        if (!p.ignore_eos && tok.is_eos(next)) {
-            result.stop_reason = FASTLLM_STOP_EOS;
-            break;
-        }
-        if (stream.push(tok.piece_bytes(next))) {
-            result.stop_reason = stream.stopped_by_string() ? FASTLLM_STOP_STRING : FASTLLM_STOP_CALLBACK;
-            break;
-        }
-        if (i + 1 < p.max_new_tokens) run_pending(FASTLLM_LOGITS_LAST, logits_);
+void Session::finish_generation(fastllm_stop_reason reason) {
+    result_.stop_reason = reason;
+    if (reason != FASTLLM_STOP_STRING && reason != FASTLLM_STOP_CALLBACK) gen_->stream.finish();
+    result_.generate_ms = ms_since(gen_->start);
+    gen_.reset();
+}
+
+bool Session::sample_next() {
+    if (tokens_.size() >= (size_t)n_ctx_) {
+        finish_generation(FASTLLM_STOP_CONTEXT_FULL);
+        return false;
     }
-    if (result.stop_reason != FASTLLM_STOP_STRING && result.stop_reason != FASTLLM_STOP_CALLBACK) stream.finish();
-    result.generate_ms = ms_since(t0);
+    const Tokenizer &tok = model_.tokenizer();
+    int32_t next = gen_->sampler.sample(logits_, tokens_.data(), tokens_.size());
+    tokens_.push_back(next);  // pending: evaluated when the next token's logits are needed
+    result_.n_generated_tokens++;
+    if (!gen_->params.ignore_eos && tok.is_eos(next)) {
+        finish_generation(FASTLLM_STOP_EOS);
+        return false;
+    }
+    if (gen_->stream.push(tok.piece_bytes(next))) {
+        finish_generation(gen_->stream.stopped_by_string() ? FASTLLM_STOP_STRING : FASTLLM_STOP_CALLBACK);
+        return false;
+    }
+    if (result_.n_generated_tokens >= gen_->params.max_new_tokens) {
+        finish_generation(FASTLLM_STOP_MAX_TOKENS);
+        return false;
+    }
+    return true;
+}
+
+void Session::step(Session *const *sessions, size_t n, int32_t *done) {
+    if (n == 0) return;
+    if (!sessions || !done) fail(FASTLLM_ERR_INVALID_ARGUMENT, "sessions or done is NULL");
+    for (size_t i = 0; i < n; i++) {
+        if (!sessions[i]) fail(FASTLLM_ERR_INVALID_ARGUMENT, "session %zu is NULL", i);
+        if (&sessions[i]->model_ != &sessions[0]->model_)
+            fail(FASTLLM_ERR_INVALID_ARGUMENT, "session %zu belongs to another model", i);
+        if (!sessions[i]->gen_) fail(FASTLLM_ERR_INVALID_ARGUMENT, "session %zu has no generation in progress", i);
+        for (size_t j = 0; j < i; j++)
+            if (sessions[j] == sessions[i]) fail(FASTLLM_ERR_INVALID_ARGUMENT, "session %zu is listed twice", i);
+    }
+    // Sample for everyone, then evaluate the new tokens of those still going in shared passes,
+    // using the first session's working memory for the activations.
+    Session &work = *sessions[0];
+    size_t n_rows = 0;
+    for (size_t i = 0; i < n; i++) {
+        Session &s = *sessions[i];
+        done[i] = s.sample_next() ? 0 : 1;
+        if (done[i]) continue;
+        work.rows_[n_rows] = ForwardRow{&s.state_, (int)s.n_evaluated_, s.logits_};
+        work.row_tokens_[n_rows] = s.tokens_.back();
+        s.n_evaluated_++;
+        if (++n_rows == work.rows_.size()) {
+            work.model_.llama().forward(kernels(), work.state_, work.row_tokens_.data(), work.rows_.data(), (int)n_rows);
+            n_rows = 0;
+        }
+    }
+    if (n_rows) work.model_.llama().forward(kernels(), work.state_, work.row_tokens_.data(), work.rows_.data(), (int)n_rows);
+}
+
+void Session::generate(const int32_t *prompt, size_t n_prompt, const fastllm_sampling_params &p,
+                       fastllm_stream_callback callback, void *user_data, fastllm_generation_result &result) {
+    begin_generation(prompt, n_prompt, p, callback, user_data);
+    Session *self = this;
+    int32_t done = gen_ ? 0 : 1;
+    while (!done) step(&self, 1, &done);
+    result = result_;
 }
 
 }  // namespace fastllm

@@ -29,7 +29,7 @@ ERR_INTERNAL = 9
 LOGITS_NONE, LOGITS_LAST, LOGITS_ALL = 0, 1, 2
 
 # fastllm_stop_reason
-STOP_REASONS = {0: "eos", 1: "max_tokens", 2: "stop_string", 3: "callback", 4: "context_full"}
+STOP_REASONS = {0: "eos", 1: "max_tokens", 2: "stop_string", 3: "callback", 4: "context_full", 5: "cancelled"}
 
 
 class ModelParams(Structure):
@@ -98,6 +98,12 @@ _PROTOTYPES = {
     "fastllm_sampling_default_params": (SamplingParams, []),
     "fastllm_session_generate": (c_int, [c_void_p, POINTER(c_int32), c_size_t, POINTER(SamplingParams), StreamCallback,
                                          c_void_p, POINTER(GenerationResult)]),
+    "fastllm_session_begin_generation": (c_int, [c_void_p, POINTER(c_int32), c_size_t, POINTER(SamplingParams),
+                                                 StreamCallback, c_void_p]),
+    "fastllm_generate_step": (c_int, [POINTER(c_void_p), c_size_t, POINTER(c_int32)]),
+    "fastllm_session_is_generating": (c_int, [c_void_p]),
+    "fastllm_session_generation_result": (c_int, [c_void_p, POINTER(GenerationResult)]),
+    "fastllm_session_cancel_generation": (c_int, [c_void_p]),
 }
 
 
