@@ -209,9 +209,13 @@ void FlmFile::parse() {
         }
         uint64_t offset = c.read<uint64_t>("tensor offset");
         uint64_t n_bytes = c.read<uint64_t>("tensor size");
-        if (n_bytes != elements * dtype_size(t.dtype))
-            fail(FASTLLM_ERR_BAD_FORMAT, "%s: tensor '%s' has %llu bytes, its shape needs %llu", p, tn,
-                 (unsigned long long)n_bytes, (unsigned long long)(elements * dtype_size(t.dtype)));
+        if (dtype_is_quantized(t.dtype) && (n_dims != 2 || t.dims[1] % dtype_row_multiple(t.dtype) != 0))
+            fail(FASTLLM_ERR_BAD_FORMAT, "%s: quantized tensor '%s' (%s) must be a matrix whose rows are a multiple of %d long",
+                 p, tn, dtype_name(t.dtype), dtype_row_multiple(t.dtype));
+        const uint64_t expected = tensor_bytes(t.dtype, (uint64_t)t.rows(), (uint64_t)t.cols());
+        if (n_bytes != expected)
+            fail(FASTLLM_ERR_BAD_FORMAT, "%s: tensor '%s' has %llu bytes, its shape and dtype need %llu", p, tn,
+                 (unsigned long long)n_bytes, (unsigned long long)expected);
         if (offset % kAlignment != 0)
             fail(FASTLLM_ERR_BAD_FORMAT, "%s: tensor '%s' offset %llu is not 64-aligned", p, tn, (unsigned long long)offset);
         if (offset > size_ - data_offset || n_bytes > size_ - data_offset - offset)

@@ -16,15 +16,28 @@ namespace fastllm {
 enum class Isa { Scalar = 0, Avx2 = 1, Avx512 = 2 };
 const char *isa_name(Isa isa);
 
+// Activations quantized to int8 in blocks of 32 for the integer dot products: x[i] ~ d[b] * q[i]
+// with b = i / 32, and sum[b] = the sum of the block's q (for the zero-point corrections).
+constexpr int kActBlock = 32;
+struct QuantActs {
+    int8_t *q;     // K
+    float *d;      // K / 32
+    int32_t *sum;  // K / 32
+};
+
 struct KernelTable {
     Isa isa;
     // y[r] = dot(row r of w, x) for r < rows; row r starts at (char*)w + r*stride, holds n weights
-    // of the table's dtype. Indexed by DType.
+    // of the table's dtype. Plain dtypes (f32, f16, bf16).
     void (*dot_rows[3])(const void *w, size_t stride, int rows, const float *x, int n, float *y);
-    // dst[i] = float(src[i]) for n elements. Indexed by DType.
+    // dst[i] = float(src[i]) for n elements. Plain dtypes.
     void (*to_f32[3])(const void *src, float *dst, int n);
     // y[i] += a * x[i]
     void (*axpy)(float a, const float *x, float *y, int n);
+    // Quantizes n (a multiple of 32) activations.
+    void (*quantize_acts)(const float *x, int n, const QuantActs &out);
+    // y[r] = dot(row r of w, x) for quantized rows of length n; indexed by DType (quantized ones).
+    void (*dot_rows_quant[kNumDTypes])(const QuantRows &w, int rows, int n, const QuantActs &x, float *y);
 };
 
 // The tables this build and CPU can run; nullptr for an ISA the CPU (or build) lacks.

@@ -85,11 +85,85 @@ void axpy(float a, const float *x, float *y, int n) {
     for (; i < n; i++) y[i] += a * x[i];
 }
 
+
+inline float f16s(uint16_t h) { return _cvtsh_ss(h); }
+
+void quantize_acts(const float *x, int n, const QuantActs &out) {
+    const __m256 sign = _mm256_set1_ps(-0.0f);
+    const __m256i order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
+    for (int b = 0; b < n / kActBlock; b++) {
+        const float *xb = x + b * kActBlock;
+        __m256 v[4];
+        __m256 amax = _mm256_setzero_ps();
+        for (int k = 0; k < 4; k++) {
+            v[k] = _mm256_loadu_ps(xb + 8 * k);
+            amax = _mm256_max_ps(amax, _mm256_andnot_ps(sign, v[k]));
+        }
+        __m128 m = _mm_max_ps(_mm256_castps256_ps128(amax), _mm256_extractf128_ps(amax, 1));
+        m = _mm_max_ps(m, _mm_movehl_ps(m, m));
+        m = _mm_max_ss(m, _mm_movehdup_ps(m));
+        const float mx = _mm_cvtss_f32(m), d = mx / 127.0f, id = d > 0 ? 127.0f / mx : 0.0f;
+        __m256i q[4];
+        for (int k = 0; k < 4; k++) q[k] = _mm256_cvtps_epi32(_mm256_mul_ps(v[k], _mm256_set1_ps(id)));
+        __m256i s = _mm256_add_epi32(_mm256_add_epi32(q[0], q[1]), _mm256_add_epi32(q[2], q[3]));
+        __m128i s4 = _mm_add_epi32(_mm256_castsi256_si128(s), _mm256_extracti128_si256(s, 1));
+        s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0x4E));
+        s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0xB1));
+        __m256i p16a = _mm256_packs_epi32(q[0], q[1]), p16b = _mm256_packs_epi32(q[2], q[3]);
+        __m256i p8 = _mm256_permutevar8x32_epi32(_mm256_packs_epi16(p16a, p16b), order);
+        _mm256_storeu_si256((__m256i *)(out.q + b * kActBlock), p8);
+        out.d[b] = d;
+        out.sum[b] = _mm_cvtsi128_si32(s4);
+    }
+}
+
+// int8 x int8 products of one block of 32, summed in 8 int32 lanes. u: unsigned codes (< 128
+// after the sign trick, or 4-bit), s: signed.
+inline __m256i dot32(__m256i u, __m256i s) {
+    return _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1));
+}
+
+template <bool kQ4>
+void dot_rows_quant(const QuantRows &w, int rows, int n, const QuantActs &x, float *y) {
+    const int groups = n / w.group, row_bytes = kQ4 ? n / 2 : n, n_blocks = n / kActBlock;
+    const int zero = kQ4 && !w.mins ? 8 : 0;  // q8 is made signed below, so its dot needs no correction
+    const __m256i low4 = _mm256_set1_epi8(0x0F), flip = _mm256_set1_epi8((char)0x80);
+    for (int r = 0; r < rows; r++) {
+        const uint8_t *qr = w.quants + (size_t)r * row_bytes;
+        const uint16_t *sc = w.scales + (size_t)r * groups;
+        const uint16_t *mn = w.mins ? w.mins + (size_t)r * groups : nullptr;
+        __m256 acc = _mm256_setzero_ps();
+        float corr = 0;
+        for (int b = 0; b < n_blocks; b++) {
+            const int g = b * kActBlock / w.group;
+            const float s = f16s(sc[g]) * x.d[b];
+            const __m256i xv = _mm256_loadu_si256((const __m256i *)(x.q + b * kActBlock));
+            __m256i p;
+            if (kQ4) {
+                const __m256i bytes = _mm256_loadu_si256((const __m256i *)(qr + (b / 2) * 32));
+                const __m256i codes = (b & 1) ? _mm256_and_si256(_mm256_srli_epi16(bytes, 4), low4)
+                                              : _mm256_and_si256(bytes, low4);
+                p = dot32(codes, xv);
+                corr -= s * (float)(zero * x.sum[b]);
+                if (mn) corr += f16s(mn[g]) * x.d[b] * (float)x.sum[b];
+            } else {  // |x| times w carrying x's sign keeps maddubs' pairs inside int16
+                const __m256i wv = _mm256_xor_si256(_mm256_loadu_si256((const __m256i *)(qr + b * kActBlock)), flip);
+                p = dot32(_mm256_sign_epi8(xv, xv), _mm256_sign_epi8(wv, xv));
+            }
+            acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_set1_ps(s), acc);
+        }
+        y[r] = hsum(acc) + corr;
+    }
+}
+
 const KernelTable kTable = {
     Isa::Avx2,
     {dot_rows<load8_f32, load1_f32>, dot_rows<load8_f16, load1_f16>, dot_rows<load8_bf16, load1_bf16>},
     {to_f32<load8_f32, load1_f32>, to_f32<load8_f16, load1_f16>, to_f32<load8_bf16, load1_bf16>},
-    axpy};
+    axpy,
+    quantize_acts,
+    {nullptr, nullptr, nullptr, dot_rows_quant<false>, dot_rows_quant<true>, dot_rows_quant<true>, dot_rows_quant<true>,
+     dot_rows_quant<true>}};
 
 }  // namespace
 

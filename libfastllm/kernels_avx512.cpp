@@ -1,5 +1,5 @@
-// AVX-512 (F, BW, VL) kernels. This file alone is compiled with -mavx512f -mavx512bw -mavx512vl; its table
-// is used only when CPUID reports those features.
+// AVX-512 (F, BW, VL, VNNI) kernels. This file alone is compiled with -mavx512f -mavx512bw -mavx512vl
+// -mavx512vnni; its table is used only when CPUID reports those features.
 #if defined(__x86_64__) || defined(_M_X64)
 #include <immintrin.h>
 
@@ -80,11 +80,86 @@ void axpy(float a, const float *x, float *y, int n) {
     for (; i < n; i++) y[i] += a * x[i];
 }
 
+
+inline float f16s(uint16_t h) { return _cvtsh_ss(h); }
+
+void quantize_acts(const float *x, int n, const QuantActs &out) {
+    for (int b = 0; b < n / kActBlock; b++) {
+        const float *xb = x + b * kActBlock;
+        const __m512 v0 = _mm512_loadu_ps(xb), v1 = _mm512_loadu_ps(xb + 16);
+        const float mx = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(v0), _mm512_abs_ps(v1)));
+        const float d = mx / 127.0f, id = d > 0 ? 127.0f / mx : 0.0f;
+        const __m512i q0 = _mm512_cvtps_epi32(_mm512_mul_ps(v0, _mm512_set1_ps(id)));
+        const __m512i q1 = _mm512_cvtps_epi32(_mm512_mul_ps(v1, _mm512_set1_ps(id)));
+        _mm_storeu_si128((__m128i *)(out.q + b * kActBlock), _mm512_cvtsepi32_epi8(q0));
+        _mm_storeu_si128((__m128i *)(out.q + b * kActBlock + 16), _mm512_cvtsepi32_epi8(q1));
+        out.d[b] = d;
+        out.sum[b] = _mm512_reduce_add_epi32(_mm512_add_epi32(q0, q1));
+    }
+}
+
+// Two blocks' scales, one per 256-bit half.
+inline __m512 two_scales(float s0, float s1) {
+    return _mm512_mask_blend_ps(0xFF00, _mm512_set1_ps(s0), _mm512_set1_ps(s1));
+}
+
+// VNNI: vpdpbusd multiplies unsigned weight codes by signed activations and sums into int32; the
+// weights' zero point (128 for q8, 8 for q4) is taken out afterwards with the block sums of x.
+template <bool kQ4>
+void dot_rows_quant(const QuantRows &w, int rows, int n, const QuantActs &x, float *y) {
+    const int groups = n / w.group, row_bytes = kQ4 ? n / 2 : n, n_blocks = n / kActBlock;
+    const int zero = w.mins ? 0 : (kQ4 ? 8 : 128);
+    const __m256i low4 = _mm256_set1_epi8(0x0F);
+    for (int r = 0; r < rows; r++) {
+        const uint8_t *qr = w.quants + (size_t)r * row_bytes;
+        const uint16_t *sc = w.scales + (size_t)r * groups;
+        const uint16_t *mn = w.mins ? w.mins + (size_t)r * groups : nullptr;
+        __m512 acc = _mm512_setzero_ps();
+        float corr = 0;
+        int b = 0;
+        for (; b + 2 <= n_blocks; b += 2) {
+            const float s0 = f16s(sc[b * kActBlock / w.group]) * x.d[b];
+            const float s1 = f16s(sc[(b + 1) * kActBlock / w.group]) * x.d[b + 1];
+            __m512i codes;
+            if (kQ4) {
+                const __m256i bytes = _mm256_loadu_si256((const __m256i *)(qr + (b / 2) * 32));
+                codes = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_and_si256(bytes, low4)),
+                                           _mm256_and_si256(_mm256_srli_epi16(bytes, 4), low4), 1);
+            } else {
+                codes = _mm512_loadu_si512((const void *)(qr + b * kActBlock));
+            }
+            const __m512i p = _mm512_dpbusd_epi32(_mm512_setzero_si512(), codes,
+                                                  _mm512_loadu_si512((const void *)(x.q + b * kActBlock)));
+            acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p), two_scales(s0, s1), acc);
+            corr -= (float)zero * (s0 * (float)x.sum[b] + s1 * (float)x.sum[b + 1]);
+            if (mn)
+                corr += f16s(mn[b * kActBlock / w.group]) * x.d[b] * (float)x.sum[b] +
+                        f16s(mn[(b + 1) * kActBlock / w.group]) * x.d[b + 1] * (float)x.sum[b + 1];
+        }
+        float tail = 0;
+        if (b < n_blocks) {  // q8 rows may hold an odd number of blocks (q4 rows never do)
+            const float s = f16s(sc[b * kActBlock / w.group]) * x.d[b];
+            const __m256i p = _mm256_dpbusd_epi32(_mm256_setzero_si256(),
+                                                  _mm256_loadu_si256((const __m256i *)(qr + b * kActBlock)),
+                                                  _mm256_loadu_si256((const __m256i *)(x.q + b * kActBlock)));
+            const __m256 f = _mm256_cvtepi32_ps(p);
+            __m128 h = _mm_add_ps(_mm256_castps256_ps128(f), _mm256_extractf128_ps(f, 1));
+            h = _mm_add_ps(h, _mm_movehl_ps(h, h));
+            h = _mm_add_ss(h, _mm_movehdup_ps(h));
+            tail = s * _mm_cvtss_f32(h) - (float)zero * s * (float)x.sum[b];
+        }
+        y[r] = hsum(acc) + corr + tail;
+    }
+}
+
 const KernelTable kTable = {
     Isa::Avx512,
     {dot_rows<load16_f32, load1_f32>, dot_rows<load16_f16, load1_f16>, dot_rows<load16_bf16, load1_bf16>},
     {to_f32<load16_f32, load1_f32>, to_f32<load16_f16, load1_f16>, to_f32<load16_bf16, load1_bf16>},
-    axpy};
+    axpy,
+    quantize_acts,
+    {nullptr, nullptr, nullptr, dot_rows_quant<false>, dot_rows_quant<true>, dot_rows_quant<true>, dot_rows_quant<true>,
+     dot_rows_quant<true>}};
 
 }  // namespace
 

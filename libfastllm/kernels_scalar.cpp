@@ -1,4 +1,6 @@
 // Portable kernels: the fallback for CPUs without AVX2, and the baseline the SIMD files must match.
+#include <algorithm>
+#include <cmath>
 #include <cstring>
 
 #include "kernels.h"
@@ -94,10 +96,57 @@ void axpy(float a, const float *x, float *y, int n) {
     for (int i = 0; i < n; i++) y[i] += a * x[i];
 }
 
+void quantize_acts(const float *x, int n, const QuantActs &out) {
+    for (int b = 0; b < n / kActBlock; b++) {
+        const float *xb = x + b * kActBlock;
+        float amax = 0;
+        for (int i = 0; i < kActBlock; i++) amax = std::max(amax, std::fabs(xb[i]));
+        const float d = amax / 127.0f, id = d > 0 ? 127.0f / amax : 0.0f;
+        int32_t sum = 0;
+        for (int i = 0; i < kActBlock; i++) {
+            int v = (int)std::nearbyint(xb[i] * id);  // round half to even, as the SIMD conversions do
+            out.q[b * kActBlock + i] = (int8_t)v;
+            sum += v;
+        }
+        out.d[b] = d;
+        out.sum[b] = sum;
+    }
+}
+
+// The code of weight i of a row: q8 bytes are plain; q4 chunks of 32 bytes hold weights 0..31 of
+// their 64 in the low nibbles and 32..63 in the high nibbles.
+inline int q4_code(const uint8_t *row, int i) {
+    const uint8_t byte = row[(i / 64) * 32 + (i % 32)];
+    return (i % 64) < 32 ? (byte & 15) : (byte >> 4);
+}
+
+template <bool kQ4>
+void dot_rows_quant(const QuantRows &w, int rows, int n, const QuantActs &x, float *y) {
+    const int groups = n / w.group, row_bytes = kQ4 ? n / 2 : n;
+    const int zero = w.mins ? 0 : (kQ4 ? 8 : 128);
+    for (int r = 0; r < rows; r++) {
+        const uint8_t *qr = w.quants + (size_t)r * row_bytes;
+        float acc = 0;
+        for (int b = 0; b < n / kActBlock; b++) {
+            const int g = b * kActBlock / w.group;
+            int32_t dot = 0;
+            for (int i = b * kActBlock; i < (b + 1) * kActBlock; i++)
+                dot += (kQ4 ? q4_code(qr, i) : qr[i]) * x.q[i];
+            const float dw = f16_to_f32(w.scales[(size_t)r * groups + g]);
+            acc += dw * x.d[b] * (float)(dot - zero * x.sum[b]);
+            if (w.mins) acc += f16_to_f32(w.mins[(size_t)r * groups + g]) * x.d[b] * (float)x.sum[b];
+        }
+        y[r] = acc;
+    }
+}
+
 const KernelTable kTable = {Isa::Scalar,
                             {dot_rows_f32, dot_rows_f16, dot_rows_bf16},
                             {to_f32_f32, to_f32_f16, to_f32_bf16},
-                            axpy};
+                            axpy,
+                            quantize_acts,
+                            {nullptr, nullptr, nullptr, dot_rows_quant<false>, dot_rows_quant<true>,
+                             dot_rows_quant<true>, dot_rows_quant<true>, dot_rows_quant<true>}};
 
 }  // namespace
 

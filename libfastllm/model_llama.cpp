@@ -106,7 +106,7 @@ size_t LlamaModel::state_floats(int n_ctx, int B, int n_threads) const {
     size_t per_token = (size_t)2 * c.hidden_size + c.q_dim() + c.qkv_dim() + c.q_dim() + 2 * (size_t)c.intermediate_size +
                        c.intermediate_size;
     return per_token * B + (size_t)kLogitRows * c.vocab_size + (size_t)n_threads * n_ctx +
-           ops::matmul_scratch_floats(max_k, n_threads) +
+           ops::matmul_scratch_floats(max_k, n_threads, B) +
            2 * (size_t)c.num_layers * n_ctx * c.kv_dim();
 }
 
@@ -122,7 +122,8 @@ void LlamaModel::init_state(LlamaState &s, Arena &a, int n_ctx, int B, int n_thr
     s.act = a.take((size_t)B * c.intermediate_size);
     s.logits = a.take((size_t)kLogitRows * c.vocab_size);
     s.scores = a.take((size_t)n_threads * n_ctx);
-    s.scratch = a.take(ops::matmul_scratch_floats(std::max({c.hidden_size, c.q_dim(), c.intermediate_size}), n_threads));
+    const int64_t max_k = std::max({c.hidden_size, c.q_dim(), c.intermediate_size});
+    s.scratch = ops::make_matmul_scratch(a.take(ops::matmul_scratch_floats(max_k, n_threads, B)), max_k, n_threads, B);
     s.k_cache = a.take((size_t)c.num_layers * n_ctx * c.kv_dim());
     s.v_cache = a.take((size_t)c.num_layers * n_ctx * c.kv_dim());
 }
@@ -133,7 +134,7 @@ void LlamaModel::forward(const KernelTable &k, LlamaState &s, const int32_t *tok
     const int H = c.hidden_size, I = c.intermediate_size, hd = c.head_dim, half = hd / 2;
     const int nt = s.n_threads;
 
-    for (int t = 0; t < T; t++) k.to_f32[(int)embedding_.dtype](embedding_.row(tokens[t]), s.x + (size_t)t * H, H);
+    for (int t = 0; t < T; t++) ops::dequantize_row(k, embedding_, tokens[t], s.x + (size_t)t * H);
 
     for (int l = 0; l < c.num_layers; l++) {
         const LlamaLayer &L = layers_[l];

@@ -8,6 +8,7 @@
 #include "fastllm.h"
 #include "flm_file.h"
 #include "kernels.h"
+#include "ops.h"
 
 namespace fastllm {
 
@@ -31,7 +32,7 @@ struct LlamaState {
     float *x, *xb, *q, *qkv, *attn, *gate_up, *act;  // [max_batch, ...]
     float *logits;                                   // [kLogitRows, vocab]: output-head rows before copy-out
     float *scores;                                   // [n_threads, n_ctx]
-    float *scratch;                                  // matmul scratch
+    ops::MatmulScratch scratch;                      // matmul working memory
     float *k_cache, *v_cache;                        // [layers, n_ctx, kv_dim]
 };
 

@@ -47,16 +47,63 @@ void blas_single_threaded() {
 
 }  // namespace
 
-size_t matmul_scratch_floats(int64_t K, int n_threads) {
-    return (size_t)n_threads * std::max(kRowBlock, kBlasRowBlock) * (size_t)K;
+size_t matmul_scratch_floats(int64_t K, int n_threads, int max_T) {
+    const size_t blocks = (size_t)max_T * ((K + kActBlock - 1) / kActBlock);
+    return (size_t)n_threads * std::max(kRowBlock, kBlasRowBlock) * (size_t)K  // f32 blocks
+           + (size_t)max_T * K / 4 + 16                                        // int8 activations
+           + 2 * blocks + 32;                                                  // their scales and sums
 }
 
-void matmul(const KernelTable &k, const Tensor &W, const float *bias, const float *x, int T, float *y, float *scratch,
-            int n_threads) {
+MatmulScratch make_matmul_scratch(float *memory, int64_t K, int n_threads, int max_T) {
+    MatmulScratch s;
+    s.f32 = memory;
+    float *p = memory + (size_t)n_threads * std::max(kRowBlock, kBlasRowBlock) * (size_t)K;
+    s.acts.q = (int8_t *)p;
+    p += (size_t)max_T * K / 4 + 16;
+    const size_t blocks = (size_t)max_T * ((K + kActBlock - 1) / kActBlock);
+    s.acts.d = p;
+    s.acts.sum = (int32_t *)(p + blocks + 16);
+    return s;
+}
+
+void dequantize_row(const KernelTable &k, const Tensor &W, int64_t r, float *out) {
+    if (!dtype_is_quantized(W.dtype)) return k.to_f32[(int)W.dtype](W.row(r), out, (int)W.cols());
+    for (int64_t c = 0; c < W.cols(); c++) out[c] = ref::weight(W, r, c);  // one row per token: plain loop
+}
+
+namespace {
+
+// Quantized weights: activations are quantized to int8 once, then each thread takes blocks of rows
+// and applies them to every token while they are in cache.
+void matmul_quant(const KernelTable &k, const Tensor &W, const float *x, int T, float *y, const MatmulScratch &sc,
+                  int n_threads) {
+    const int64_t N = W.rows(), K = W.cols(), kb = K / kActBlock;
+    for (int t = 0; t < T; t++)
+        k.quantize_acts(x + (size_t)t * K, (int)K, QuantActs{sc.acts.q + (size_t)t * K, sc.acts.d + t * kb, sc.acts.sum + t * kb});
+    const auto dot = k.dot_rows_quant[(int)W.dtype];
+    const int64_t n_blocks = (N + kRowBlock - 1) / kRowBlock;
+#pragma omp parallel for num_threads(n_threads) schedule(static)
+    for (int64_t b = 0; b < n_blocks; b++) {
+        const int64_t r0 = b * kRowBlock;
+        const int rows = (int)std::min<int64_t>(kRowBlock, N - r0);
+        const QuantRows w = W.quant_rows(r0);
+        for (int t = 0; t < T; t++)
+            dot(w, rows, (int)K, QuantActs{sc.acts.q + (size_t)t * K, sc.acts.d + t * kb, sc.acts.sum + t * kb},
+                y + (size_t)t * N + r0);
+    }
+}
+
+}  // namespace
+
+void matmul(const KernelTable &k, const Tensor &W, const float *bias, const float *x, int T, float *y,
+            const MatmulScratch &sc, int n_threads) {
     const int64_t N = W.rows(), K = W.cols();
     const int dt = (int)W.dtype;
     const int64_t n_blocks = (N + kRowBlock - 1) / kRowBlock;
-    if (T == 1) {
+    float *scratch = sc.f32;
+    if (dtype_is_quantized(W.dtype)) {
+        matmul_quant(k, W, x, T, y, sc, n_threads);
+    } else if (T == 1) {
         // Decoding: every weight is read once; split the rows across threads.
 #pragma omp parallel for num_threads(n_threads) schedule(static)
         for (int64_t b = 0; b < n_blocks; b++) {

@@ -11,12 +11,22 @@
 namespace fastllm {
 namespace ops {
 
-// Floats of scratch memory that matmul needs for inputs of K columns with n_threads threads.
-size_t matmul_scratch_floats(int64_t K, int n_threads);
+// Working memory of matmul: per-thread f32 blocks, and room for T x K quantized activations.
+struct MatmulScratch {
+    float *f32;
+    QuantActs acts;
+};
+// Floats of memory a MatmulScratch needs for up to max_T rows of at most K columns.
+size_t matmul_scratch_floats(int64_t K, int n_threads, int max_T);
+MatmulScratch make_matmul_scratch(float *memory, int64_t K, int n_threads, int max_T);
 
-// y[T, N] = x[T, K] . W[N, K]^T (+ bias[N] if not null). W may be f32, f16 or bf16.
-void matmul(const KernelTable &k, const Tensor &W, const float *bias, const float *x, int T, float *y, float *scratch,
-            int n_threads);
+// y[T, N] = x[T, K] . W[N, K]^T (+ bias[N] if not null). W may be of any dtype: plain weights
+// are widened to f32; quantized weights meet the activations quantized to int8.
+void matmul(const KernelTable &k, const Tensor &W, const float *bias, const float *x, int T, float *y,
+            const MatmulScratch &scratch, int n_threads);
+
+// Row r of a matrix of any dtype, as f32 (embedding lookups).
+void dequantize_row(const KernelTable &k, const Tensor &W, int64_t r, float *out);
 
 // out = x / sqrt(mean(x^2) + eps) * w  (out may equal x)
 void rmsnorm(const float *x, const float *w, int n, float eps, float *out);
@@ -38,7 +48,10 @@ void attention(const KernelTable &k, const float *q, int T, int pos0, const floa
 }  // namespace ops
 
 namespace ref {
+// Plain dtypes: exact products of x with the weights. Quantized dtypes: x is quantized to int8 per
+// block of 32 exactly as the fast kernels do it, then multiplied with the dequantized weights.
 void matmul(const Tensor &W, const float *bias, const float *x, int T, float *y);
+void quantize_acts(const float *x, int n, int8_t *q, float *d, int32_t *sum);
 void rmsnorm(const float *x, const float *w, int n, float eps, float *out);
 void rope(float *v, int n_heads, int head_dim, const float *cos, const float *sin);
 void swiglu(const float *gate_up, int n, float *out);

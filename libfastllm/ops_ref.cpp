@@ -1,5 +1,6 @@
 // Reference ops: plain loops in double precision, written for clarity, not speed. The tests check
 // every fast op in ops.cpp (at every ISA level) against these.
+#include <algorithm>
 #include <cmath>
 #include <vector>
 
@@ -9,21 +10,54 @@ namespace fastllm {
 namespace ref {
 
 float weight(const Tensor &W, int64_t r, int64_t c) {
+    if (dtype_is_quantized(W.dtype)) {
+        const QuantRows q = W.quant_rows(r);
+        const int64_t g = c / q.group;
+        const float scale = f16_to_f32(q.scales[g]);
+        if (!dtype_is_q4(W.dtype)) return scale * (float)((int)q.quants[c] - 128);
+        const uint8_t byte = q.quants[(c / 64) * 32 + (c % 32)];
+        const int code = (c % 64) < 32 ? (byte & 15) : (byte >> 4);
+        return q.mins ? scale * (float)code + f16_to_f32(q.mins[g]) : scale * (float)(code - 8);
+    }
     const void *row = W.row(r);
     switch (W.dtype) {
     case DType::F32: return ((const float *)row)[c];
     case DType::F16: return f16_to_f32(((const uint16_t *)row)[c]);
     case DType::BF16: return bf16_to_f32(((const uint16_t *)row)[c]);
+    default: return 0;
     }
-    return 0;
+}
+
+void quantize_acts(const float *x, int n, int8_t *q, float *d, int32_t *sum) {
+    for (int b = 0; b < n / 32; b++) {
+        float amax = 0;
+        for (int i = 0; i < 32; i++) amax = std::max(amax, std::fabs(x[b * 32 + i]));
+        d[b] = amax / 127.0f;
+        const float id = amax > 0 ? 127.0f / amax : 0.0f;
+        sum[b] = 0;
+        for (int i = 0; i < 32; i++) {
+            q[b * 32 + i] = (int8_t)std::nearbyint(x[b * 32 + i] * id);
+            sum[b] += q[b * 32 + i];
+        }
+    }
 }
 
 void matmul(const Tensor &W, const float *bias, const float *x, int T, float *y) {
     int64_t N = W.rows(), K = W.cols();
+    std::vector<float> xs(x, x + (size_t)T * K);
+    if (dtype_is_quantized(W.dtype)) {  // the activations the quantized kernels actually see
+        std::vector<int8_t> q(K);
+        std::vector<float> d(K / 32);
+        std::vector<int32_t> sum(K / 32);
+        for (int t = 0; t < T; t++) {
+            quantize_acts(x + t * K, (int)K, q.data(), d.data(), sum.data());
+            for (int64_t c = 0; c < K; c++) xs[t * K + c] = d[c / 32] * q[c];
+        }
+    }
     for (int t = 0; t < T; t++)
         for (int64_t r = 0; r < N; r++) {
             double s = bias ? bias[r] : 0.0;
-            for (int64_t c = 0; c < K; c++) s += (double)weight(W, r, c) * x[t * K + c];
+            for (int64_t c = 0; c < K; c++) s += (double)weight(W, r, c) * xs[t * K + c];
             y[t * N + r] = (float)s;
         }
 }

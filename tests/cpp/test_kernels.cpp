@@ -51,12 +51,51 @@ static double rel_err(const float *a, const float *b, size_t n) {
 struct Weights {  // a matrix stored in one dtype, with its Tensor view
     std::vector<uint16_t> half;
     std::vector<float> full;
+    std::vector<uint8_t> bytes;  // quantized layout (docs/flm_format.md)
     Tensor t;
 };
+
+// Quantizes full [N, K] into the .flm layout of dt (an independent C++ writer of the format).
+static void quantize_weights(Weights &w, DType dt, int N, int K) {
+    const int G = dtype_group(dt), groups = K / G;
+    w.bytes.assign(tensor_bytes(dt, N, K), 0);
+    uint16_t *scales = (uint16_t *)w.bytes.data();
+    uint16_t *mins = scales + (size_t)N * groups;
+    uint8_t *quants = w.bytes.data() + quant_scales_bytes(dt, N, K);
+    for (int r = 0; r < N; r++)
+        for (int g = 0; g < groups; g++) {
+            const float *v = &w.full[(size_t)r * K + g * G];
+            float lo = v[0], hi = v[0], amax = 0;
+            for (int i = 0; i < G; i++) lo = std::min(lo, v[i]), hi = std::max(hi, v[i]), amax = std::max(amax, std::fabs(v[i]));
+            float scale, mn = 0;
+            if (dt == DType::Q8) scale = amax / 127;
+            else if (dtype_has_min(dt)) scale = (hi - lo) / 15, mn = lo;
+            else scale = amax / 8;
+            scales[(size_t)r * groups + g] = f32_to_f16(scale);
+            if (dtype_has_min(dt)) mins[(size_t)r * groups + g] = f32_to_f16(mn);
+            const float s = f16_to_f32(scales[(size_t)r * groups + g]), m = f16_to_f32(f32_to_f16(mn));
+            for (int i = 0; i < G; i++) {
+                const int c = g * G + i;
+                int q;
+                if (dt == DType::Q8) q = std::clamp((int)std::lround(v[i] / s), -127, 127) + 128;
+                else if (dtype_has_min(dt)) q = std::clamp((int)std::lround((v[i] - m) / s), 0, 15);
+                else q = std::clamp((int)std::lround(v[i] / s) + 8, 0, 15);
+                if (dt == DType::Q8) {
+                    quants[(size_t)r * K + c] = (uint8_t)q;
+                } else {
+                    uint8_t &byte = quants[(size_t)r * K / 2 + (c / 64) * 32 + (c % 32)];
+                    byte |= (c % 64) < 32 ? q : q << 4;
+                }
+            }
+        }
+}
+
 static Weights make_weights(DType dt, int N, int K) {
     Weights w;
     w.full = randn((size_t)N * K);
-    if (dt == DType::F16) {
+    if (dtype_is_quantized(dt)) {
+        quantize_weights(w, dt, N, K);
+    } else if (dt == DType::F16) {
         for (float f : w.full) w.half.push_back(f32_to_f16(f));
     } else if (dt == DType::BF16) {
         for (float f : w.full) {
@@ -70,24 +109,51 @@ static Weights make_weights(DType dt, int N, int K) {
     w.t.n_dims = 2;
     w.t.dims[0] = N;
     w.t.dims[1] = K;
-    w.t.data = dt == DType::F32 ? (const void *)w.full.data() : (const void *)w.half.data();
+    w.t.data = dt == DType::F32 ? (const void *)w.full.data()
+               : dtype_is_quantized(dt) ? (const void *)w.bytes.data() : (const void *)w.half.data();
     return w;
 }
 
 static void test_matmul(const KernelTable &k) {
-    const DType dtypes[] = {DType::F32, DType::F16, DType::BF16};
-    const int shapes[][3] = {{1, 37, 67}, {1, 64, 128}, {3, 37, 67}, {5, 33, 256}, {20, 70, 96}, {40, 300, 64}};
+    const DType dtypes[] = {DType::F32, DType::F16, DType::BF16, DType::Q8, DType::Q4_32, DType::Q4_64, DType::Q4_128,
+                            DType::Q4M_32};
+    const int shapes[][3] = {{1, 37, 67}, {1, 64, 128}, {3, 37, 67}, {5, 33, 256}, {20, 70, 96}, {40, 300, 64},
+                             {1, 21, 384}, {9, 40, 1024}, {2, 17, 160}};
     for (DType dt : dtypes)
         for (auto &s : shapes) {
             int T = s[0], N = s[1], K = s[2];
+            if (K % dtype_row_multiple(dt) != 0) continue;
             Weights w = make_weights(dt, N, K);
             std::vector<float> x = randn((size_t)T * K), bias = randn(N), y((size_t)T * N), yr((size_t)T * N);
-            std::vector<float> scratch(ops::matmul_scratch_floats(K, 2));
-            ops::matmul(k, w.t, bias.data(), x.data(), T, y.data(), scratch.data(), 2);
+            std::vector<float> mem(ops::matmul_scratch_floats(K, 2, T));
+            ops::matmul(k, w.t, bias.data(), x.data(), T, y.data(), ops::make_matmul_scratch(mem.data(), K, 2, T), 2);
             ref::matmul(w.t, bias.data(), x.data(), T, yr.data());
             double e = rel_err(y.data(), yr.data(), y.size());
             CHECK(e < 2e-6, "matmul %s %s T=%d N=%d K=%d rel err %g", isa_name(k.isa), dtype_name(dt), T, N, K, e);
+            if (dtype_is_quantized(dt)) {  // and the quantized product stays close to the exact f32 one
+                Weights exact = w;
+                exact.t.dtype = DType::F32;
+                exact.t.data = exact.full.data();
+                std::vector<float> yf((size_t)T * N);
+                ref::matmul(exact.t, bias.data(), x.data(), T, yf.data());
+                double q = rel_err(y.data(), yf.data(), y.size());
+                double bound = dt == DType::Q8 ? 0.03 : 0.2;
+                CHECK(q < bound, "matmul %s %s vs f32 rel err %g (bound %g)", isa_name(k.isa), dtype_name(dt), q, bound);
+            }
         }
+}
+
+static void test_quantize_acts(const KernelTable &k) {
+    const int n = 256;
+    std::vector<float> x = randn(n, 5.0f);
+    x[3] = 0;
+    std::fill(x.begin() + 64, x.begin() + 96, 0.0f);  // an all-zero block
+    std::vector<int8_t> q(n), qr(n);
+    std::vector<float> d(n / 32), dr(n / 32);
+    std::vector<int32_t> sum(n / 32), sumr(n / 32);
+    k.quantize_acts(x.data(), n, QuantActs{q.data(), d.data(), sum.data()});
+    ref::quantize_acts(x.data(), n, qr.data(), dr.data(), sumr.data());
+    CHECK(q == qr && d == dr && sum == sumr, "%s quantize_acts equals the reference", isa_name(k.isa));
 }
 
 static void test_conversions(const KernelTable &k) {
@@ -242,6 +308,7 @@ int main() {
         }
         std::printf("ISA %s\n", isa_name(isa));
         test_matmul(*k);
+        test_quantize_acts(*k);
         test_conversions(*k);
         test_attention(*k);
     }
