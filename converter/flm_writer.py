@@ -32,6 +32,8 @@ from typing import Callable, Iterable, Sequence
 
 import numpy as np
 
+import quantize
+
 MAGIC = b"FASTLLM\0"
 VERSION = 1
 ALIGNMENT = 64
@@ -45,12 +47,23 @@ META_I64_ARRAY = 4
 META_F32_ARRAY = 5
 META_STRING_ARRAY = 6
 
-# tensor dtypes: name -> (code, bytes per element, accepted numpy dtypes)
+# plain tensor dtypes: name -> (code, bytes per element, accepted numpy dtypes); the quantized
+# ones (q8, q4, ...) are in quantize.QUANT and are always produced from float32 data.
 DTYPES = {
     "f32": (0, 4, (np.dtype(np.float32),)),
     "f16": (1, 2, (np.dtype(np.float16),)),
     "bf16": (2, 2, (np.dtype(np.uint16), np.dtype(np.int16))),
 }
+
+
+def dtype_code(dtype: str) -> int:
+    return DTYPES[dtype][0] if dtype in DTYPES else quantize.QUANT[dtype][0]
+
+
+def f32_to_bf16_bits(a: np.ndarray) -> np.ndarray:
+    """Round to nearest even, as torch does."""
+    bits = np.ascontiguousarray(a, dtype=np.float32).view(np.uint32).astype(np.uint64)
+    return ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16).astype(np.uint16)
 MAX_DIMS = 4
 
 _I64_MIN = -(1 << 63)
@@ -93,8 +106,11 @@ class _TensorDecl:
 class FlmWriter:
     """Collects metadata and tensor declarations, then writes the file in `write()`."""
 
-    def __init__(self, path):
+    def __init__(self, path, dtype_policy: Callable[[str, tuple], str] | None = None):
+        """dtype_policy(name, shape) -> dtype, when given, decides every tensor's dtype (see
+        quantize.DtypePolicy); producers may then return float32 data for any dtype."""
         self.path = os.fspath(path)
+        self.dtype_policy = dtype_policy
         self._meta: list[bytes] = []
         self._keys: set[str] = set()
         self._tensors: list[_TensorDecl] = []
@@ -156,16 +172,25 @@ class FlmWriter:
             raise ValueError(f"tensor name must be a non-empty str, got {name!r}")
         if name in self._names:
             raise ValueError(f"duplicate tensor {name!r}")
-        if dtype not in DTYPES:
-            raise ValueError(f"tensor {name!r}: unknown dtype {dtype!r} (known: {', '.join(DTYPES)})")
         shape = tuple(int(d) for d in shape)
+        if self.dtype_policy is not None:
+            dtype = self.dtype_policy(name, shape)
+        if dtype not in DTYPES and dtype not in quantize.QUANT:
+            raise ValueError(f"tensor {name!r}: unknown dtype {dtype!r} "
+                             f"(known: {', '.join([*DTYPES, *quantize.QUANT])})")
         if not 1 <= len(shape) <= MAX_DIMS:
             raise ValueError(f"tensor {name!r}: {len(shape)} dims, must be 1..{MAX_DIMS}")
         if any(d <= 0 for d in shape):
             raise ValueError(f"tensor {name!r}: every dim must be positive, got {shape}")
-        n_bytes = DTYPES[dtype][1]
-        for d in shape:
-            n_bytes *= d
+        if dtype in quantize.QUANT:
+            if len(shape) != 2 or shape[1] % quantize.row_multiple(dtype):
+                raise ValueError(f"tensor {name!r}: {dtype} needs a matrix with rows of a multiple of "
+                                 f"{quantize.row_multiple(dtype)}, got {shape}")
+            n_bytes = quantize.tensor_bytes(dtype, shape)
+        else:
+            n_bytes = DTYPES[dtype][1]
+            for d in shape:
+                n_bytes *= d
         if n_bytes > _U64_MAX:
             raise ValueError(f"tensor {name!r}: too large")
         if not callable(produce):
@@ -187,7 +212,7 @@ class FlmWriter:
         for t in self._tensors:
             table.append(
                 _encode_string(t.name)
-                + struct.pack("<II", DTYPES[t.dtype][0], len(t.shape))
+                + struct.pack("<II", dtype_code(t.dtype), len(t.shape))
                 + struct.pack(f"<{len(t.shape)}Q", *t.shape)
                 + struct.pack("<QQ", t.offset, t.n_bytes)
             )
@@ -203,6 +228,16 @@ class FlmWriter:
         if not isinstance(arr, np.ndarray):
             raise TypeError(f"tensor {t.name!r}: producer returned {type(arr).__name__}, "
                             f"expected a numpy array")
+        native = {np.dtype(np.float32): "f32", np.dtype(np.float16): "f16"}.get(arr.dtype)
+        if t.dtype in quantize.QUANT:  # quantized tensors are always made from float data
+            if native is None or tuple(arr.shape) != t.shape:
+                raise ValueError(f"tensor {t.name!r}: {t.dtype} needs float data of shape {t.shape}, "
+                                 f"got {arr.dtype} {tuple(arr.shape)}")
+            return quantize.quantize(arr.astype(np.float32), t.dtype)
+        if self.dtype_policy is not None and native is not None and native != t.dtype:
+            # float data for a dtype the policy chose: round it here
+            arr = arr.astype(np.float32)
+            arr = {"f16": lambda a: a.astype(np.float16), "bf16": f32_to_bf16_bits, "f32": lambda a: a}[t.dtype](arr)
         accepted = DTYPES[t.dtype][2]
         if arr.dtype.newbyteorder("=") not in accepted:
             raise ValueError(f"tensor {t.name!r}: data has dtype {arr.dtype}, expected "

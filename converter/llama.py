@@ -110,10 +110,11 @@ def add_metadata(writer, hp: LlamaHParams, tied: bool) -> None:
 
 
 def to_numpy(t: torch.Tensor, dtype: str, what: str) -> np.ndarray:
-    """Converts (rounding to nearest even) to the .flm dtype; bf16 becomes uint16 bit patterns."""
+    """Converts (rounding to nearest even) to the .flm dtype; bf16 becomes uint16 bit patterns.
+    Other (quantized) dtypes get float32 data, which the writer quantizes."""
     if not t.is_floating_point():
         raise ConversionError(f"{what}: expected a floating-point tensor, got {t.dtype}")
-    t = t.detach().to(device="cpu", dtype=TORCH_DTYPES[dtype]).contiguous()
+    t = t.detach().to(device="cpu", dtype=TORCH_DTYPES.get(dtype, torch.float32)).contiguous()
     if dtype == "bf16":
         return t.view(torch.int16).numpy().view(np.uint16)
     return t.numpy()
@@ -159,8 +160,6 @@ class _TensorMap:
 def add_tensors(writer, ckpt: Checkpoint, hp: LlamaHParams, dtype: str) -> bool:
     """Declares every tensor on the writer (the data is read when the writer asks for it).
     Returns whether the output head is tied to the embedding."""
-    if dtype not in TORCH_DTYPES:
-        raise ConversionError(f"unknown dtype {dtype!r} (choose {', '.join(TORCH_DTYPES)})")
     m = _TensorMap(ckpt)
     H, I, V = hp.hidden_size, hp.intermediate_size, hp.vocab_size
     hd, nh, nkv = hp.head_dim, hp.num_heads, hp.num_kv_heads

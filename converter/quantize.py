@@ -1,0 +1,151 @@
+"""Quantized weight formats of .flm (docs/flm_format.md, "Quantized layouts") and the rules that
+pick each tensor's dtype when a quantized --dtype is asked for.
+
+    python convert.py ... --dtype int4                       # q4 (groups of 32), embeddings/head q8
+    python convert.py ... --dtype int4 --group_size 128      # q4_g128: ~4.1 bits per weight
+    python convert.py ... --dtype int8 --dtype_config 'blk.0.*=f16' --dtype_config 'output.weight=f32'
+"""
+from __future__ import annotations
+
+import fnmatch
+
+import numpy as np
+
+from errors import ConversionError
+
+PLAIN = ("f32", "f16", "bf16")
+# name -> (.flm dtype code, group size G, bits per code, has a minimum per group)
+QUANT = {
+    "q8": (3, 32, 8, False),
+    "q4": (4, 32, 4, False),
+    "q4_g64": (5, 64, 4, False),
+    "q4_g128": (6, 128, 4, False),
+    "q4m": (7, 32, 4, True),
+}
+# --dtype names: the .flm names, plus the families int8 / int4 (int4's group from --group_size).
+REQUESTS = PLAIN + ("int8", "int4", "int4m") + tuple(QUANT)
+
+
+def row_multiple(dtype: str) -> int:
+    """What a quantized matrix's row length K must be a multiple of."""
+    _, group, bits, _ = QUANT[dtype]
+    return 32 if bits == 8 else max(64, group)
+
+
+def _align64(n: int) -> int:
+    return (n + 63) // 64 * 64
+
+
+def tensor_bytes(dtype: str, shape) -> int:
+    n, k = shape
+    _, group, bits, has_min = QUANT[dtype]
+    scales = n * (k // group) * 2 * (2 if has_min else 1)
+    return _align64(scales) + n * k * bits // 8
+
+
+def quantize(w: np.ndarray, dtype: str) -> np.ndarray:
+    """[N, K] float32 -> the dtype's bytes (uint8), round to nearest with f16 scales."""
+    _, group, bits, has_min = QUANT[dtype]
+    n, k = w.shape
+    if k % row_multiple(dtype):
+        raise ConversionError(f"{dtype} needs rows of a multiple of {row_multiple(dtype)} weights, not {k}")
+    g = w.astype(np.float32).reshape(n, k // group, group)
+    if bits == 8:  # symmetric, codes w/d + 128 in [1, 255]
+        scale = (np.abs(g).max(axis=2) / 127).astype(np.float16)
+        d = scale.astype(np.float32)[..., None]
+        codes = np.clip(np.rint(np.divide(g, d, out=np.zeros_like(g), where=d > 0)), -127, 127) + 128
+        mins = None
+    elif not has_min:  # symmetric int4 as llama.cpp's Q4_0: the largest magnitude maps to -8
+        idx = np.abs(g).argmax(axis=2)[..., None]
+        extreme = np.take_along_axis(g, idx, axis=2)[..., 0]
+        scale = (extreme / -8).astype(np.float16)
+        d = scale.astype(np.float32)[..., None]
+        codes = np.clip(np.rint(np.divide(g, d, out=np.zeros_like(g), where=d != 0)) + 8, 0, 15)
+        mins = None
+    else:  # scale and minimum: w = d * q + m, q in [0, 15]
+        lo, hi = g.min(axis=2), g.max(axis=2)
+        scale = ((hi - lo) / 15).astype(np.float16)
+        mins = lo.astype(np.float16)
+        d = scale.astype(np.float32)[..., None]
+        codes = np.clip(np.rint(np.divide(g - mins.astype(np.float32)[..., None], d, out=np.zeros_like(g),
+                                          where=d > 0)), 0, 15)
+    codes = codes.astype(np.uint8).reshape(n, k)
+    if bits == 4:  # 64 weights per 32 bytes: byte j = weight j (low nibble) | weight 32 + j (high)
+        c = codes.reshape(n, k // 64, 2, 32)
+        codes = (c[:, :, 0, :] | (c[:, :, 1, :] << 4)).reshape(n, k // 2)
+    head = scale.tobytes() + (mins.tobytes() if mins is not None else b"")
+    out = np.zeros(tensor_bytes(dtype, (n, k)), dtype=np.uint8)
+    out[: len(head)] = np.frombuffer(head, dtype=np.uint8)
+    out[_align64(len(head)):] = codes.reshape(-1)
+    return out
+
+
+def dequantize(data: np.ndarray, dtype: str, shape) -> np.ndarray:
+    """The inverse view of quantize (for tests and inspection): [N, K] float32."""
+    _, group, bits, has_min = QUANT[dtype]
+    n, k = shape
+    ng = n * (k // group)
+    scale = data[: ng * 2].view(np.float16).astype(np.float32).reshape(n, k // group)
+    mins = data[ng * 2: ng * 4].view(np.float16).astype(np.float32).reshape(n, k // group) if has_min else None
+    q = data[_align64(ng * 2 * (2 if has_min else 1)):]
+    if bits == 4:
+        b = q.reshape(n, k // 64, 1, 32)
+        q = np.concatenate([b & 15, b >> 4], axis=2).reshape(n, k)
+    codes = q.reshape(n, k // group, group).astype(np.float32)
+    if bits == 8:
+        w = (codes - 128) * scale[..., None]
+    elif has_min:
+        w = codes * scale[..., None] + mins[..., None]
+    else:
+        w = (codes - 8) * scale[..., None]
+    return w.reshape(n, k)
+
+
+class DtypePolicy:
+    """Chooses each tensor's dtype. Vectors (norms, biases) stay f32. With a quantized request,
+    matrices get it where their row length allows (else f16), and with int4 the embedding and the
+    output head get q8 (they matter most for quality). --dtype_config PATTERN=DTYPE overrides
+    by tensor-name glob; the last matching pattern wins."""
+
+    def __init__(self, request: str, group_size: int = 32, overrides=()):
+        self.default = self._name(request, group_size)
+        self.overrides = []
+        for item in overrides:
+            pattern, sep, dtype = item.partition("=")
+            if not sep or not pattern:
+                raise ConversionError(f"--dtype_config {item!r}: expected PATTERN=DTYPE")
+            self.overrides.append((pattern, self._name(dtype, group_size)))
+
+    @staticmethod
+    def _name(request: str, group_size: int) -> str:
+        if request in ("int4", "int4m"):
+            if request == "int4m" and group_size != 32:
+                raise ConversionError("int4m exists with groups of 32 only")
+            if group_size not in (32, 64, 128):
+                raise ConversionError(f"group size {group_size}: choose 32, 64 or 128")
+            return "q4m" if request == "int4m" else {32: "q4", 64: "q4_g64", 128: "q4_g128"}[group_size]
+        if request == "int8":
+            return "q8"
+        if request in PLAIN or request in QUANT:
+            return request
+        raise ConversionError(f"unknown dtype {request!r} (choose {', '.join(REQUESTS)})")
+
+    def __call__(self, name: str, shape) -> str:
+        if len(shape) != 2:
+            return "f32"
+        dtype = self.default
+        if dtype.startswith("q4") and name in ("token_embd.weight", "output.weight"):
+            dtype = "q8"
+        forced = None
+        for pattern, d in self.overrides:
+            if fnmatch.fnmatchcase(name, pattern):
+                forced = d
+        if forced is not None:
+            if forced in QUANT and shape[1] % row_multiple(forced):
+                raise ConversionError(f"--dtype_config: {name} has rows of {shape[1]} weights, {forced} needs a "
+                                      f"multiple of {row_multiple(forced)}")
+            return forced
+        # Rows whose length the format cannot take fall back: q4 -> q8 -> f16.
+        if dtype in QUANT and shape[1] % row_multiple(dtype):
+            dtype = "q8" if shape[1] % row_multiple("q8") == 0 else "f16"
+        return dtype
