@@ -105,14 +105,15 @@ size_t LlamaModel::state_floats(int n_ctx, int B, int n_threads) const {
     int64_t max_k = std::max({c.hidden_size, c.q_dim(), c.intermediate_size});
     size_t per_token = (size_t)2 * c.hidden_size + c.q_dim() + c.qkv_dim() + c.q_dim() + 2 * (size_t)c.intermediate_size +
                        c.intermediate_size;
-    return per_token * B + (size_t)kLogitRows * c.vocab_size + (size_t)n_threads * n_ctx +
+    return per_token * B + (size_t)kLogitRows * c.vocab_size + (size_t)n_threads * c.context_length +
            ops::matmul_scratch_floats(max_k, n_threads, B) +
            2 * (size_t)c.num_layers * n_ctx * c.kv_dim();
 }
 
-void LlamaModel::init_state(LlamaState &s, Arena &a, int n_ctx, int B, int n_threads) const {
+void LlamaModel::init_state(LlamaState &s, Arena &a, int n_ctx, int B, ThreadPool &pool) const {
     const LlamaConfig &c = cfg_;
-    s.n_ctx = n_ctx, s.max_batch = B, s.n_threads = n_threads;
+    const int n_threads = pool.n_threads();
+    s.n_ctx = n_ctx, s.max_batch = B, s.pool = &pool;
     s.x = a.take((size_t)B * c.hidden_size);
     s.xb = a.take((size_t)B * c.hidden_size);
     s.q = a.take((size_t)B * c.q_dim());
@@ -121,7 +122,7 @@ void LlamaModel::init_state(LlamaState &s, Arena &a, int n_ctx, int B, int n_thr
     s.gate_up = a.take((size_t)B * 2 * c.intermediate_size);
     s.act = a.take((size_t)B * c.intermediate_size);
     s.logits = a.take((size_t)kLogitRows * c.vocab_size);
-    s.scores = a.take((size_t)n_threads * n_ctx);
+    s.scores = a.take((size_t)n_threads * c.context_length);  // any session's positions fit
     const int64_t max_k = std::max({c.hidden_size, c.q_dim(), c.intermediate_size});
     s.scratch = ops::make_matmul_scratch(a.take(ops::matmul_scratch_floats(max_k, n_threads, B)), max_k, n_threads, B);
     s.k_cache = a.take((size_t)c.num_layers * n_ctx * c.kv_dim());
@@ -132,7 +133,7 @@ void LlamaModel::forward(const KernelTable &k, LlamaState &s, const int32_t *tok
                          int T) const {
     const LlamaConfig &c = cfg_;
     const int H = c.hidden_size, I = c.intermediate_size, hd = c.head_dim, half = hd / 2;
-    const int nt = s.n_threads;
+    ThreadPool &pool = *s.pool;
 
     for (int t = 0; t < T; t++) ops::dequantize_row(k, embedding_, tokens[t], s.x + (size_t)t * H);
 
@@ -142,7 +143,7 @@ void LlamaModel::forward(const KernelTable &k, LlamaState &s, const int32_t *tok
 
         // Attention block: norm, fused QKV projection, RoPE, cache write, attention, output projection.
         for (int t = 0; t < T; t++) ops::rmsnorm(s.x + (size_t)t * H, L.attn_norm.f32(), H, c.rms_norm_eps, s.xb + (size_t)t * H);
-        ops::matmul(k, L.qkv, L.qkv_bias.empty() ? nullptr : L.qkv_bias.f32(), s.xb, T, s.qkv, s.scratch, nt);
+        ops::matmul(k, L.qkv, L.qkv_bias.empty() ? nullptr : L.qkv_bias.f32(), s.xb, T, s.qkv, s.scratch, pool);
         for (int t = 0; t < T; t++) {
             const ForwardRow &r = rows[t];
             float *row = s.qkv + (size_t)t * c.qkv_dim();
@@ -163,18 +164,18 @@ void LlamaModel::forward(const KernelTable &k, LlamaState &s, const int32_t *tok
             LlamaState &cache = *rows[t].cache;
             ops::attention(k, s.q + (size_t)t * c.q_dim(), g, rows[t].pos, cache.k_cache + layer_off * cache.n_ctx,
                            cache.v_cache + layer_off * cache.n_ctx, c.num_heads, c.num_kv_heads, hd,
-                           s.attn + (size_t)t * c.q_dim(), cache.scores, std::min(nt, cache.n_threads));
+                           s.attn + (size_t)t * c.q_dim(), s.scores, (size_t)c.context_length, pool);
             t += g;
         }
         ops::matmul(k, L.attn_output, L.attn_output_bias.empty() ? nullptr : L.attn_output_bias.f32(), s.attn, T, s.xb,
-                    s.scratch, nt);
+                    s.scratch, pool);
         for (size_t i = 0; i < (size_t)T * H; i++) s.x[i] += s.xb[i];
 
         // MLP block: norm, fused gate/up projection, SwiGLU, down projection.
         for (int t = 0; t < T; t++) ops::rmsnorm(s.x + (size_t)t * H, L.ffn_norm.f32(), H, c.rms_norm_eps, s.xb + (size_t)t * H);
-        ops::matmul(k, L.gate_up, L.gate_up_bias.empty() ? nullptr : L.gate_up_bias.f32(), s.xb, T, s.gate_up, s.scratch, nt);
+        ops::matmul(k, L.gate_up, L.gate_up_bias.empty() ? nullptr : L.gate_up_bias.f32(), s.xb, T, s.gate_up, s.scratch, pool);
         for (int t = 0; t < T; t++) ops::swiglu(s.gate_up + (size_t)t * 2 * I, I, s.act + (size_t)t * I);
-        ops::matmul(k, L.down, L.down_bias.empty() ? nullptr : L.down_bias.f32(), s.act, T, s.xb, s.scratch, nt);
+        ops::matmul(k, L.down, L.down_bias.empty() ? nullptr : L.down_bias.f32(), s.act, T, s.xb, s.scratch, pool);
         for (size_t i = 0; i < (size_t)T * H; i++) s.x[i] += s.xb[i];
     }
 
@@ -188,7 +189,7 @@ void LlamaModel::forward(const KernelTable &k, LlamaState &s, const int32_t *tok
                 wanted[n++] = t;
             }
         if (n == 0) continue;
-        ops::matmul(k, output_, nullptr, s.xb, n, s.logits, s.scratch, nt);
+        ops::matmul(k, output_, nullptr, s.xb, n, s.logits, s.scratch, pool);
         for (int i = 0; i < n; i++)
             std::memcpy(rows[wanted[i]].logits, s.logits + (size_t)i * c.vocab_size, sizeof(float) * c.vocab_size);
     }

@@ -9,6 +9,7 @@
 #include "flm_file.h"
 #include "kernels.h"
 #include "ops.h"
+#include "thread_pool.h"
 
 namespace fastllm {
 
@@ -28,10 +29,11 @@ struct LlamaLayer {
 
 // Per-session working memory for forward(): activations for up to max_batch tokens and the KV cache.
 struct LlamaState {
-    int n_ctx = 0, max_batch = 0, n_threads = 1;
+    int n_ctx = 0, max_batch = 0;
+    ThreadPool *pool = nullptr;                      // the threads that compute with this memory
     float *x, *xb, *q, *qkv, *attn, *gate_up, *act;  // [max_batch, ...]
     float *logits;                                   // [kLogitRows, vocab]: output-head rows before copy-out
-    float *scores;                                   // [n_threads, n_ctx]
+    float *scores;                                   // [threads, context_length]: attention scores
     ops::MatmulScratch scratch;                      // matmul working memory
     float *k_cache, *v_cache;                        // [layers, n_ctx, kv_dim]
 };
@@ -57,7 +59,7 @@ public:
     size_t state_floats(int n_ctx, int max_batch, int n_threads) const;
     static constexpr size_t kStateBuffers = 12;
     static constexpr int kLogitRows = 16;  // output-head rows computed per pass over its weights
-    void init_state(LlamaState &s, class Arena &arena, int n_ctx, int max_batch, int n_threads) const;
+    void init_state(LlamaState &s, class Arena &arena, int n_ctx, int max_batch, ThreadPool &pool) const;
 
     // Runs tokens[0..T) (T <= work.max_batch; ids already validated) using work's activation
     // buffers; rows[t] says where token t's K/V and logits go (see ForwardRow).

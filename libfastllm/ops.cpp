@@ -1,12 +1,11 @@
 #include "ops.h"
 
+#include "thread_pool.h"
+
 #include <algorithm>
 #include <cmath>
 #include <cstring>
 
-#ifdef _OPENMP
-#include <omp.h>
-#endif
 #ifdef FASTLLM_USE_BLAS
 #include <cblas.h>
 #endif
@@ -19,22 +18,6 @@ namespace {
 constexpr int kRowBlock = 16;      // weight rows a thread takes at a time
 constexpr int kBlasRowBlock = 256;  // rows converted to f32 per sgemm call (f16/bf16 weights)
 constexpr int kBlasMinTokens = 8;  // below this, our own tiles beat the sgemm call overhead
-
-inline int thread_id() {
-#ifdef _OPENMP
-    return omp_get_thread_num();
-#else
-    return 0;
-#endif
-}
-
-inline int omp_threads() {
-#ifdef _OPENMP
-    return omp_get_num_threads();
-#else
-    return 1;
-#endif
-}
 
 #ifdef FASTLLM_USE_BLAS
 // OpenBLAS would otherwise start its own thread pool, whose threads spin while waiting and starve
@@ -76,55 +59,51 @@ namespace {
 // Quantized weights: activations are quantized to int8 once, then each thread takes blocks of rows
 // and applies them to every token while they are in cache.
 void matmul_quant(const KernelTable &k, const Tensor &W, const float *x, int T, float *y, const MatmulScratch &sc,
-                  int n_threads) {
+                  ThreadPool &pool) {
     const int64_t N = W.rows(), K = W.cols(), kb = K / kActBlock;
     for (int t = 0; t < T; t++)
         k.quantize_acts(x + (size_t)t * K, (int)K, QuantActs{sc.acts.q + (size_t)t * K, sc.acts.d + t * kb, sc.acts.sum + t * kb});
     const auto dot = k.dot_rows_quant[(int)W.dtype];
     const int64_t n_blocks = (N + kRowBlock - 1) / kRowBlock;
-#pragma omp parallel for num_threads(n_threads) schedule(static)
-    for (int64_t b = 0; b < n_blocks; b++) {
-        const int64_t r0 = b * kRowBlock;
-        const int rows = (int)std::min<int64_t>(kRowBlock, N - r0);
-        const QuantRows w = W.quant_rows(r0);
-        for (int t = 0; t < T; t++)
-            dot(w, rows, (int)K, QuantActs{sc.acts.q + (size_t)t * K, sc.acts.d + t * kb, sc.acts.sum + t * kb},
-                y + (size_t)t * N + r0);
-    }
+    pool.parallel_for(n_blocks, [&](int64_t first, int64_t last, int) {
+        for (int64_t b = first; b < last; b++) {
+            const int64_t r0 = b * kRowBlock;
+            const int rows = (int)std::min<int64_t>(kRowBlock, N - r0);
+            const QuantRows w = W.quant_rows(r0);
+            for (int t = 0; t < T; t++)
+                dot(w, rows, (int)K, QuantActs{sc.acts.q + (size_t)t * K, sc.acts.d + t * kb, sc.acts.sum + t * kb},
+                    y + (size_t)t * N + r0);
+        }
+    });
 }
 
 }  // namespace
 
 void matmul(const KernelTable &k, const Tensor &W, const float *bias, const float *x, int T, float *y,
-            const MatmulScratch &sc, int n_threads) {
+            const MatmulScratch &sc, ThreadPool &pool) {
     const int64_t N = W.rows(), K = W.cols();
     const int dt = (int)W.dtype;
     const int64_t n_blocks = (N + kRowBlock - 1) / kRowBlock;
     float *scratch = sc.f32;
     if (dtype_is_quantized(W.dtype)) {
-        matmul_quant(k, W, x, T, y, sc, n_threads);
+        matmul_quant(k, W, x, T, y, sc, pool);
     } else if (T == 1) {
         // Decoding: every weight is read once; split the rows across threads.
-#pragma omp parallel for num_threads(n_threads) schedule(static)
-        for (int64_t b = 0; b < n_blocks; b++) {
-            int64_t r0 = b * kRowBlock;
-            int rows = (int)std::min<int64_t>(kRowBlock, N - r0);
-            k.dot_rows[dt](W.row(r0), W.row_bytes(), rows, x, (int)K, y + r0);
-        }
+        pool.parallel_for(n_blocks, [&](int64_t first, int64_t last, int) {
+            const int64_t r0 = first * kRowBlock, r1 = std::min(N, last * kRowBlock);
+            k.dot_rows[dt](W.row(r0), W.row_bytes(), (int)(r1 - r0), x, (int)K, y + r0);
+        });
     }
 #ifdef FASTLLM_USE_BLAS
     else if (T >= kBlasMinTokens) {
         // Each of our threads runs a single-threaded sgemm on its own slice of rows: OpenBLAS's own
         // threads would compete with ours for the cores (see blas_single_threaded).
         blas_single_threaded();
-#pragma omp parallel num_threads(n_threads)
-        {
-            const int n_th = omp_threads(), tid = thread_id();
-            const int64_t per = ((N + n_th - 1) / n_th + kRowBlock - 1) / kRowBlock * kRowBlock;
-            const int64_t end = std::min(N, (tid + 1) * per);
-            const int64_t step = W.dtype == DType::F32 ? std::max<int64_t>(per, 1) : kBlasRowBlock;
+        pool.parallel_for(n_blocks, [&](int64_t first, int64_t last, int tid) {
+            const int64_t end = std::min(N, last * kRowBlock);
+            const int64_t step = W.dtype == DType::F32 ? end : kBlasRowBlock;
             float *buf = scratch + (size_t)tid * kBlasRowBlock * K;
-            for (int64_t r0 = std::min(N, tid * per); r0 < end; r0 += step) {
+            for (int64_t r0 = first * kRowBlock; r0 < end; r0 += step) {
                 const int rows = (int)std::min(step, end - r0);
                 const float *wb = (const float *)W.row(r0);
                 if (W.dtype != DType::F32) {
@@ -134,24 +113,26 @@ void matmul(const KernelTable &k, const Tensor &W, const float *bias, const floa
                 cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, T, rows, (int)K, 1.0f, x, (int)K, wb, (int)K,
                             0.0f, y + r0, (int)N);
             }
-        }
+        });
     }
 #endif
     else {
         // Prompt batch: a thread converts a block of rows to f32 once and applies it to every token.
-#pragma omp parallel for num_threads(n_threads) schedule(static)
-        for (int64_t b = 0; b < n_blocks; b++) {
-            int64_t r0 = b * kRowBlock;
-            int rows = (int)std::min<int64_t>(kRowBlock, N - r0);
-            const float *wb = (const float *)W.row(r0);
-            if (W.dtype != DType::F32) {
-                float *buf = scratch + (size_t)thread_id() * kRowBlock * K;
-                for (int r = 0; r < rows; r++) k.to_f32[dt](W.row(r0 + r), buf + (size_t)r * K, (int)K);
-                wb = buf;
+        pool.parallel_for(n_blocks, [&](int64_t first, int64_t last, int tid) {
+            for (int64_t b = first; b < last; b++) {
+                const int64_t r0 = b * kRowBlock;
+                const int rows = (int)std::min<int64_t>(kRowBlock, N - r0);
+                const float *wb = (const float *)W.row(r0);
+                if (W.dtype != DType::F32) {
+                    float *buf = scratch + (size_t)tid * kRowBlock * K;
+                    for (int r = 0; r < rows; r++) k.to_f32[dt](W.row(r0 + r), buf + (size_t)r * K, (int)K);
+                    wb = buf;
+                }
+                for (int t = 0; t < T; t++)
+                    k.dot_rows[(int)DType::F32](wb, (size_t)K * 4, rows, x + (size_t)t * K, (int)K,
+                                                y + (size_t)t * N + r0);
             }
-            for (int t = 0; t < T; t++)
-                k.dot_rows[(int)DType::F32](wb, (size_t)K * 4, rows, x + (size_t)t * K, (int)K, y + (size_t)t * N + r0);
-        }
+        });
     }
     if (bias)
         for (int t = 0; t < T; t++)
@@ -194,17 +175,17 @@ void softmax(float *x, int n) {
 }
 
 void attention(const KernelTable &k, const float *q, int T, int pos0, const float *k_cache, const float *v_cache,
-               int n_heads, int n_kv_heads, int head_dim, float *out, float *scores, int n_threads) {
+               int n_heads, int n_kv_heads, int head_dim, float *out, float *scores, size_t scores_stride,
+               ThreadPool &pool) {
     const int kv_dim = n_kv_heads * head_dim, group = n_heads / n_kv_heads;
     const size_t kv_stride = (size_t)kv_dim * sizeof(float);
     const float scale = 1.0f / std::sqrt((float)head_dim);
-    const int n_scores = pos0 + T;
-#pragma omp parallel for collapse(2) num_threads(n_threads) schedule(static)
-    for (int t = 0; t < T; t++)
-        for (int h = 0; h < n_heads; h++) {
+    pool.parallel_for((int64_t)T * n_heads, [&](int64_t first, int64_t last, int tid) {
+        float *s = scores + (size_t)tid * scores_stride;
+        for (int64_t task = first; task < last; task++) {
+            const int t = (int)(task / n_heads), h = (int)(task % n_heads);
             const int n = pos0 + t + 1, kv_off = (h / group) * head_dim;
             const float *qh = q + (size_t)t * n_heads * head_dim + (size_t)h * head_dim;
-            float *s = scores + (size_t)thread_id() * n_scores;
             k.dot_rows[(int)DType::F32](k_cache + kv_off, kv_stride, n, qh, head_dim, s);
             for (int j = 0; j < n; j++) s[j] *= scale;
             softmax(s, n);
@@ -212,6 +193,7 @@ void attention(const KernelTable &k, const float *q, int T, int pos0, const floa
             std::memset(o, 0, (size_t)head_dim * sizeof(float));
             for (int j = 0; j < n; j++) k.axpy(s[j], v_cache + (size_t)j * kv_dim + kv_off, o, head_dim);
         }
+    });
 }
 
 }  // namespace ops

@@ -9,6 +9,9 @@
 #include "tensor.h"
 
 namespace fastllm {
+
+class ThreadPool;
+
 namespace ops {
 
 // Working memory of matmul: per-thread f32 blocks, and room for T x K quantized activations.
@@ -23,7 +26,7 @@ MatmulScratch make_matmul_scratch(float *memory, int64_t K, int n_threads, int m
 // y[T, N] = x[T, K] . W[N, K]^T (+ bias[N] if not null). W may be of any dtype: plain weights
 // are widened to f32; quantized weights meet the activations quantized to int8.
 void matmul(const KernelTable &k, const Tensor &W, const float *bias, const float *x, int T, float *y,
-            const MatmulScratch &scratch, int n_threads);
+            const MatmulScratch &scratch, ThreadPool &pool);
 
 // Row r of a matrix of any dtype, as f32 (embedding lookups).
 void dequantize_row(const KernelTable &k, const Tensor &W, int64_t r, float *out);
@@ -41,9 +44,10 @@ void softmax(float *x, int n);
 
 // Causal attention for T query tokens at positions pos0..pos0+T-1. q and out are [T, n_heads*head_dim];
 // k_cache and v_cache are [positions, n_kv_heads*head_dim] and already hold positions up to pos0+T-1.
-// scores: n_threads * (pos0 + T) floats of scratch.
+// scores: scratch of pool.n_threads() rows of scores_stride >= pos0 + T floats.
 void attention(const KernelTable &k, const float *q, int T, int pos0, const float *k_cache, const float *v_cache,
-               int n_heads, int n_kv_heads, int head_dim, float *out, float *scores, int n_threads);
+               int n_heads, int n_kv_heads, int head_dim, float *out, float *scores, size_t scores_stride,
+               ThreadPool &pool);
 
 }  // namespace ops
 

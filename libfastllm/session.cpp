@@ -14,7 +14,15 @@ double ms_since(std::chrono::steady_clock::time_point t0) {
 }
 }  // namespace
 
-Session::Session(const Model &model, const fastllm_session_params &p) : model_(model) {
+namespace {
+int threads_of(const Model &model, const fastllm_session_params &p) {
+    if (p.n_threads < 0) fail(FASTLLM_ERR_INVALID_ARGUMENT, "n_threads must not be negative (%d)", p.n_threads);
+    return p.n_threads ? p.n_threads : model.n_threads();
+}
+}  // namespace
+
+Session::Session(const Model &model, const fastllm_session_params &p)
+    : model_(model), n_threads_(threads_of(model, p)), pool_(n_threads_) {
     const LlamaConfig &c = model.llama().config();
     if (p.n_ctx < 0 || p.n_batch < 0 || p.n_threads < 0)
         fail(FASTLLM_ERR_INVALID_ARGUMENT, "session params must not be negative (n_ctx %d, n_batch %d, n_threads %d)",
@@ -23,12 +31,11 @@ Session::Session(const Model &model, const fastllm_session_params &p) : model_(m
     if (n_ctx_ > c.context_length)
         fail(FASTLLM_ERR_INVALID_ARGUMENT, "n_ctx %d exceeds the model's context length %d", n_ctx_, c.context_length);
     n_batch_ = std::min(p.n_batch ? p.n_batch : 256, n_ctx_);
-    n_threads_ = p.n_threads ? p.n_threads : model.n_threads();
     size_t floats = model.llama().state_floats(n_ctx_, n_batch_, n_threads_) + (size_t)c.vocab_size;
     if (!arena_.allocate(floats, LlamaModel::kStateBuffers + 1))
         fail(FASTLLM_ERR_OUT_OF_MEMORY, "cannot allocate %.1f MiB for a session with n_ctx %d",
              floats * 4.0 / (1 << 20), n_ctx_);
-    model.llama().init_state(state_, arena_, n_ctx_, n_batch_, n_threads_);
+    model.llama().init_state(state_, arena_, n_ctx_, n_batch_, pool_);
     logits_ = arena_.take((size_t)c.vocab_size);
     tokens_.reserve((size_t)n_ctx_ + 1);
     rows_.resize((size_t)n_batch_);

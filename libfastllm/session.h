@@ -12,6 +12,7 @@
 #include "model.h"
 #include "sampler.h"
 #include "text_stream.h"
+#include "thread_pool.h"
 
 namespace fastllm {
 
@@ -66,6 +67,7 @@ private:
 
     const Model &model_;
     int n_ctx_, n_batch_, n_threads_;
+    ThreadPool pool_;
     Arena arena_;
     LlamaState state_;
     std::vector<int32_t> tokens_;  // the context; the tail past n_evaluated_ is not yet in the KV cache

@@ -12,11 +12,13 @@
 #include "ops.h"
 #include "sampler.h"
 #include "text_stream.h"
+#include "thread_pool.h"
 #include "tokenizer.h"
 
 using namespace fastllm;
 
 static int g_passed = 0, g_failed = 0;
+static ThreadPool g_pool(2);
 
 #define CHECK(cond, ...)                                   \
     do {                                                   \
@@ -126,7 +128,7 @@ static void test_matmul(const KernelTable &k) {
             Weights w = make_weights(dt, N, K);
             std::vector<float> x = randn((size_t)T * K), bias = randn(N), y((size_t)T * N), yr((size_t)T * N);
             std::vector<float> mem(ops::matmul_scratch_floats(K, 2, T));
-            ops::matmul(k, w.t, bias.data(), x.data(), T, y.data(), ops::make_matmul_scratch(mem.data(), K, 2, T), 2);
+            ops::matmul(k, w.t, bias.data(), x.data(), T, y.data(), ops::make_matmul_scratch(mem.data(), K, 2, T), g_pool);
             ref::matmul(w.t, bias.data(), x.data(), T, yr.data());
             double e = rel_err(y.data(), yr.data(), y.size());
             CHECK(e < 2e-6, "matmul %s %s T=%d N=%d K=%d rel err %g", isa_name(k.isa), dtype_name(dt), T, N, K, e);
@@ -182,7 +184,8 @@ static void test_attention(const KernelTable &k) {
     std::vector<float> q = randn((size_t)T * n_heads * hd), kc = randn((size_t)(pos0 + T) * kv_dim),
                        vc = randn((size_t)(pos0 + T) * kv_dim);
     std::vector<float> out((size_t)T * n_heads * hd), outr(out.size()), scores(2 * (pos0 + T));
-    ops::attention(k, q.data(), T, pos0, kc.data(), vc.data(), n_heads, n_kv, hd, out.data(), scores.data(), 2);
+    ops::attention(k, q.data(), T, pos0, kc.data(), vc.data(), n_heads, n_kv, hd, out.data(), scores.data(), pos0 + T,
+                   g_pool);
     ref::attention(q.data(), T, pos0, kc.data(), vc.data(), n_heads, n_kv, hd, outr.data());
     double e = rel_err(out.data(), outr.data(), out.size());
     CHECK(e < 1e-5, "attention %s rel err %g", isa_name(k.isa), e);
@@ -272,6 +275,26 @@ static void test_sampler() {
     CHECK(Sampler(p, V).sample(l.data(), hist, 1) != argmax, "repetition penalty");
 }
 
+static void test_thread_pool() {
+    // Every index is visited exactly once, by slices that cover [0, n) in order, many times over.
+    for (int threads : {1, 2, 3, 5}) {
+        ThreadPool pool(threads);
+        for (int64_t n : {0, 1, 2, 7, 100, 1000}) {
+            std::vector<int> hits((size_t)n, 0);
+            std::vector<int> used(threads, 0);
+            for (int rep = 0; rep < 50; rep++)
+                pool.parallel_for(n, [&](int64_t b, int64_t e, int t) {
+                    used[t] = 1;
+                    for (int64_t i = b; i < e; i++) hits[i]++;
+                });
+            bool ok = true;
+            for (int h : hits) ok = ok && h == 50;
+            CHECK(ok, "thread pool of %d threads covers [0, %lld) exactly once per job", threads, (long long)n);
+            if (n >= threads) CHECK(std::count(used.begin(), used.end(), 1) == threads, "all %d threads worked", threads);
+        }
+    }
+}
+
 static void test_text_stream() {
     std::string got;
     auto cb = [](const char *t, size_t n, void *u) -> int {
@@ -316,6 +339,7 @@ int main() {
     test_f16_rounding();
     test_sampler();
     test_text_stream();
+    test_thread_pool();
     std::printf("%d passed, %d failed\n", g_passed, g_failed);
     return g_failed ? 1 : 0;
 }
