@@ -27,11 +27,12 @@ if not any(Path(p or ".").resolve() == _HERE for p in sys.path):
 
 import hf_tokenizer  # noqa: E402
 import llama  # noqa: E402
+import quantize  # noqa: E402
 from checkpoint import Checkpoint  # noqa: E402
 from errors import ConversionError  # noqa: E402
 from flm_writer import FlmWriter  # noqa: E402
 
-DTYPES = ("f32", "f16", "bf16")
+DTYPES = quantize.REQUESTS
 # model family name -> its module; each module has ARCHITECTURES and MODEL_TYPE
 FAMILIES = {"llama": llama}
 
@@ -87,11 +88,12 @@ def _check_out_path(out_path: Path) -> None:
 
 
 def convert(model_path, out_path, dtype: str = "f32", model_type: str | None = None,
-            progress: bool = True) -> str:
+            progress: bool = True, group_size: int = 32, dtype_config=()) -> str:
     """Converts the HF folder `model_path` to `out_path`; returns out_path.
-    Raises ConversionError for anything wrong with the input."""
-    if dtype not in DTYPES:
-        raise ConversionError(f"unknown dtype {dtype!r} (choose {', '.join(DTYPES)})")
+    dtype: f32, f16, bf16, int8, int4 (int4m: with minimums) or a .flm quantized type name;
+    group_size: int4 group (32, 64, 128); dtype_config: ["PATTERN=DTYPE", ...] per-tensor overrides
+    (see quantize.DtypePolicy). Raises ConversionError for anything wrong with the input."""
+    policy = quantize.DtypePolicy(dtype, group_size, dtype_config)
     model_path = Path(model_path)
     out_path = Path(out_path)
     _check_out_path(out_path)
@@ -102,8 +104,8 @@ def convert(model_path, out_path, dtype: str = "f32", model_type: str | None = N
     hp = llama.read_hparams(ckpt.config)
     tok = hf_tokenizer.read_tokenizer(ckpt, hp.vocab_size, llama.ADD_BOS_DEFAULT)
 
-    writer = FlmWriter(out_path)
-    tied = llama.add_tensors(writer, ckpt, hp, dtype)
+    writer = FlmWriter(out_path, dtype_policy=policy)
+    tied = llama.add_tensors(writer, ckpt, hp, "f32")  # float data; the policy picks each dtype
     writer.add_string("general.architecture", "llama")
     writer.add_string("general.name", model_path.resolve().name)
     writer.add_string("general.source", "hf")
@@ -120,14 +122,21 @@ def main(argv=None) -> int:
     ap.add_argument("--model_path", required=True, help="HuggingFace model folder")
     ap.add_argument("--out_path", required=True, help="output .flm file")
     ap.add_argument("--dtype", default="f32", choices=DTYPES,
-                    help="dtype of the weight matrices (norms and biases stay f32)")
+                    help="dtype of the weight matrices (norms and biases stay f32); int8 / int4 quantize "
+                         "(with int4, the embedding and output head get int8)")
+    ap.add_argument("--group_size", type=int, default=32, choices=(32, 64, 128),
+                    help="int4 weights per scale (32: 4.5 bits per weight, 128: 4.125)")
+    ap.add_argument("--dtype_config", action="append", default=[], metavar="PATTERN=DTYPE",
+                    help="dtype for tensors whose .flm name matches the glob, e.g. 'blk.0.*=f16' "
+                         "(repeatable; the last match wins)")
     ap.add_argument("--model_type", default=None, choices=sorted(FAMILIES),
                     help="model family; detected from config.json when omitted")
     ap.add_argument("--quiet", action="store_true", help="no progress bar")
     args = ap.parse_args(argv)
     try:
         out = convert(args.model_path, args.out_path, dtype=args.dtype,
-                      model_type=args.model_type, progress=not args.quiet)
+                      model_type=args.model_type, progress=not args.quiet, group_size=args.group_size,
+                      dtype_config=args.dtype_config)
     except ConversionError as e:
         print(f"error: {e}", file=sys.stderr)
         return 1

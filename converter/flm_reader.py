@@ -24,11 +24,15 @@ from typing import NamedTuple
 
 import numpy as np
 
+import quantize
+
 MAGIC = b"FASTLLM\0"
 SUPPORTED_VERSIONS = (1,)
 ALIGNMENT = 64
 HEADER_SIZE = 40
 MAX_DIMS = 4
+
+QUANT_CODES = {code: name for name, (code, *_rest) in quantize.QUANT.items()}
 
 # dtype code -> (name, bytes per element, numpy dtype of the returned view)
 DTYPES = {
@@ -43,7 +47,7 @@ _U64_MAX = (1 << 64) - 1
 
 
 class FlmTensor(NamedTuple):
-    dtype: str          # "f32", "f16" or "bf16"
+    dtype: str          # "f32", "f16", "bf16", or a quantized type ("q8", "q4", ...: data is the raw bytes)
     shape: tuple        # outermost first
     data: np.ndarray    # read-only view of the file's bytes, of `shape`
 
@@ -195,20 +199,27 @@ def load_flm(path) -> FlmFile:
         name = cur.string(f"tensor name #{i}")
         what = f"tensor {name!r}"
         dtype_code, n_dims = cur.unpack("<II", f"{what} dtype")
-        if dtype_code not in DTYPES:
+        if dtype_code not in DTYPES and dtype_code not in QUANT_CODES:
             raise ValueError(f"{path}: {what}: unknown dtype {dtype_code}")
         if not 1 <= n_dims <= MAX_DIMS:
             raise ValueError(f"{path}: {what}: {n_dims} dims, must be 1..{MAX_DIMS}")
         dims = cur.unpack(f"<{n_dims}Q", f"{what} dims")
         offset, n_bytes = cur.unpack("<QQ", f"{what} offset")
-        dname, itemsize, np_dtype = DTYPES[dtype_code]
         if any(d == 0 for d in dims):
             raise ValueError(f"{path}: {what}: zero dim in {dims}")
-        expected = itemsize
-        for d in dims:
-            expected *= d
-            if expected > _U64_MAX:
-                raise ValueError(f"{path}: {what}: dims {dims} overflow")
+        if dtype_code in QUANT_CODES:  # quantized: the raw bytes (quantize.dequantize decodes them)
+            dname, np_dtype = QUANT_CODES[dtype_code], np.dtype(np.uint8)
+            if n_dims != 2 or dims[1] % quantize.row_multiple(dname):
+                raise ValueError(f"{path}: {what}: {dname} needs a matrix with rows of a multiple of "
+                                 f"{quantize.row_multiple(dname)}, got {list(dims)}")
+            expected = quantize.tensor_bytes(dname, dims)
+        else:
+            dname, itemsize, np_dtype = DTYPES[dtype_code]
+            expected = itemsize
+            for d in dims:
+                expected *= d
+                if expected > _U64_MAX:
+                    raise ValueError(f"{path}: {what}: dims {dims} overflow")
         if n_bytes != expected:
             raise ValueError(f"{path}: {what}: n_bytes {n_bytes} but {dname} {list(dims)} "
                              f"needs {expected}")
@@ -221,7 +232,9 @@ def load_flm(path) -> FlmFile:
         if name in f.tensors:
             raise ValueError(f"{path}: duplicate tensor {name!r}")
         start = data_offset + offset
-        data = mm[start:start + n_bytes].view(np_dtype).reshape(dims)
+        data = mm[start:start + n_bytes].view(np_dtype)
+        if dname not in QUANT_CODES.values():
+            data = data.reshape(dims)
         f.tensors[name] = FlmTensor(dname, tuple(int(d) for d in dims), data)
         f.locations[name] = TensorLocation(offset, n_bytes)
 

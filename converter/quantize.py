@@ -43,6 +43,63 @@ def tensor_bytes(dtype: str, shape) -> int:
     return _align64(scales) + n * k * bits // 8
 
 
+def _codes(g, d, offset, lo, hi):
+    return np.clip(np.rint(np.divide(g, d, out=np.zeros_like(g), where=d != 0)) + offset, lo, hi)
+
+
+def _search_symmetric(g: np.ndarray, neg: int, pos: int):
+    """Per group, the scale d with the least squared error for codes in [-neg, pos]: candidates
+    around extreme / -neg (the largest magnitude on the code -neg), each refined by a least-squares
+    refit of d to its codes. Returns (f16 scales, signed codes)."""
+    idx = np.abs(g).argmax(axis=2)[..., None]
+    extreme = np.take_along_axis(g, idx, axis=2)
+    best_err = np.full(g.shape[:2], np.inf, dtype=np.float32)
+    best_d = np.zeros(g.shape[:2], dtype=np.float32)
+    for step in np.linspace(-1.0, 1.5, 11) * (neg / 8.0):
+        d = extreme / (-neg + step)
+        q = _codes(g, d, 0, -neg, pos)
+        qq = (q * q).sum(axis=2, keepdims=True)
+        d = np.divide((g * q).sum(axis=2, keepdims=True), qq, out=d.copy(), where=qq > 0)
+        d = d.astype(np.float16).astype(np.float32)  # judge the scale that will be stored
+        q = _codes(g, d, 0, -neg, pos)
+        err = ((g - d * q) ** 2).sum(axis=2)
+        better = err < best_err
+        best_err = np.where(better, err, best_err)
+        best_d = np.where(better, d[..., 0], best_d)
+    scale = best_d.astype(np.float16)
+    return scale, _codes(g, scale.astype(np.float32)[..., None], 0, -neg, pos)
+
+
+def _search_q4m(g: np.ndarray):
+    """Per group, (scale, minimum) with the least squared error among ranges shrunk from
+    [min, max], each refined by a least-squares refit. Returns (f16 scales, f16 minimums, codes)."""
+    lo0, hi0 = g.min(axis=2, keepdims=True), g.max(axis=2, keepdims=True)
+    best_err = np.full(g.shape[:2], np.inf, dtype=np.float32)
+    best_d = np.zeros(g.shape[:2], dtype=np.float32)
+    best_m = np.zeros(g.shape[:2], dtype=np.float32)
+    span = hi0 - lo0
+    for a in (0.0, 0.05, 0.1):
+        for b in (0.0, 0.05, 0.1):
+            lo, d = lo0 + a * span, (span * (1 - a - b)) / 15
+            q = _codes(g - lo, d, 0, 0, 15)
+            # least squares for w ~ d * q + m over the group
+            n = g.shape[2]
+            sq, sw, sqq, sqw = q.sum(2, keepdims=True), g.sum(2, keepdims=True), (q * q).sum(2, keepdims=True), \
+                (q * g).sum(2, keepdims=True)
+            det = n * sqq - sq * sq
+            d = np.divide(n * sqw - sq * sw, det, out=d.copy(), where=det > 0)
+            m = np.divide(sw - d * sq, n, out=lo.copy())
+            d16, m16 = d.astype(np.float16).astype(np.float32), m.astype(np.float16).astype(np.float32)
+            q = _codes(g - m16, d16, 0, 0, 15)
+            err = ((g - (d16 * q + m16)) ** 2).sum(axis=2)
+            better = err < best_err
+            best_err = np.where(better, err, best_err)
+            best_d = np.where(better, d16[..., 0], best_d)
+            best_m = np.where(better, m16[..., 0], best_m)
+    scale, mins = best_d.astype(np.float16), best_m.astype(np.float16)
+    return scale, mins, _codes(g - mins.astype(np.float32)[..., None], scale.astype(np.float32)[..., None], 0, 0, 15)
+
+
 def quantize(w: np.ndarray, dtype: str) -> np.ndarray:
     """[N, K] float32 -> the dtype's bytes (uint8), round to nearest with f16 scales."""
     _, group, bits, has_min = QUANT[dtype]
@@ -51,24 +108,15 @@ def quantize(w: np.ndarray, dtype: str) -> np.ndarray:
         raise ConversionError(f"{dtype} needs rows of a multiple of {row_multiple(dtype)} weights, not {k}")
     g = w.astype(np.float32).reshape(n, k // group, group)
     if bits == 8:  # symmetric, codes w/d + 128 in [1, 255]
-        scale = (np.abs(g).max(axis=2) / 127).astype(np.float16)
-        d = scale.astype(np.float32)[..., None]
-        codes = np.clip(np.rint(np.divide(g, d, out=np.zeros_like(g), where=d > 0)), -127, 127) + 128
+        scale, codes = _search_symmetric(g, 127, 127)
+        codes = codes + 128
         mins = None
-    elif not has_min:  # symmetric int4 as llama.cpp's Q4_0: the largest magnitude maps to -8
-        idx = np.abs(g).argmax(axis=2)[..., None]
-        extreme = np.take_along_axis(g, idx, axis=2)[..., 0]
-        scale = (extreme / -8).astype(np.float16)
-        d = scale.astype(np.float32)[..., None]
-        codes = np.clip(np.rint(np.divide(g, d, out=np.zeros_like(g), where=d != 0)) + 8, 0, 15)
+    elif not has_min:  # symmetric int4: w = d * (q - 8)
+        scale, codes = _search_symmetric(g, 8, 7)
+        codes = codes + 8
         mins = None
     else:  # scale and minimum: w = d * q + m, q in [0, 15]
-        lo, hi = g.min(axis=2), g.max(axis=2)
-        scale = ((hi - lo) / 15).astype(np.float16)
-        mins = lo.astype(np.float16)
-        d = scale.astype(np.float32)[..., None]
-        codes = np.clip(np.rint(np.divide(g - mins.astype(np.float32)[..., None], d, out=np.zeros_like(g),
-                                          where=d > 0)), 0, 15)
+        scale, mins, codes = _search_q4m(g)
     codes = codes.astype(np.uint8).reshape(n, k)
     if bits == 4:  # 64 weights per 32 bytes: byte j = weight j (low nibble) | weight 32 + j (high)
         c = codes.reshape(n, k // 64, 2, 32)
@@ -103,9 +151,9 @@ def dequantize(data: np.ndarray, dtype: str, shape) -> np.ndarray:
 
 class DtypePolicy:
     """Chooses each tensor's dtype. Vectors (norms, biases) stay f32. With a quantized request,
-    matrices get it where their row length allows (else f16), and with int4 the embedding and the
-    output head get q8 (they matter most for quality). --dtype_config PATTERN=DTYPE overrides
-    by tensor-name glob; the last matching pattern wins."""
+    matrices get it where their row length allows (else q8, else f16); the output head and the
+    embedding (often the same tensor) get one step more precision: f16 with int8, q8 with int4.
+    --dtype_config PATTERN=DTYPE overrides by tensor-name glob; the last matching pattern wins."""
 
     def __init__(self, request: str, group_size: int = 32, overrides=()):
         self.default = self._name(request, group_size)
@@ -134,8 +182,8 @@ class DtypePolicy:
         if len(shape) != 2:
             return "f32"
         dtype = self.default
-        if dtype.startswith("q4") and name in ("token_embd.weight", "output.weight"):
-            dtype = "q8"
+        if dtype in QUANT and name in ("token_embd.weight", "output.weight"):
+            dtype = "q8" if dtype.startswith("q4") else "f16"  # the head shapes every logit
         forced = None
         for pattern, d in self.overrides:
             if fnmatch.fnmatchcase(name, pattern):

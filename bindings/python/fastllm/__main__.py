@@ -1,4 +1,4 @@
-"""Command line: python -m fastllm {generate,chat,info} ..."""
+"""Command line: python -m fastllm {generate,chat,perplexity,info} ..."""
 from __future__ import annotations
 
 import argparse
@@ -56,6 +56,18 @@ def cmd_chat(args) -> int:
             sys.stdout.write("\n")
 
 
+def cmd_perplexity(args) -> int:
+    from .perplexity import perplexity
+    with open(args.text, encoding="utf-8") as f:
+        text = f.read()
+    with Model(args.model, threads=args.threads) as m:
+        r = perplexity(m, text, separator=args.separator.encode().decode("unicode_escape"),
+                       max_documents=args.max_documents, n_ctx=args.n_ctx)
+    print(f"perplexity {r.perplexity:.4f}  (mean NLL {r.mean_nll:.4f} nats over {r.n_tokens} tokens, "
+          f"{r.n_documents} documents)")
+    return 0
+
+
 def cmd_info(args) -> int:
     with Model(args.model) as m:
         for key, value in m.info.items():
@@ -63,6 +75,40 @@ def cmd_info(args) -> int:
         print(f"chat_template: {'yes' if m.chat_template else 'no'}")
         print(f"isa: {isa()}")
     return 0
+
+
+def find_server() -> str | None:
+    """The fastllm-server executable: $FASTLLM_SERVER_BINARY, else next to the library, else in the
+    source checkout's build/."""
+    import os
+    from pathlib import Path
+
+    from . import library_path
+    candidates = [os.environ.get("FASTLLM_SERVER_BINARY"), Path(library_path).parent / "fastllm-server",
+                  Path(__file__).resolve().parents[3] / "build" / "fastllm-server"]
+    for c in candidates:
+        if c and Path(c).is_file() and os.access(c, os.X_OK):
+            return str(c)
+    return None
+
+
+def cmd_serve(args) -> int:
+    """Runs the C++ server in place of this process (signals reach it directly)."""
+    import os
+    binary = find_server()
+    if binary is None:
+        print("error: fastllm-server was not found next to the library or in build/; build it with cmake "
+              "(it needs: apt install libcpp-httplib-dev nlohmann-json3-dev) or set FASTLLM_SERVER_BINARY",
+              file=sys.stderr)
+        return 1
+    argv = [binary, args.model, "--host", args.host, "--port", str(args.port), "--threads", str(args.threads),
+            "--max-sessions", str(args.max_sessions), "--max-queue", str(args.max_queue), "--n-ctx", str(args.n_ctx)]
+    if args.api_key:
+        argv += ["--api-key", args.api_key]
+    if args.model_name:
+        argv += ["--model-name", args.model_name]
+    sys.stdout.flush()
+    os.execv(binary, argv)
 
 
 def add_sampling_flags(p) -> None:
@@ -90,6 +136,25 @@ def main(argv=None) -> int:
     c.add_argument("--system", help="system message")
     add_sampling_flags(c)
     c.set_defaults(func=cmd_chat)
+    pp = sub.add_parser("perplexity", help="perplexity of a model on a text file")
+    pp.add_argument("model", help=".flm file")
+    pp.add_argument("text", help="UTF-8 text file")
+    pp.add_argument("--separator", default="\\n\\n", help="document separator (escapes allowed); '' = one document")
+    pp.add_argument("--max-documents", type=int, default=None)
+    pp.add_argument("--n-ctx", type=int, default=None, help="window length (default: the model's context)")
+    pp.add_argument("--threads", type=int, default=0)
+    pp.set_defaults(func=cmd_perplexity)
+    sv = sub.add_parser("serve", help="OpenAI-compatible HTTP server (runs fastllm-server)")
+    sv.add_argument("model", help=".flm file")
+    sv.add_argument("--host", default="127.0.0.1")
+    sv.add_argument("--port", type=int, default=8080, help="0 = any free port (printed at start)")
+    sv.add_argument("--threads", type=int, default=0, help="0 = all cores")
+    sv.add_argument("--max-sessions", type=int, default=4, help="requests decoding together")
+    sv.add_argument("--max-queue", type=int, default=64, help="requests that may wait; more get 503")
+    sv.add_argument("--n-ctx", type=int, default=0, help="context length per session (0 = the model's)")
+    sv.add_argument("--api-key", help="demand 'Authorization: Bearer KEY'")
+    sv.add_argument("--model-name", help="model id for clients (default: the file name)")
+    sv.set_defaults(func=cmd_serve)
     i = sub.add_parser("info", help="print a model's metadata")
     i.add_argument("model")
     i.set_defaults(func=cmd_info)

@@ -1,0 +1,134 @@
+"""int8 / int4 quality against the f32 model (each test fails if quantization breaks), the
+dtype rules of the converter, and the perplexity tool.
+
+Measured (stories260K, 40 validation stories = 4,099 positions; ppl on the first 300 stories):
+  dtype   top-1 agreement   mean KL     perplexity (f32 4.2047)
+  int8    98.9%             4.1e-4      4.2115 (+0.16%)
+  int4    87.1%             0.069       4.48   (+6.6%)
+  int4m   90.1%             0.046       4.39   (+4.5%)
+int8's 98.9% is the format's limit on this 64-wide model, not the kernels': transformers with the
+same q8 weights (dequantized, f32 activations) agrees 98.9% too. On the random model (near-flat
+next-token distributions, so many near-ties) int8 agrees 97.2% with mean KL 9e-6, int4 73%.
+"""
+import numpy as np
+import pytest
+import torch
+
+import fastllm
+import quantize
+from conftest import STORIES, convert
+from fastllm.perplexity import perplexity
+from flm_reader import read_flm
+from hf_models import load_model, make_llama
+
+VALID = (STORIES / "text" / "tinystories_valid_head.txt").read_text(encoding="utf-8")
+DOCS = [d for d in VALID.split("\n\n") if d.strip()][:40]
+
+
+def log_softmax(x):
+    x = x.astype(np.float64)
+    m = x.max(axis=1, keepdims=True)
+    return x - m - np.log(np.exp(x - m).sum(axis=1, keepdims=True))
+
+
+def agreement_and_kl(ref, q):
+    lp, lq = log_softmax(ref), log_softmax(q)
+    return float((ref.argmax(1) == q.argmax(1)).mean()), float((np.exp(lp) * (lp - lq)).sum(1).mean())
+
+
+@pytest.fixture(scope="module")
+def stories_models(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("quant")
+    return {dt: convert(STORIES / "hf", tmp / f"{dt}.flm", dt) for dt in ("f32", "int8", "int4", "int4m")}
+
+
+def stories_logits(path):
+    with fastllm.Model(path, threads=2) as m:
+        return np.concatenate([m.forward(m.tokenize(d)) for d in DOCS])
+
+
+@pytest.mark.parametrize("dtype,min_agree,max_kl", [("int8", 0.985, 1e-3), ("int4", 0.85, 0.1), ("int4m", 0.88, 0.07)])
+def test_stories_agreement(stories_models, dtype, min_agree, max_kl):
+    agree, kl = agreement_and_kl(stories_logits(stories_models["f32"]), stories_logits(stories_models[dtype]))
+    assert agree >= min_agree and kl <= max_kl, (agree, kl)
+
+
+@pytest.fixture(scope="module")
+def random_model(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("rand")
+    hf = make_llama(tmp / "hf", hidden_size=256, intermediate_size=512, num_hidden_layers=2, num_attention_heads=4,
+                    num_key_value_heads=2, max_position_embeddings=512, seed=5)
+    return {dt: convert(hf, tmp / f"{dt}.flm", dt) for dt in ("f32", "int8", "int4")}
+
+
+@pytest.mark.parametrize("dtype,min_agree,max_kl", [("int8", 0.96, 1e-4), ("int4", 0.60, 5e-3)])
+def test_random_model_agreement(random_model, dtype, min_agree, max_kl):
+    ids = np.random.default_rng(0).integers(3, 512, size=(6, 256)).tolist()
+    with fastllm.Model(random_model["f32"]) as f, fastllm.Model(random_model[dtype]) as q:
+        ref = np.concatenate([f.forward(x) for x in ids])
+        got = np.concatenate([q.forward(x) for x in ids])
+    agree, kl = agreement_and_kl(ref, got)
+    assert agree >= min_agree and kl <= max_kl, (agree, kl)
+
+
+def test_stories_perplexity(stories_models):
+    ppl = {dt: perplexity(fastllm.Model(p, threads=2), VALID, max_documents=300).perplexity
+           for dt, p in stories_models.items()}
+    assert abs(ppl["f32"] / 4.20 - 1) < 0.01, ppl   # transformers measured 4.20 (PROVENANCE.md)
+    assert ppl["int8"] / ppl["f32"] - 1 < 0.01, ppl
+    assert ppl["int4m"] / ppl["f32"] - 1 < 0.05, ppl
+    assert ppl["int4"] / ppl["f32"] - 1 < 0.08, ppl
+
+
+def test_perplexity_command(stories_models, tmp_path):
+    import subprocess
+    import sys
+    from test_cli import ENV
+    r = subprocess.run([sys.executable, "-m", "fastllm", "perplexity", str(stories_models["f32"]),
+                        str(STORIES / "text" / "tinystories_valid_head.txt"), "--max-documents", "20"],
+                       capture_output=True, text=True, env=ENV, timeout=120)
+    assert r.returncode == 0, r.stderr
+    expected = perplexity(fastllm.Model(stories_models["f32"]), VALID, max_documents=20).perplexity
+    assert f"perplexity {expected:.4f}" in r.stdout
+
+
+def test_file_holds_what_the_quantizer_made(stories_models):
+    """The .flm bytes of a quantized tensor decode to the quantizer's own dequantization, and the
+    stored dtypes follow the rules (head one step more precise; rows of 172 fall back)."""
+    meta, tensors = read_flm(stories_models["int4"])
+    dtypes = {name: t[0] for name, t in tensors.items()}
+    assert dtypes["blk.0.attn_qkv.weight"] == "q4" and dtypes["token_embd.weight"] == "q8"
+    assert dtypes["blk.0.ffn_down.weight"] == "f16" and dtypes["blk.0.attn_norm.weight"] == "f32"
+    _, tensors8 = read_flm(stories_models["int8"])
+    assert tensors8["token_embd.weight"][0] == "f16" and tensors8["blk.0.ffn_gate_up.weight"][0] == "q8"
+    hf = load_model(STORIES / "hf").state_dict()
+    w = torch.cat([hf[f"model.layers.0.self_attn.{p}_proj.weight"] for p in "qkv"]).numpy()
+    dtype, shape, data = tensors["blk.0.attn_qkv.weight"]
+    stored = quantize.dequantize(np.asarray(data), "q4", shape)
+    np.testing.assert_array_equal(stored, quantize.dequantize(quantize.quantize(w, "q4"), "q4", w.shape))
+    assert np.abs(stored - w).max() < 0.6 * np.abs(w).max() / 7
+
+
+@pytest.mark.parametrize("dtype", sorted(quantize.QUANT))
+def test_quantize_round_trip_error(dtype):
+    w = np.random.default_rng(1).standard_normal((8, 256)).astype(np.float32)
+    err = quantize.dequantize(quantize.quantize(w, dtype), dtype, w.shape) - w
+    rms = float(np.sqrt((err ** 2).mean()))
+    assert rms < (0.006 if dtype == "q8" else 0.11), rms
+
+
+def test_dtype_policy_rules_and_overrides():
+    p = quantize.DtypePolicy("int4", 128, ["blk.0.*=f16", "blk.1.attn_qkv.weight=q8"])
+    assert p("blk.0.attn_qkv.weight", (64, 256)) == "f16"
+    assert p("blk.1.attn_qkv.weight", (64, 256)) == "q8"
+    assert p("blk.2.attn_qkv.weight", (64, 256)) == "q4_g128"
+    assert p("blk.2.attn_qkv.weight", (64, 192)) == "q8"  # 192 is not a multiple of 128
+    assert p("blk.2.ffn_down.weight", (64, 172)) == "f16"
+    assert p("output.weight", (512, 256)) == "q8" and p("blk.2.attn_norm.weight", (256,)) == "f32"
+    assert quantize.DtypePolicy("int8")("token_embd.weight", (512, 64)) == "f16"
+    assert quantize.DtypePolicy("f16")("blk.0.attn_qkv.weight", (64, 64)) == "f16"
+    for bad in (("int4", 48, ()), ("int3", 32, ()), ("int8", 32, ["nonsense"]), ("int4m", 64, ())):
+        with pytest.raises(quantize.ConversionError):
+            quantize.DtypePolicy(*bad)
+    with pytest.raises(quantize.ConversionError, match="multiple of 64"):
+        quantize.DtypePolicy("f32", 32, ["*=q4"])("blk.0.ffn_down.weight", (64, 172))
