@@ -86,7 +86,8 @@ def main() -> int:
     src = ap.add_mutually_exclusive_group(required=True)
     src.add_argument("--model_path", type=Path, help="HuggingFace checkpoint folder")
     src.add_argument("--random", choices=sorted(SHAPES), help="random-weight model of this shape")
-    ap.add_argument("--dtype", default="f32", choices=["f32", "f16", "bf16"], help="fastllm weight dtype")
+    ap.add_argument("--dtype", default="f32", help="fastllm weight dtype (as converter/convert.py --dtype)")
+    ap.add_argument("--group_size", type=int, default=32, help="int4 group size")
     ap.add_argument("--torch_dtype", default="f32", choices=["f32", "bf16"])
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--prompt_len", type=int, default=128)
@@ -100,9 +101,9 @@ def main() -> int:
     args.work_dir.mkdir(parents=True, exist_ok=True)
     hf_dir = args.model_path or random_checkpoint(args.random, args.work_dir)
     tag = hashlib.sha1(str(hf_dir.resolve()).encode()).hexdigest()[:8]  # two folders named "hf" must not share
-    flm = args.work_dir / f"{hf_dir.name}-{tag}-{args.dtype}.flm"
+    flm = args.work_dir / f"{hf_dir.name}-{tag}-{args.dtype}-g{args.group_size}.flm"
     if not flm.exists():
-        convert(str(hf_dir), str(flm), dtype=args.dtype, progress=False)
+        convert(str(hf_dir), str(flm), dtype=args.dtype, group_size=args.group_size, progress=False)
     config = json.loads((hf_dir / "config.json").read_text())
     vocab, ctx = config["vocab_size"], config.get("max_position_embeddings", 2048)
     n_prompt = min(args.prompt_len, ctx - args.gen - 1)

@@ -1,0 +1,155 @@
+"""fastllm against llama.cpp on the same random-weight model, same machine, same run.
+
+    python3 bench/bench_llamacpp.py --shape 110m --llama_cpp /path/to/llama.cpp
+    python3 bench/bench_llamacpp.py --shape tinyllama --llama_cpp /path/to/llama.cpp --repeat 3
+
+--llama_cpp is a llama.cpp source tree built outside this repository (it needs build/bin/llama-bench,
+build/bin/llama-quantize and convert_hf_to_gguf.py); without it the llama.cpp rows are skipped,
+saying so. Pairs at equal bits: fastllm int8 vs Q8_0, fastllm int4 (g32) vs Q4_0, plus fastllm
+int4 g128 (4.125 bits). Prints prompt tok/s (pp), generation tok/s (tg), weight bytes read per
+generated token, the fraction of the read-bandwidth limit (measured here) that tg reaches, and
+fastllm's peak RSS and warm load time.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path[:0] = [str(REPO / "bench"), str(REPO / "bindings" / "python"), str(REPO / "converter")]
+from bench_speed import bench_fastllm, random_checkpoint  # noqa: E402
+
+FASTLLM_VARIANTS = [("int8", 32, "Q8_0"), ("int4", 32, "Q4_0"), ("int4", 128, None)]
+
+
+def read_bandwidth_gbs(threads: int, gib: float = 1.0, repeat: int = 5) -> float:
+    """Median GB/s of summing a buffer far larger than the caches, split over threads."""
+    a = np.ones(int(gib * (1 << 30)) // 8, dtype=np.float64)
+    parts = np.array_split(a, threads)
+    out = []
+    for _ in range(repeat + 1):
+        ts = [threading.Thread(target=np.add.reduce, args=(p,)) for p in parts]
+        t0 = time.perf_counter()
+        for t in ts:
+            t.start()
+        for t in ts:
+            t.join()
+        out.append(a.nbytes / (time.perf_counter() - t0) / 1e9)
+    return statistics.median(out[1:])
+
+
+def bytes_per_token(path: Path) -> int:
+    """Weight bytes one decode step reads: every tensor but the embedding (one row of it)."""
+    from flm_reader import load_flm
+    f = load_flm(path)
+    tied = f.metadata.get("llama.tie_word_embeddings", 0)
+    return sum(loc.n_bytes for name, loc in f.locations.items() if name != "token_embd.weight" or tied)
+
+
+def gguf_bytes_per_token(path: Path) -> int:
+    import gguf
+    tensors = {t.name: int(t.n_bytes) for t in gguf.GGUFReader(str(path)).tensors}
+    tied = "output.weight" not in tensors
+    return sum(n for name, n in tensors.items() if name != "token_embd.weight" or tied)
+
+
+def fastllm_memory(path: Path, threads: int) -> tuple[float, float]:
+    """(peak RSS MiB, warm load ms) of a fresh process that loads the model and generates 64 tokens."""
+    code = f"""
+import sys, time
+sys.path.insert(0, {str(REPO / 'bindings' / 'python')!r})
+import fastllm
+fastllm.Model({str(path)!r}).close()                # warms the page cache
+t0 = time.perf_counter(); m = fastllm.Model({str(path)!r}, threads={threads}); load = time.perf_counter() - t0
+with m.session(n_ctx=256) as s:
+    s.generate([1, 2, 3], 64, temperature=0.0, ignore_eos=True)
+hwm = open("/proc/self/status").read().split("VmHWM:")[1].split()[0]  # peak RSS of this process image, kB
+print(int(hwm) / 1024, load * 1000)
+"""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
+    return float(out[0]), float(out[1])
+
+
+def llama_cpp_models(llama_cpp: Path, hf_dir: Path, work: Path) -> dict[str, Path]:
+    f16 = work / f"{hf_dir.name}-f16.gguf"
+    if not f16.exists():
+        subprocess.run([sys.executable, str(llama_cpp / "convert_hf_to_gguf.py"), str(hf_dir), "--outfile", str(f16),
+                        "--outtype", "f16"], check=True, capture_output=True)
+    models = {}
+    for q in ("Q8_0", "Q4_0"):
+        out = work / f"{hf_dir.name}-{q}.gguf"
+        if not out.exists():
+            subprocess.run([str(llama_cpp / "build" / "bin" / "llama-quantize"), str(f16), str(out), q], check=True,
+                           capture_output=True)
+        models[q] = out
+    return models
+
+
+def bench_llama_cpp(llama_cpp: Path, gguf: Path, threads: int, n_prompt: int, n_gen: int, repeat: int):
+    r = subprocess.run([str(llama_cpp / "build" / "bin" / "llama-bench"), "-m", str(gguf), "-t", str(threads),
+                        "-p", str(n_prompt), "-n", str(n_gen), "-r", str(repeat), "-o", "json"],
+                       check=True, capture_output=True, text=True)
+    rows = json.loads(r.stdout)
+    pp = next(x["avg_ts"] for x in rows if x["n_prompt"] > 0)
+    tg = next(x["avg_ts"] for x in rows if x["n_gen"] > 0)
+    return pp, tg
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--shape", choices=("110m", "tinyllama"), default="110m")
+    ap.add_argument("--llama_cpp", type=Path, help="llama.cpp source tree with a build/ (outside this repo)")
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--prompt_len", type=int, default=128)
+    ap.add_argument("--gen", type=int, default=64)
+    ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--work_dir", type=Path, default=Path("/tmp/fastllm-bench"))
+    args = ap.parse_args()
+
+    from convert import convert
+    args.work_dir.mkdir(parents=True, exist_ok=True)
+    hf_dir = random_checkpoint(args.shape, args.work_dir)
+    prompt = [1] + [(7 * i + 11) % 500 + 3 for i in range(args.prompt_len - 1)]
+    bw = read_bandwidth_gbs(args.threads)
+    print(f"model random-{args.shape}, {args.threads} threads, pp{args.prompt_len} / tg{args.gen}, "
+          f"read bandwidth {bw:.1f} GB/s (median)")
+
+    have_llama = args.llama_cpp is not None and (args.llama_cpp / "build" / "bin" / "llama-bench").exists()
+    gguf = llama_cpp_models(args.llama_cpp, hf_dir, args.work_dir) if have_llama else {}
+    if not have_llama:
+        print("llama.cpp: skipped (pass --llama_cpp PATH to a built llama.cpp tree)")
+
+    print(f"{'engine':<22}{'MiB':>8}{'pp tok/s':>10}{'tg tok/s':>10}{'MB/token':>10}{'% of bw':>9}{'RSS MiB':>9}{'load ms':>9}")
+    results = {}
+    for dtype, group, peer in FASTLLM_VARIANTS:
+        name = f"{dtype}" + (f"_g{group}" if group != 32 else "")
+        flm = args.work_dir / f"random-{args.shape}-{name}.flm"
+        if not flm.exists():
+            convert(str(hf_dir), str(flm), dtype=dtype, group_size=group, progress=False)
+        pp, tg = bench_fastllm(flm, prompt, args.gen, args.threads, args.repeat)
+        mb = bytes_per_token(flm) / 1e6
+        rss, load = fastllm_memory(flm, args.threads)
+        results[name] = (pp, tg)
+        print(f"{'fastllm ' + name:<22}{flm.stat().st_size / 2**20:8.0f}{pp:10.1f}{tg:10.1f}{mb:10.1f}"
+              f"{100 * mb * tg / 1e3 / bw:8.0f}%{rss:9.0f}{load:9.1f}")
+        if peer and peer in gguf:
+            lpp, ltg = bench_llama_cpp(args.llama_cpp, gguf[peer], args.threads, args.prompt_len, args.gen,
+                                       args.repeat)
+            size = gguf[peer].stat().st_size
+            lmb = gguf_bytes_per_token(gguf[peer]) / 1e6
+            print(f"{'llama.cpp ' + peer:<22}{size / 2**20:8.0f}{lpp:10.1f}{ltg:10.1f}{lmb:10.1f}"
+                  f"{100 * lmb * ltg / 1e3 / bw:8.0f}%")
+            print(f"{'  ratio fastllm/llama':<22}{'':8}{pp / lpp:9.2f}x{tg / ltg:9.2f}x")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
