@@ -17,12 +17,13 @@ enum class Isa { Scalar = 0, Avx2 = 1, Avx512 = 2 };
 const char *isa_name(Isa isa);
 
 // Activations quantized to int8 in blocks of 32 for the integer dot products: x[i] ~ d[b] * q[i]
-// with b = i / 32, and sum[b] = the sum of the block's q (for the zero-point corrections).
+// with b = i / 32, and ds[b] = d[b] * (sum of the block's q), for the zero-point and minimum
+// corrections: dot(w, x) = sum_b dw_b * (d_b * dot(code, q) - z * ds_b) [+ min_b * ds_b].
 constexpr int kActBlock = 32;
 struct QuantActs {
-    int8_t *q;     // K
-    float *d;      // K / 32
-    int32_t *sum;  // K / 32
+    int8_t *q;  // K
+    float *d;   // K / 32
+    float *ds;  // K / 32
 };
 
 struct KernelTable {

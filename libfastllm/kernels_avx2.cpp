@@ -3,6 +3,7 @@
 #if defined(__x86_64__) || defined(_M_X64)
 #include <immintrin.h>
 
+#include <algorithm>
 #include <cstring>
 
 #include "kernels.h"
@@ -113,8 +114,27 @@ void quantize_acts(const float *x, int n, const QuantActs &out) {
         __m256i p8 = _mm256_permutevar8x32_epi32(_mm256_packs_epi16(p16a, p16b), order);
         _mm256_storeu_si256((__m256i *)(out.q + b * kActBlock), p8);
         out.d[b] = d;
-        out.sum[b] = _mm_cvtsi128_si32(s4);
+        out.ds[b] = d * (float)_mm_cvtsi128_si32(s4);
     }
+}
+
+// count (1..8) f16 values widened to floats; lanes past count are 0. Never reads past p + count.
+inline __m256 load_f16(const uint16_t *p, int count) {
+    __m128i h;
+    if (count == 8) {
+        h = _mm_loadu_si128((const __m128i *)p);
+    } else if (count == 4) {
+        h = _mm_loadl_epi64((const __m128i *)p);
+    } else if (count == 2) {
+        uint32_t two;
+        std::memcpy(&two, p, 4);
+        h = _mm_cvtsi32_si128((int)two);
+    } else {
+        alignas(16) uint16_t tmp[8] = {0};
+        std::memcpy(tmp, p, (size_t)count * 2);
+        h = _mm_load_si128((const __m128i *)tmp);
+    }
+    return _mm256_cvtph_ps(h);
 }
 
 // int8 x int8 products of one block of 32, summed in 8 int32 lanes. u: unsigned codes (< 128
@@ -123,36 +143,54 @@ inline __m256i dot32(__m256i u, __m256i s) {
     return _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1));
 }
 
+// Blocks are taken 8 at a time: their weight scales (and minimums) are widened into a vector once,
+// multiplied by the activation scales in one go, and the zero-point / minimum corrections become
+// 8-wide dot products with the activations' block sums.
 template <bool kQ4>
 void dot_rows_quant(const QuantRows &w, int rows, int n, const QuantActs &x, float *y) {
     const int groups = n / w.group, row_bytes = kQ4 ? n / 2 : n, n_blocks = n / kActBlock;
-    const int zero = kQ4 && !w.mins ? 8 : 0;  // q8 is made signed below, so its dot needs no correction
+    const int shift = w.group == 128 ? 2 : w.group == 64 ? 1 : 0;  // block -> group: b >> shift
+    const float zero = kQ4 && !w.mins ? 8.0f : 0.0f;  // q8 is made signed below: no correction
     const __m256i low4 = _mm256_set1_epi8(0x0F), flip = _mm256_set1_epi8((char)0x80);
+    const __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+    const __m256i group_of = _mm256_srli_epi32(lane, shift);
     for (int r = 0; r < rows; r++) {
         const uint8_t *qr = w.quants + (size_t)r * row_bytes;
         const uint16_t *sc = w.scales + (size_t)r * groups;
         const uint16_t *mn = w.mins ? w.mins + (size_t)r * groups : nullptr;
-        __m256 acc = _mm256_setzero_ps();
-        float corr = 0;
-        for (int b = 0; b < n_blocks; b++) {
-            const int g = b * kActBlock / w.group;
-            const float s = f16s(sc[g]) * x.d[b];
-            const __m256i xv = _mm256_loadu_si256((const __m256i *)(x.q + b * kActBlock));
-            __m256i p;
-            if (kQ4) {
-                const __m256i bytes = _mm256_loadu_si256((const __m256i *)(qr + (b / 2) * 32));
-                const __m256i codes = (b & 1) ? _mm256_and_si256(_mm256_srli_epi16(bytes, 4), low4)
-                                              : _mm256_and_si256(bytes, low4);
-                p = dot32(codes, xv);
-                corr -= s * (float)(zero * x.sum[b]);
-                if (mn) corr += f16s(mn[g]) * x.d[b] * (float)x.sum[b];
+        __m256 acc = _mm256_setzero_ps(), corr = _mm256_setzero_ps();
+        for (int b0 = 0; b0 < n_blocks; b0 += 8) {
+            const int cnt = std::min(8, n_blocks - b0), n_g = (cnt + (1 << shift) - 1) >> shift;
+            const __m256i in = _mm256_cmpgt_epi32(_mm256_set1_epi32(cnt), lane);
+            const __m256 wsv = _mm256_permutevar8x32_ps(load_f16(sc + (b0 >> shift), n_g), group_of);
+            __m256 base = _mm256_mul_ps(_mm256_set1_ps(-zero), wsv);  // per block: min - zero * scale
+            if (mn) base = _mm256_add_ps(base, _mm256_permutevar8x32_ps(load_f16(mn + (b0 >> shift), n_g), group_of));
+            const __m256 scale = _mm256_mul_ps(wsv, _mm256_maskload_ps(x.d + b0, in));
+            corr = _mm256_fmadd_ps(base, _mm256_maskload_ps(x.ds + b0, in), corr);
+            if (kQ4) {  // a 32-byte chunk holds two blocks: low nibbles, then high nibbles
+                for (int j = 0; j < cnt; j += 2) {
+                    const int b = b0 + j;
+                    const __m256i bytes = _mm256_loadu_si256((const __m256i *)(qr + (b / 2) * 32));
+                    const __m256i p0 = dot32(_mm256_and_si256(bytes, low4),
+                                             _mm256_loadu_si256((const __m256i *)(x.q + b * kActBlock)));
+                    const __m256i p1 = dot32(_mm256_and_si256(_mm256_srli_epi16(bytes, 4), low4),
+                                             _mm256_loadu_si256((const __m256i *)(x.q + (b + 1) * kActBlock)));
+                    acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p0), _mm256_permutevar8x32_ps(scale, _mm256_set1_epi32(j)), acc);
+                    acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p1), _mm256_permutevar8x32_ps(scale, _mm256_set1_epi32(j + 1)),
+                                          acc);
+                }
             } else {  // |x| times w carrying x's sign keeps maddubs' pairs inside int16
-                const __m256i wv = _mm256_xor_si256(_mm256_loadu_si256((const __m256i *)(qr + b * kActBlock)), flip);
-                p = dot32(_mm256_sign_epi8(xv, xv), _mm256_sign_epi8(wv, xv));
+                for (int j = 0; j < cnt; j++) {
+                    const int b = b0 + j;
+                    const __m256i xv = _mm256_loadu_si256((const __m256i *)(x.q + b * kActBlock));
+                    const __m256i wv =
+                        _mm256_xor_si256(_mm256_loadu_si256((const __m256i *)(qr + b * kActBlock)), flip);
+                    const __m256i p = dot32(_mm256_sign_epi8(xv, xv), _mm256_sign_epi8(wv, xv));
+                    acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_permutevar8x32_ps(scale, _mm256_set1_epi32(j)), acc);
+                }
             }
-            acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_set1_ps(s), acc);
         }
-        y[r] = hsum(acc) + corr;
+        y[r] = hsum(acc) + hsum(corr);
     }
 }
 

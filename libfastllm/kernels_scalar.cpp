@@ -109,7 +109,7 @@ void quantize_acts(const float *x, int n, const QuantActs &out) {
             sum += v;
         }
         out.d[b] = d;
-        out.sum[b] = sum;
+        out.ds[b] = d * (float)sum;
     }
 }
 
@@ -123,20 +123,21 @@ inline int q4_code(const uint8_t *row, int i) {
 template <bool kQ4>
 void dot_rows_quant(const QuantRows &w, int rows, int n, const QuantActs &x, float *y) {
     const int groups = n / w.group, row_bytes = kQ4 ? n / 2 : n;
-    const int zero = w.mins ? 0 : (kQ4 ? 8 : 128);
+    const float zero = w.mins ? 0.0f : (kQ4 ? 8.0f : 128.0f);
     for (int r = 0; r < rows; r++) {
         const uint8_t *qr = w.quants + (size_t)r * row_bytes;
-        float acc = 0;
+        float acc = 0, corr = 0, mins = 0;
         for (int b = 0; b < n / kActBlock; b++) {
             const int g = b * kActBlock / w.group;
             int32_t dot = 0;
             for (int i = b * kActBlock; i < (b + 1) * kActBlock; i++)
                 dot += (kQ4 ? q4_code(qr, i) : qr[i]) * x.q[i];
             const float dw = f16_to_f32(w.scales[(size_t)r * groups + g]);
-            acc += dw * x.d[b] * (float)(dot - zero * x.sum[b]);
-            if (w.mins) acc += f16_to_f32(w.mins[(size_t)r * groups + g]) * x.d[b] * (float)x.sum[b];
+            acc += dw * x.d[b] * (float)dot;
+            corr += dw * x.ds[b];
+            if (w.mins) mins += f16_to_f32(w.mins[(size_t)r * groups + g]) * x.ds[b];
         }
-        y[r] = acc;
+        y[r] = acc - zero * corr + mins;
     }
 }
 

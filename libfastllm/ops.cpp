@@ -45,7 +45,7 @@ MatmulScratch make_matmul_scratch(float *memory, int64_t K, int n_threads, int m
     p += (size_t)max_T * K / 4 + 16;
     const size_t blocks = (size_t)max_T * ((K + kActBlock - 1) / kActBlock);
     s.acts.d = p;
-    s.acts.sum = (int32_t *)(p + blocks + 16);
+    s.acts.ds = p + blocks + 16;
     return s;
 }
 
@@ -62,7 +62,7 @@ void matmul_quant(const KernelTable &k, const Tensor &W, const float *x, int T, 
                   ThreadPool &pool) {
     const int64_t N = W.rows(), K = W.cols(), kb = K / kActBlock;
     for (int t = 0; t < T; t++)
-        k.quantize_acts(x + (size_t)t * K, (int)K, QuantActs{sc.acts.q + (size_t)t * K, sc.acts.d + t * kb, sc.acts.sum + t * kb});
+        k.quantize_acts(x + (size_t)t * K, (int)K, QuantActs{sc.acts.q + (size_t)t * K, sc.acts.d + t * kb, sc.acts.ds + t * kb});
     const auto dot = k.dot_rows_quant[(int)W.dtype];
     const int64_t n_blocks = (N + kRowBlock - 1) / kRowBlock;
     pool.parallel_for(n_blocks, [&](int64_t first, int64_t last, int) {
@@ -71,7 +71,7 @@ void matmul_quant(const KernelTable &k, const Tensor &W, const float *x, int T, 
             const int rows = (int)std::min<int64_t>(kRowBlock, N - r0);
             const QuantRows w = W.quant_rows(r0);
             for (int t = 0; t < T; t++)
-                dot(w, rows, (int)K, QuantActs{sc.acts.q + (size_t)t * K, sc.acts.d + t * kb, sc.acts.sum + t * kb},
+                dot(w, rows, (int)K, QuantActs{sc.acts.q + (size_t)t * K, sc.acts.d + t * kb, sc.acts.ds + t * kb},
                     y + (size_t)t * N + r0);
         }
     });
