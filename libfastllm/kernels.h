@@ -37,14 +37,22 @@ struct KernelTable {
     void (*axpy)(float a, const float *x, float *y, int n);
     // Quantizes n (a multiple of 32) activations.
     void (*quantize_acts)(const float *x, int n, const QuantActs &out);
-    // y[r] = dot(row r of w, x) for quantized rows of length n; indexed by DType (quantized ones).
-    void (*dot_rows_quant[kNumDTypes])(const QuantRows &w, int rows, int n, const QuantActs &x, float *y);
+    // y[t * ldy + r] = dot(row r of w, activations of token t) for quantized rows of length n and
+    // n_tok tokens, whose activations follow each other in x (q by n, d and ds by n / 32).
+    // Indexed by DType (the quantized ones).
+    void (*dot_rows_quant[kNumDTypes])(const QuantRows &w, int rows, int n, const QuantActs &x, int n_tok, float *y,
+                                       size_t ldy);
 };
 
 // The tables this build and CPU can run; nullptr for an ISA the CPU (or build) lacks.
 const KernelTable *kernels_for(Isa isa);
 // Best supported ISA, lowered by FASTLLM_ISA if set. Decided once per process.
 const KernelTable &kernels();
+
+// Token t's view of activations quantized for n_tok tokens of n values each.
+inline QuantActs token_acts(const QuantActs &x, int n, int t) {
+    return QuantActs{x.q + (size_t)t * n, x.d + (size_t)t * (n / kActBlock), x.ds + (size_t)t * (n / kActBlock)};
+}
 
 // Per-ISA factories (each defined in its own file; absent ones return nullptr).
 const KernelTable *scalar_kernels();

@@ -147,7 +147,7 @@ inline __m256i dot32(__m256i u, __m256i s) {
 // multiplied by the activation scales in one go, and the zero-point / minimum corrections become
 // 8-wide dot products with the activations' block sums.
 template <bool kQ4>
-void dot_rows_quant(const QuantRows &w, int rows, int n, const QuantActs &x, float *y) {
+void dot_rows_quant1(const QuantRows &w, int rows, int n, const QuantActs &x, float *y) {
     const int groups = n / w.group, row_bytes = kQ4 ? n / 2 : n, n_blocks = n / kActBlock;
     const int shift = w.group == 128 ? 2 : w.group == 64 ? 1 : 0;  // block -> group: b >> shift
     const float zero = kQ4 && !w.mins ? 8.0f : 0.0f;  // q8 is made signed below: no correction
@@ -192,6 +192,11 @@ void dot_rows_quant(const QuantRows &w, int rows, int n, const QuantActs &x, flo
         }
         y[r] = hsum(acc) + hsum(corr);
     }
+}
+
+template <bool kQ4>
+void dot_rows_quant(const QuantRows &w, int rows, int n, const QuantActs &x, int n_tok, float *y, size_t ldy) {
+    for (int t = 0; t < n_tok; t++) dot_rows_quant1<kQ4>(w, rows, n, token_acts(x, n, t), y + t * ldy);
 }
 
 const KernelTable kTable = {

@@ -99,25 +99,25 @@ void quantize_acts(const float *x, int n, const QuantActs &out) {
     }
 }
 
-// VNNI: vpdpbusd multiplies unsigned weight codes by signed activations and sums into int32, two
-// blocks of 32 per instruction. Blocks are taken 16 at a time: their scales are widened into one
-// vector, multiplied by the activation scales at once and spread to block pairs with a permute;
-// the weights' zero point (128 for q8, 8 for q4) and q4m's minimums become 16-wide dot products
-// with the activations' block sums.
-template <bool kQ4>
-void dot_rows_quant(const QuantRows &w, int rows, int n, const QuantActs &x, float *y) {
+// NT tokens (1..4) at once share each load and unpack of the weight codes.
+template <bool kQ4, int NT>
+void dot_rows_quant_nt(const QuantRows &w, int rows, int n, const QuantActs &x0, float *y, size_t ldy) {
     const int groups = n / w.group, row_bytes = kQ4 ? n / 2 : n, n_blocks = n / kActBlock;
     const int shift = w.group == 128 ? 2 : w.group == 64 ? 1 : 0;  // block -> group: b >> shift
     const float zero = w.mins ? 0.0f : (kQ4 ? 8.0f : 128.0f);
     const __m256i low4 = _mm256_set1_epi8(0x0F);
     const __m512i pair0 = _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1);
-    const __m512i group_of = _mm512_srli_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15), shift);
+    const __m512i group_of =
+        _mm512_srli_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15), shift);
+    QuantActs x[NT];
+    for (int t = 0; t < NT; t++) x[t] = token_acts(x0, n, t);
     for (int r = 0; r < rows; r++) {
         const uint8_t *qr = w.quants + (size_t)r * row_bytes;
         const uint16_t *sc = w.scales + (size_t)r * groups;
         const uint16_t *mn = w.mins ? w.mins + (size_t)r * groups : nullptr;
-        __m512 acc = _mm512_setzero_ps(), corr = _mm512_setzero_ps();
-        float tail = 0;
+        __m512 acc[NT], corr[NT];
+        float tail[NT];
+        for (int t = 0; t < NT; t++) acc[t] = _mm512_setzero_ps(), corr[t] = _mm512_setzero_ps(), tail[t] = 0;
         for (int b0 = 0; b0 < n_blocks; b0 += 16) {
             const int cnt = std::min(16, n_blocks - b0), n_g = (cnt + (1 << shift) - 1) >> shift;
             const __mmask16 bm = (__mmask16)((1u << cnt) - 1), gm = (__mmask16)((1u << n_g) - 1);
@@ -125,10 +125,14 @@ void dot_rows_quant(const QuantRows &w, int rows, int n, const QuantActs &x, flo
                 bm, group_of, _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(gm, sc + (b0 >> shift))));
             __m512 base = _mm512_mul_ps(_mm512_set1_ps(-zero), wsv);  // per block: min - zero * scale
             if (mn)
-                base = _mm512_add_ps(base, _mm512_maskz_permutexvar_ps(
-                                               bm, group_of, _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(gm, mn + (b0 >> shift)))));
-            const __m512 scale = _mm512_mul_ps(wsv, _mm512_maskz_loadu_ps(bm, x.d + b0));
-            corr = _mm512_fmadd_ps(base, _mm512_maskz_loadu_ps(bm, x.ds + b0), corr);
+                base = _mm512_add_ps(base, _mm512_maskz_permutexvar_ps(bm, group_of,
+                                                                       _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(
+                                                                           gm, mn + (b0 >> shift)))));
+            __m512 scale[NT];
+            for (int t = 0; t < NT; t++) {
+                scale[t] = _mm512_mul_ps(wsv, _mm512_maskz_loadu_ps(bm, x[t].d + b0));
+                corr[t] = _mm512_fmadd_ps(base, _mm512_maskz_loadu_ps(bm, x[t].ds + b0), corr[t]);
+            }
             int j = 0;
             for (; j + 2 <= cnt; j += 2) {
                 const int b = b0 + j;
@@ -140,26 +144,46 @@ void dot_rows_quant(const QuantRows &w, int rows, int n, const QuantActs &x, flo
                 } else {
                     codes = _mm512_loadu_si512((const void *)(qr + b * kActBlock));
                 }
-                const __m512i p = _mm512_dpbusd_epi32(_mm512_setzero_si512(), codes,
-                                                      _mm512_loadu_si512((const void *)(x.q + b * kActBlock)));
-                const __m512 s = _mm512_permutexvar_ps(_mm512_add_epi32(pair0, _mm512_set1_epi32(j)), scale);
-                acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p), s, acc);
+                const __m512i idx = _mm512_add_epi32(pair0, _mm512_set1_epi32(j));
+                for (int t = 0; t < NT; t++) {
+                    const __m512i p = _mm512_dpbusd_epi32(_mm512_setzero_si512(), codes,
+                                                          _mm512_loadu_si512((const void *)(x[t].q + b * kActBlock)));
+                    acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p), _mm512_permutexvar_ps(idx, scale[t]), acc[t]);
+                }
             }
             if (j < cnt) {  // q8 rows may hold an odd number of blocks (q4 rows never do)
                 const int b = b0 + j;
-                const __m256i p = _mm256_dpbusd_epi32(_mm256_setzero_si256(),
-                                                      _mm256_loadu_si256((const __m256i *)(qr + b * kActBlock)),
-                                                      _mm256_loadu_si256((const __m256i *)(x.q + b * kActBlock)));
-                const __m256 f = _mm256_cvtepi32_ps(p);
-                __m128 h = _mm_add_ps(_mm256_castps256_ps128(f), _mm256_extractf128_ps(f, 1));
-                h = _mm_add_ps(h, _mm_movehl_ps(h, h));
-                h = _mm_add_ss(h, _mm_movehdup_ps(h));
-                alignas(64) float sv[16];
-                _mm512_store_ps(sv, scale);
-                tail += sv[j] * _mm_cvtss_f32(h);
+                const __m256i wv = _mm256_loadu_si256((const __m256i *)(qr + b * kActBlock));
+                for (int t = 0; t < NT; t++) {
+                    const __m256 f = _mm256_cvtepi32_ps(_mm256_dpbusd_epi32(
+                        _mm256_setzero_si256(), wv, _mm256_loadu_si256((const __m256i *)(x[t].q + b * kActBlock))));
+                    __m128 h = _mm_add_ps(_mm256_castps256_ps128(f), _mm256_extractf128_ps(f, 1));
+                    h = _mm_add_ps(h, _mm_movehl_ps(h, h));
+                    h = _mm_add_ss(h, _mm_movehdup_ps(h));
+                    alignas(64) float sv[16];
+                    _mm512_store_ps(sv, scale[t]);
+                    tail[t] += sv[j] * _mm_cvtss_f32(h);
+                }
             }
         }
-        y[r] = hsum(acc) + hsum(corr) + tail;
+        for (int t = 0; t < NT; t++) y[t * ldy + r] = hsum(acc[t]) + hsum(corr[t]) + tail[t];
+    }
+}
+
+// VNNI: vpdpbusd multiplies unsigned weight codes by signed activations and sums into int32, two
+// blocks of 32 per instruction. Blocks are taken 16 at a time: their scales are widened into one
+// vector, multiplied by the activation scales at once and spread to block pairs with a permute;
+// the weights' zero point (128 for q8, 8 for q4) and q4m's minimums become 16-wide dot products
+// with the activations' block sums.
+template <bool kQ4>
+void dot_rows_quant(const QuantRows &w, int rows, int n, const QuantActs &x, int n_tok, float *y, size_t ldy) {
+    int t = 0;
+    for (; t + 4 <= n_tok; t += 4) dot_rows_quant_nt<kQ4, 4>(w, rows, n, token_acts(x, n, t), y + t * ldy, ldy);
+    switch (n_tok - t) {
+    case 3: dot_rows_quant_nt<kQ4, 3>(w, rows, n, token_acts(x, n, t), y + t * ldy, ldy); break;
+    case 2: dot_rows_quant_nt<kQ4, 2>(w, rows, n, token_acts(x, n, t), y + t * ldy, ldy); break;
+    case 1: dot_rows_quant_nt<kQ4, 1>(w, rows, n, token_acts(x, n, t), y + t * ldy, ldy); break;
+    default: break;
     }
 }
 

@@ -121,7 +121,7 @@ inline int q4_code(const uint8_t *row, int i) {
 }
 
 template <bool kQ4>
-void dot_rows_quant(const QuantRows &w, int rows, int n, const QuantActs &x, float *y) {
+void dot_rows_quant1(const QuantRows &w, int rows, int n, const QuantActs &x, float *y) {
     const int groups = n / w.group, row_bytes = kQ4 ? n / 2 : n;
     const float zero = w.mins ? 0.0f : (kQ4 ? 8.0f : 128.0f);
     for (int r = 0; r < rows; r++) {
@@ -139,6 +139,11 @@ void dot_rows_quant(const QuantRows &w, int rows, int n, const QuantActs &x, flo
         }
         y[r] = acc - zero * corr + mins;
     }
+}
+
+template <bool kQ4>
+void dot_rows_quant(const QuantRows &w, int rows, int n, const QuantActs &x, int n_tok, float *y, size_t ldy) {
+    for (int t = 0; t < n_tok; t++) dot_rows_quant1<kQ4>(w, rows, n, token_acts(x, n, t), y + t * ldy);
 }
 
 const KernelTable kTable = {Isa::Scalar,

@@ -60,19 +60,15 @@ namespace {
 // and applies them to every token while they are in cache.
 void matmul_quant(const KernelTable &k, const Tensor &W, const float *x, int T, float *y, const MatmulScratch &sc,
                   ThreadPool &pool) {
-    const int64_t N = W.rows(), K = W.cols(), kb = K / kActBlock;
-    for (int t = 0; t < T; t++)
-        k.quantize_acts(x + (size_t)t * K, (int)K, QuantActs{sc.acts.q + (size_t)t * K, sc.acts.d + t * kb, sc.acts.ds + t * kb});
+    const int64_t N = W.rows(), K = W.cols();
+    for (int t = 0; t < T; t++) k.quantize_acts(x + (size_t)t * K, (int)K, token_acts(sc.acts, (int)K, t));
     const auto dot = k.dot_rows_quant[(int)W.dtype];
     const int64_t n_blocks = (N + kRowBlock - 1) / kRowBlock;
     pool.parallel_for(n_blocks, [&](int64_t first, int64_t last, int) {
         for (int64_t b = first; b < last; b++) {
             const int64_t r0 = b * kRowBlock;
             const int rows = (int)std::min<int64_t>(kRowBlock, N - r0);
-            const QuantRows w = W.quant_rows(r0);
-            for (int t = 0; t < T; t++)
-                dot(w, rows, (int)K, QuantActs{sc.acts.q + (size_t)t * K, sc.acts.d + t * kb, sc.acts.ds + t * kb},
-                    y + (size_t)t * N + r0);
+            dot(W.quant_rows(r0), rows, (int)K, sc.acts, T, y + r0, (size_t)N);
         }
     });
 }
