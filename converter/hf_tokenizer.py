@@ -1,20 +1,34 @@
 """The tokenizer of a HuggingFace folder -> `tokenizer.*` metadata (docs/flm_format.md).
 
-Reads tokenizer.model (SentencePiece, see spm_tokenizer.py) plus the HF side files:
-  tokenizer_config.json    add_bos_token, chat_template (a string, or a list of named templates)
+The tokenizer files, in order of preference:
+  tokenizer.model          SentencePiece (see spm_tokenizer.py)            -> `spm` keys
+  tokenizer.json           byte-level BPE (see bpe_tokenizer.py)           -> `bpe` keys
+  vocab.json + merges.txt  GPT-2's byte-level BPE files                    -> `bpe` keys
+plus the HF side files:
+  tokenizer_config.json    add_bos_token, chat_template (a string, or a list of named templates),
+                           bos_token / eos_token / unk_token / pad_token, added_tokens_decoder
+  special_tokens_map.json  bos_token / eos_token / unk_token / pad_token (when the config has none)
   chat_template.jinja      the chat template, where newer transformers versions keep it
-  config.json / generation_config.json   eos_token_id (an int or a list)
+  config.json / generation_config.json   eos_token_id (an int or a list), bos_token_id
+
+For BPE, add_bos is tokenizer_config's add_bos_token when it says, else whether tokenizer.json's
+post-processor starts a sequence with a special token (Llama 3 does; GPT-2 and SmolLM do not).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from checkpoint import Checkpoint
+import bpe_tokenizer
+from bpe_tokenizer import BpeTokenizerInfo, bpe_tokenizer_info
+from checkpoint import Checkpoint, read_json
 from errors import ConversionError
 from spm_tokenizer import UNUSED, load_spm
 
 TOKENIZER_MODEL = "tokenizer.model"
+TOKENIZER_JSON = "tokenizer.json"
+VOCAB_JSON = "vocab.json"
+MERGES_TXT = "merges.txt"
 
 
 @dataclass
@@ -63,11 +77,110 @@ def _chat_template(ckpt: Checkpoint):
     return None
 
 
-def read_tokenizer(ckpt: Checkpoint, vocab_size: int, add_bos_default: bool) -> TokenizerInfo:
+def _eos_ids(ckpt: Checkpoint, vocab_size: int, tokenizer_eos) -> list:
+    """Every id that ends generation: config.json's, generation_config.json's, the tokenizer's."""
+    eos_ids = []
+    sources = [(ckpt.config.get("eos_token_id"), "config.json")]
+    if ckpt.generation_config:
+        sources.append((ckpt.generation_config.get("eos_token_id"), "generation_config.json"))
+    sources.append(tokenizer_eos)
+    for value, where in sources:
+        for i in _ids(value, where):
+            if i < 0:
+                continue
+            if i >= vocab_size:
+                raise ConversionError(f"{where}: eos_token_id {i} is outside the vocabulary "
+                                      f"(vocab_size {vocab_size})")
+            if i not in eos_ids:
+                eos_ids.append(i)
+    return eos_ids
+
+
+def read_tokenizer(ckpt: Checkpoint, vocab_size: int, add_bos_default: bool):
+    """TokenizerInfo (SentencePiece) or BpeTokenizerInfo (byte-level BPE) of the folder.
+    add_bos_default applies to SentencePiece only (BPE says it in its own files)."""
+    if ckpt.file(TOKENIZER_MODEL).is_file():
+        return _read_spm(ckpt, vocab_size, add_bos_default)
+    if ckpt.file(TOKENIZER_JSON).is_file():
+        data = read_json(ckpt.file(TOKENIZER_JSON), required=True)
+        return _read_bpe(ckpt, vocab_size, bpe_tokenizer.read_tokenizer_json(data, TOKENIZER_JSON),
+                         TOKENIZER_JSON)
+    if ckpt.file(VOCAB_JSON).is_file() and ckpt.file(MERGES_TXT).is_file():
+        hf = bpe_tokenizer.read_vocab_merges(ckpt.file(VOCAB_JSON), ckpt.file(MERGES_TXT))
+        return _read_bpe(ckpt, vocab_size, hf, f"{VOCAB_JSON} + {MERGES_TXT}")
+    raise ConversionError(f"no tokenizer in {ckpt.path}: it needs {TOKENIZER_MODEL} "
+                          f"(SentencePiece), {TOKENIZER_JSON} (byte-level BPE) or {VOCAB_JSON} + "
+                          f"{MERGES_TXT}")
+
+
+def _special_token_texts(ckpt: Checkpoint) -> dict:
+    """bos / eos / unk / pad -> token text, from tokenizer_config.json, else
+    special_tokens_map.json."""
+    out = {}
+    stm = read_json(ckpt.file("special_tokens_map.json"), required=False) or {}
+    for source in (stm, ckpt.tokenizer_config or {}):
+        for name in ("bos", "eos", "unk", "pad"):
+            v = source.get(f"{name}_token")
+            if isinstance(v, dict):
+                v = v.get("content")
+            if isinstance(v, str):
+                out[name] = v
+    return out
+
+
+def _read_bpe(ckpt: Checkpoint, vocab_size: int, hf, where: str) -> BpeTokenizerInfo:
+    tc = ckpt.tokenizer_config or {}
+    if not hf.added:
+        # vocab.json + merges.txt: the added tokens are in tokenizer_config.json, or, for GPT-2's
+        # own files, the special tokens (tokenizer config and config.json) are the added ones.
+        decoder = tc.get("added_tokens_decoder")
+        if isinstance(decoder, dict) and decoder:
+            for k, v in decoder.items():
+                if not (str(k).isdigit() and isinstance(v, dict) and isinstance(v.get("content"), str)):
+                    raise ConversionError(f"tokenizer_config.json: bad added_tokens_decoder entry "
+                                          f"{k!r}: {v!r}")
+                hf.added[int(k)] = (v["content"], bool(v.get("special", False)))
+        else:
+            for text in _special_token_texts(ckpt).values():
+                if text in hf.vocab:
+                    hf.added[hf.vocab[text]] = (text, True)
+            for key in ("bos_token_id", "eos_token_id"):
+                for i in _ids(ckpt.config.get(key), "config.json"):
+                    if i in hf.vocab.values():
+                        text = next(t for t, j in hf.vocab.items() if j == i)
+                        hf.added[i] = (text, True)
+    tokens, types = hf.tokens_and_types()
+
+    ids = {}
+    for name, text in _special_token_texts(ckpt).items():
+        i = hf.token_id(text)
+        if i is None:
+            raise ConversionError(f"{where}: the {name} token {text!r} is not in the vocabulary")
+        ids[name] = i
+    for name in ("bos", "eos"):
+        if name not in ids:
+            found = _ids(ckpt.config.get(f"{name}_token_id"), "config.json")
+            if found:
+                ids[name] = found[0]
+    add_bos = tc.get("add_bos_token")
+    if not isinstance(add_bos, bool):
+        add_bos = hf.template_bos is not None
+    if hf.template_bos is not None and "bos" not in ids:
+        ids["bos"] = hf.token_id(hf.template_bos)
+        if ids["bos"] is None:
+            raise ConversionError(f"{where}: the post-processor's first token "
+                                  f"{hf.template_bos!r} is not in the vocabulary")
+    eos = ids.get("eos", -1)
+    eos_ids = _eos_ids(ckpt, vocab_size, (eos if eos >= 0 else None, where))
+    return bpe_tokenizer_info(
+        tokens, types, hf.merges, hf.pre, vocab_size,
+        bos_id=ids.get("bos", -1), eos_id=eos, unk_id=ids.get("unk", -1),
+        pad_id=ids.get("pad", -1), eos_ids=eos_ids, add_bos=add_bos,
+        ignore_merges=hf.ignore_merges, chat_template=_chat_template(ckpt), where=where)
+
+
+def _read_spm(ckpt: Checkpoint, vocab_size: int, add_bos_default: bool) -> TokenizerInfo:
     path = ckpt.file(TOKENIZER_MODEL)
-    if not path.is_file():
-        raise ConversionError(f"missing {TOKENIZER_MODEL}: {path} does not exist (only "
-                              f"SentencePiece tokenizers are supported)")
     spm = load_spm(path)
     n = len(spm)
     if n > vocab_size:
@@ -85,20 +198,7 @@ def read_tokenizer(ckpt: Checkpoint, vocab_size: int, add_bos_default: bool) -> 
         scores.append(0.0)
         types.append(UNUSED)
 
-    eos_ids = []
-    sources = [(ckpt.config.get("eos_token_id"), "config.json")]
-    if ckpt.generation_config:
-        sources.append((ckpt.generation_config.get("eos_token_id"), "generation_config.json"))
-    sources.append((spm.eos_id if spm.eos_id >= 0 else None, TOKENIZER_MODEL))
-    for value, where in sources:
-        for i in _ids(value, where):
-            if i < 0:
-                continue
-            if i >= vocab_size:
-                raise ConversionError(f"{where}: eos_token_id {i} is outside the vocabulary "
-                                      f"(vocab_size {vocab_size})")
-            if i not in eos_ids:
-                eos_ids.append(i)
+    eos_ids = _eos_ids(ckpt, vocab_size, (spm.eos_id if spm.eos_id >= 0 else None, TOKENIZER_MODEL))
 
     tc = ckpt.tokenizer_config or {}
     add_bos = tc.get("add_bos_token", add_bos_default)
@@ -117,7 +217,18 @@ def read_tokenizer(ckpt: Checkpoint, vocab_size: int, add_bos_default: bool) -> 
     )
 
 
-def add_tokenizer_metadata(writer, tok: TokenizerInfo) -> None:
+def add_tokenizer_metadata(writer, tok) -> None:
+    """Writes the tokenizer keys of `tok` (docs/flm_format.md). Stable signature, for every
+    source of tokenizers (HF folders, GGUF files):
+      tok: TokenizerInfo                   -> the `spm` keys
+           bpe_tokenizer.BpeTokenizerInfo  -> the `bpe` keys (or any object with its fields:
+                tokens, types, merges, pre, bos_id, eos_id, unk_id, pad_id, eos_ids, add_bos,
+                chat_template and, optionally, ignore_merges); build one from plain lists with
+                bpe_tokenizer.bpe_tokenizer_info(tokens, types, merges, pre, vocab_size, ...),
+                which checks them and pads the vocabulary."""
+    if hasattr(tok, "merges"):
+        bpe_tokenizer.add_bpe_metadata(writer, tok)
+        return
     writer.add_string("tokenizer.model", "spm")
     writer.add_string_array("tokenizer.tokens", tok.tokens)
     writer.add_f32_array("tokenizer.scores", tok.scores)

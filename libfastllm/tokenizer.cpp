@@ -4,6 +4,7 @@
 
 #include "error.h"
 #include "flm_file.h"
+#include "tokenizer_bpe.h"
 #include "tokenizer_spm.h"
 
 namespace fastllm {
@@ -15,6 +16,7 @@ bool Tokenizer::is_eos(int32_t id) const {
 std::unique_ptr<Tokenizer> make_tokenizer(const FlmFile &file, int64_t vocab_size) {
     std::string kind = file.get_string("tokenizer.model");
     if (kind == "spm") return std::make_unique<SpmTokenizer>(file, vocab_size);
+    if (kind == "bpe") return std::make_unique<BpeTokenizer>(file, vocab_size);
     fail(FASTLLM_ERR_UNSUPPORTED, "%s: tokenizer type '%s' is not supported by this library", file.path().c_str(),
          kind.c_str());
 }
