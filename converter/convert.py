@@ -1,7 +1,9 @@
-"""HuggingFace checkpoint folder -> `.flm` file (docs/flm_format.md).
+"""HuggingFace checkpoint folder (or llama.cpp GGUF file) -> `.flm` file (docs/flm_format.md).
 
     python converter/convert.py --model_path HF_DIR --out_path OUT.flm [--dtype f32|f16|bf16]
                                 [--model_type llama]
+    python converter/convert.py --model_path MODEL.gguf --out_path OUT.flm [--dtype ...]
+                                (see gguf_import.py)
 
 or, with converter/ on sys.path:
 
@@ -25,6 +27,7 @@ _HERE = Path(__file__).resolve().parent
 if not any(Path(p or ".").resolve() == _HERE for p in sys.path):
     sys.path.insert(0, str(_HERE))
 
+import gguf_import  # noqa: E402
 import hf_tokenizer  # noqa: E402
 import llama  # noqa: E402
 import quantize  # noqa: E402
@@ -97,6 +100,8 @@ def convert(model_path, out_path, dtype: str = "f32", model_type: str | None = N
     model_path = Path(model_path)
     out_path = Path(out_path)
     _check_out_path(out_path)
+    if model_path.suffix.lower() == ".gguf" or gguf_import.is_gguf(model_path):
+        return _convert_gguf(model_path, out_path, dtype, policy, model_type, progress)
     ckpt = Checkpoint(model_path)
     family = detect_model_type(ckpt.config, model_type)
     assert family == "llama"
@@ -115,11 +120,22 @@ def convert(model_path, out_path, dtype: str = "f32", model_type: str | None = N
     return str(out_path)
 
 
+def _convert_gguf(model_path: Path, out_path: Path, dtype: str, policy, model_type,
+                  progress) -> str:
+    """A llama.cpp GGUF file instead of an HF folder: see gguf_import.py."""
+    if model_type is not None and model_type not in gguf_import.SUPPORTED_ARCHITECTURES:
+        raise ConversionError(f"unsupported --model_type {model_type!r} for a GGUF file "
+                              f"(supported: {', '.join(gguf_import.SUPPORTED_ARCHITECTURES)})")
+    return gguf_import.convert_gguf(model_path, out_path, dtype=dtype, progress=progress,
+                                    dtype_policy=policy)
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(
         prog="convert.py",
         description="Convert a HuggingFace checkpoint folder to a fastllm .flm file.")
-    ap.add_argument("--model_path", required=True, help="HuggingFace model folder")
+    ap.add_argument("--model_path", required=True,
+                    help="HuggingFace model folder, or a llama.cpp .gguf file")
     ap.add_argument("--out_path", required=True, help="output .flm file")
     ap.add_argument("--dtype", default="f32", choices=DTYPES,
                     help="dtype of the weight matrices (norms and biases stay f32); int8 / int4 quantize "

