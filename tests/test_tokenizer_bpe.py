@@ -627,3 +627,25 @@ def test_missing_key_refused(gpt2, tmp_path, key):
         fastllm.Model(bad)
     assert e.value.status == fastllm._lib.ERR_BAD_FORMAT
     assert key in str(e.value)
+
+
+def test_invalid_utf8_input_round_trips(any_case):
+    """Bytes that are not UTF-8 (possible through the C API) are tokenized byte for byte and never
+    crash; the pieces give back every byte that has a token (SmolLM2's vocabulary has none for
+    21 bytes, 0x04 and 0xFF among them: they are dropped, as tokenizers drops a character
+    without a token; test_every_class_boundary checks that on valid text)."""
+    import ctypes
+    from fastllm import _lib as raw
+    m, vocab = any_case.model, any_case.ref.get_vocab()
+    alphabet = bytes_to_unicode()
+    has_token = {b for b in range(256) if alphabet[b] in vocab}
+    for data in (b"\xff\xfe abc \xe6\x97", b"caf\xe9 \x80\x80x", b"\xf0\x9f\x99", b"\xc0\xaf1",
+                 b"x'\xc5s \xed\xa0\x80 \xf4\x90\x80\x80", bytes(range(256))):
+        cap = len(data) + 8
+        buf = (ctypes.c_int32 * cap)()
+        n = ctypes.c_size_t()
+        assert raw.lib.fastllm_tokenize(m.handle, data, len(data), 0, buf, cap, ctypes.byref(n)) == raw.OK
+        ids = list(buf[:n.value])
+        pieces = b"".join(m.token_to_piece(i) for i in ids)
+        assert pieces == bytes(b for b in data if b in has_token)
+        assert m.detokenize(ids) == pieces.decode(errors="replace")
