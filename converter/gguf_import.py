@@ -32,12 +32,12 @@ Tokenizer: `tokenizer.ggml.model` "llama" (SentencePiece) becomes our `spm` keys
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import torch
 
+import bpe_tokenizer
 import hf_tokenizer
 import llama
 import quantize
@@ -58,7 +58,8 @@ BPE_PRE = {
 
 # GGUF token types (llama.cpp's llama_token_type) -> our `bpe` token types
 GGUF_NORMAL, GGUF_UNKNOWN, GGUF_CONTROL, GGUF_USER_DEFINED, GGUF_UNUSED, GGUF_BYTE = 1, 2, 3, 4, 5, 6
-BPE_NORMAL, BPE_SPECIAL, BPE_ADDED, BPE_UNUSED = 1, 3, 4, 5
+BPE_NORMAL, BPE_SPECIAL, BPE_ADDED, BPE_UNUSED = (bpe_tokenizer.NORMAL, bpe_tokenizer.SPECIAL,
+                                                  bpe_tokenizer.ADDED, bpe_tokenizer.UNUSED)
 _BPE_TYPES = {
     0: BPE_NORMAL,            # undefined
     GGUF_NORMAL: BPE_NORMAL,
@@ -459,24 +460,6 @@ def add_tensors(writer, g: GgufModel, hp: llama.LlamaHParams, dtype: str) -> boo
 
 # ---- tokenizer --------------------------------------------------------------------------------
 
-@dataclass
-class BpeTokenizerInfo:
-    """The `bpe` keys of docs/flm_format.md."""
-    tokens: list
-    types: list
-    merges: list
-    pre: str
-    bos_id: int
-    eos_id: int
-    unk_id: int
-    pad_id: int
-    eos_ids: list
-    add_bos: bool
-    chat_template: str | None
-    n_padded: int
-    ignore_merges: bool = False
-
-
 # llama.cpp skips the merges for a pre-token that is itself a token with these pre-tokenizers
 # (as `tokenizers` does with Llama 3's ignore_merges)
 _IGNORE_MERGES_PRE = ("llama-bpe", "llama3")
@@ -510,7 +493,8 @@ def _pad(tokens: list, vocab: int, g: GgufModel) -> int:
 
 
 def read_tokenizer(g: GgufModel, vocab: int):
-    """hf_tokenizer.TokenizerInfo (`spm`) or BpeTokenizerInfo (`bpe`) from tokenizer.ggml.*."""
+    """hf_tokenizer.TokenizerInfo (`spm`) or bpe_tokenizer.BpeTokenizerInfo (`bpe`) from
+    tokenizer.ggml.*."""
     model = g.get_str("tokenizer.ggml.model")
     if model is None:
         raise ConversionError(f"{g.path}: no tokenizer (tokenizer.ggml.model is missing)")
@@ -571,44 +555,18 @@ def read_tokenizer(g: GgufModel, vocab: int):
         raise ConversionError(f"{g.path}: BPE pre-tokenizer {pre_name!r} is not supported "
                               f"(supported: {', '.join(BPE_PRE)})")
     merges = g.get_list("tokenizer.ggml.merges", str, "strings", _REQUIRED)
-    for i, m in enumerate(merges):
-        if len(m.split(" ")) != 2:
-            raise ConversionError(f"{g.path}: merge #{i} {m!r} is not two tokens separated by "
-                                  f"one space")
     types = []
     for i, t in enumerate(gtypes):
         if t not in _BPE_TYPES:
             raise ConversionError(f"{g.path}: token {i} ({tokens[i]!r}) has type {t}, which a "
                                   f"byte-level BPE vocabulary cannot have")
         types.append(_BPE_TYPES[t])
-    n_padded = _pad(tokens, vocab, g)
-    types += [BPE_UNUSED] * n_padded
-    return BpeTokenizerInfo(
-        tokens=tokens, types=types, merges=list(merges), pre=BPE_PRE[pre_name],
+    return bpe_tokenizer.bpe_tokenizer_info(
+        tokens, types, merges, BPE_PRE[pre_name], vocab,
         bos_id=bos, eos_id=eos, unk_id=unk, pad_id=pad, eos_ids=eos_ids,
         add_bos=g.get_bool("tokenizer.ggml.add_bos_token", False),
-        chat_template=chat_template, n_padded=n_padded,
         ignore_merges=pre_name in _IGNORE_MERGES_PRE,
-    )
-
-
-def add_bpe_tokenizer_metadata(writer, tok: BpeTokenizerInfo) -> None:
-    """The `bpe` tokenizer keys (docs/flm_format.md)."""
-    writer.add_string("tokenizer.model", "bpe")
-    writer.add_string_array("tokenizer.tokens", tok.tokens)
-    writer.add_i64_array("tokenizer.token_types", tok.types)
-    writer.add_string_array("tokenizer.merges", tok.merges)
-    writer.add_string("tokenizer.pre", tok.pre)
-    writer.add_i64("tokenizer.bos_id", tok.bos_id)
-    writer.add_i64("tokenizer.eos_id", tok.eos_id)
-    writer.add_i64("tokenizer.unk_id", tok.unk_id)
-    writer.add_i64("tokenizer.pad_id", tok.pad_id)
-    writer.add_i64_array("tokenizer.eos_ids", tok.eos_ids)
-    writer.add_i64("tokenizer.add_bos", int(tok.add_bos))
-    if tok.ignore_merges:
-        writer.add_i64("tokenizer.ignore_merges", 1)
-    if tok.chat_template is not None:
-        writer.add_string("tokenizer.chat_template", tok.chat_template)
+        chat_template=chat_template, where=str(g.path))
 
 
 # ---- the conversion ---------------------------------------------------------------------------
@@ -632,9 +590,6 @@ def convert_gguf(model_path, out_path, dtype: str = "f32", progress: bool = True
     writer.add_string("general.name", g.get_str("general.name") or Path(model_path).stem)
     writer.add_string("general.source", "gguf")
     llama.add_metadata(writer, hp, tied)
-    if isinstance(tok, BpeTokenizerInfo):
-        add_bpe_tokenizer_metadata(writer, tok)
-    else:
-        hf_tokenizer.add_tokenizer_metadata(writer, tok)
+    hf_tokenizer.add_tokenizer_metadata(writer, tok)  # spm or bpe keys
     writer.write(progress=progress, desc=f"{out_path.name} ({dtype})")
     return str(out_path)
