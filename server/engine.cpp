@@ -1,0 +1,107 @@
+#include "engine.h"
+
+namespace fastllm_server {
+
+ApiError library_error(fastllm_status status, const std::string &what) {
+    ApiError e;
+    std::string message = what + ": " + fastllm_last_error();
+    switch (status) {
+    case FASTLLM_ERR_INVALID_ARGUMENT:
+    case FASTLLM_ERR_TOKEN_OUT_OF_RANGE:
+    case FASTLLM_ERR_CONTEXT_FULL:
+    case FASTLLM_ERR_UNSUPPORTED:
+        e = bad_request(message);
+        break;
+    default:
+        e.status = 500;
+        e.type = "server_error";
+        e.message = message;
+    }
+    e.code = fastllm_status_name(status);
+    return e;
+}
+
+std::unique_ptr<Engine> Engine::load(const std::string &path, int n_threads, std::string &error) {
+    std::unique_ptr<Engine> e(new Engine());
+    fastllm_model_params p = fastllm_model_default_params();
+    p.n_threads = n_threads;
+    fastllm_status s = fastllm_model_load(path.c_str(), &p, &e->model_);
+    if (s != FASTLLM_OK) {
+        error = fastllm_last_error();
+        return nullptr;
+    }
+    s = fastllm_model_get_info(e->model_, &e->info_);
+    if (s != FASTLLM_OK) {
+        error = fastllm_last_error();
+        return nullptr;
+    }
+    return e;
+}
+
+Engine::~Engine() { fastllm_model_free(model_); }
+
+bool Engine::has_chat_template() const { return fastllm_model_chat_template(model_) != nullptr; }
+
+std::vector<int32_t> Engine::tokenize(std::string_view text, int add_bos) const {
+    std::vector<int32_t> ids(text.size() + 8);
+    size_t n = 0;
+    fastllm_status s = fastllm_tokenize(model_, text.data(), text.size(), add_bos, ids.data(), ids.size(), &n);
+    if (s == FASTLLM_ERR_BUFFER_TOO_SMALL) {
+        ids.resize(n);
+        s = fastllm_tokenize(model_, text.data(), text.size(), add_bos, ids.data(), ids.size(), &n);
+    }
+    if (s != FASTLLM_OK) throw library_error(s, "tokenize");
+    ids.resize(n);
+    return ids;
+}
+
+void Engine::check_tokens(const std::vector<int32_t> &tokens, const std::string &param) const {
+    for (size_t i = 0; i < tokens.size(); i++)
+        if (tokens[i] < 0 || tokens[i] >= info_.vocab_size)
+            throw bad_request("token id " + std::to_string(tokens[i]) + " at " + param + "[" + std::to_string(i) +
+                                  "] is outside the vocabulary [0, " + std::to_string(info_.vocab_size) + ")",
+                              param, "token_out_of_range");
+}
+
+std::string Engine::detokenize(const std::vector<int32_t> &tokens) const {
+    std::string out(tokens.size() * 8 + 16, '\0');
+    size_t n = 0;
+    fastllm_status s = fastllm_detokenize(model_, tokens.data(), tokens.size(), out.data(), out.size(), &n);
+    if (s == FASTLLM_ERR_BUFFER_TOO_SMALL) {
+        out.resize(n + 1);
+        s = fastllm_detokenize(model_, tokens.data(), tokens.size(), out.data(), out.size(), &n);
+    }
+    if (s != FASTLLM_OK) throw library_error(s, "detokenize");
+    out.resize(n);
+    return out;
+}
+
+std::string Engine::apply_chat_template(const std::vector<ChatMessage> &messages) const {
+    if (!has_chat_template())
+        throw bad_request("this model has no chat template, so /v1/chat/completions cannot format a conversation "
+                          "for it; use /v1/completions with a plain prompt",
+                          "messages", "no_chat_template");
+    std::vector<fastllm_chat_message> msgs;
+    size_t capacity = 1024;
+    for (const auto &m : messages) {
+        msgs.push_back({m.role.c_str(), m.content.c_str()});
+        capacity += m.role.size() + m.content.size() + 64;
+    }
+    std::string out(capacity, '\0');
+    size_t n = 0;
+    fastllm_status s =
+        fastllm_chat_apply_template(model_, nullptr, msgs.data(), msgs.size(), 1, out.data(), out.size(), &n);
+    if (s == FASTLLM_ERR_BUFFER_TOO_SMALL) {
+        out.resize(n + 1);
+        s = fastllm_chat_apply_template(model_, nullptr, msgs.data(), msgs.size(), 1, out.data(), out.size(), &n);
+    }
+    if (s != FASTLLM_OK) {
+        ApiError e = library_error(s, "chat template");
+        e.param = "messages";
+        throw e;
+    }
+    out.resize(n);
+    return out;
+}
+
+}  // namespace fastllm_server

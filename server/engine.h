@@ -1,0 +1,46 @@
+// The loaded model, reached only through libfastllm's public C API: tokenizer, chat template and
+// metadata. A fastllm_model is immutable and thread-safe, so every HTTP thread may use it at once;
+// sessions (and so generation) belong to the Scheduler.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "fastllm.h"
+#include "request.h"
+
+namespace fastllm_server {
+
+class Engine {
+public:
+    // Loads path with n_threads (0 = all cores) as the sessions' default; nullptr and a message on failure.
+    static std::unique_ptr<Engine> load(const std::string &path, int n_threads, std::string &error);
+    ~Engine();
+    Engine(const Engine &) = delete;
+    Engine &operator=(const Engine &) = delete;
+
+    fastllm_model *model() const { return model_; }
+    const fastllm_model_info &info() const { return info_; }
+    bool has_chat_template() const;
+
+    // The calls below throw ApiError: 400 for input the library rejects, 500 for anything else.
+    std::vector<int32_t> tokenize(std::string_view text, int add_bos) const;
+    std::string detokenize(const std::vector<int32_t> &tokens) const;
+    // Throws 400 when a token id lies outside the vocabulary (param names the field).
+    void check_tokens(const std::vector<int32_t> &tokens, const std::string &param) const;
+    // The conversation rendered with the model's own chat template, ending with the assistant's turn.
+    std::string apply_chat_template(const std::vector<ChatMessage> &messages) const;
+
+private:
+    Engine() = default;
+    fastllm_model *model_ = nullptr;
+    fastllm_model_info info_{};
+};
+
+// An ApiError for a failed library call: 400 for bad input statuses, 500 otherwise.
+ApiError library_error(fastllm_status status, const std::string &what);
+
+}  // namespace fastllm_server

@@ -1,0 +1,247 @@
+// fastllm-server: an OpenAI-compatible HTTP server over libfastllm's C API.
+//
+//   fastllm-server MODEL.flm [--host 127.0.0.1] [--port 8080] [--threads N] [--max-sessions N]
+//                  [--max-queue N] [--n-ctx N] [--api-key KEY] [--model-name NAME]
+//
+// main wires the pieces together: the model (engine), the batching scheduler, the HTTP routes,
+// and the signal handling for a graceful shutdown on SIGINT / SIGTERM.
+#include <signal.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <mutex>
+#include <string>
+#include <thread>
+
+#include <httplib.h>
+
+#include "engine.h"
+#include "metrics.h"
+#include "routes.h"
+#include "scheduler.h"
+
+namespace {
+
+// SIGINT/SIGTERM handler: wakes main through a pipe. (Blocking the signals and sigwait-ing for them
+// is not enough: threads that libraries start before main, such as OpenBLAS's pool, do not block them.)
+int g_signal_pipe[2] = {-1, -1};
+
+extern "C" void on_signal(int sig) {
+    const char c = (char)sig;
+    ssize_t r = write(g_signal_pipe[1], &c, 1);
+    (void)r;
+}
+
+const char *const kUsage =
+    "usage: fastllm-server MODEL.flm [options]\n"
+    "\n"
+    "An OpenAI-compatible HTTP server (/v1/completions, /v1/chat/completions, /v1/models, /health,\n"
+    "/tokenize, /detokenize, /metrics) with continuous batching over libfastllm.\n"
+    "\n"
+    "options:\n"
+    "  --host HOST          address to bind (default 127.0.0.1)\n"
+    "  --port N             port (default 8080; 0 = any free port, printed at start)\n"
+    "  --threads N          compute threads (default 0 = all cores)\n"
+    "  --max-sessions N     sessions decoding together (default 4)\n"
+    "  --max-queue N        requests that may wait for a session; more get 503 (default 64)\n"
+    "  --n-ctx N            context length of each session (default 0 = the model's)\n"
+    "  --api-key KEY        demand 'Authorization: Bearer KEY' (also $FASTLLM_API_KEY); /health is exempt\n"
+    "  --model-name NAME    the model id clients use (default: the file name without .flm)\n"
+    "  --max-body-bytes N   largest request body (default 1048576); larger ones get 413\n"
+    "  -h, --help           this text\n";
+
+struct Options {
+    std::string model_path;
+    std::string host = "127.0.0.1";
+    int port = 8080;
+    int threads = 0;
+    int max_sessions = 4;
+    int max_queue = 64;
+    int n_ctx = 0;
+    std::string api_key;
+    std::string model_name;
+    size_t max_body_bytes = 1 << 20;
+};
+
+[[noreturn]] void usage_error(const std::string &message) {
+    std::fprintf(stderr, "fastllm-server: %s\n\n%s", message.c_str(), kUsage);
+    std::exit(2);
+}
+
+long parse_int(const std::string &flag, const char *value, long lo, long hi) {
+    char *end = nullptr;
+    errno = 0;
+    long v = std::strtol(value, &end, 10);
+    if (errno || end == value || *end || v < lo || v > hi)
+        usage_error(flag + " needs an integer in [" + std::to_string(lo) + ", " + std::to_string(hi) + "], not '" +
+                    value + "'");
+    return v;
+}
+
+Options parse_options(int argc, char **argv) {
+    Options o;
+    if (const char *key = std::getenv("FASTLLM_API_KEY")) o.api_key = key;
+    for (int i = 1; i < argc; i++) {
+        std::string a = argv[i];
+        if (a == "-h" || a == "--help") {
+            std::fputs(kUsage, stdout);
+            std::exit(0);
+        }
+        if (a.rfind("--", 0) != 0) {
+            if (!o.model_path.empty()) usage_error("more than one model given ('" + o.model_path + "', '" + a + "')");
+            o.model_path = a;
+            continue;
+        }
+        std::string value;
+        size_t eq = a.find('=');
+        if (eq != std::string::npos) {
+            value = a.substr(eq + 1);
+            a = a.substr(0, eq);
+        } else {
+            if (i + 1 >= argc) usage_error(a + " needs a value");
+            value = argv[++i];
+        }
+        const char *v = value.c_str();
+        if (a == "--host") o.host = value;
+        else if (a == "--port") o.port = (int)parse_int(a, v, 0, 65535);
+        else if (a == "--threads") o.threads = (int)parse_int(a, v, 0, 1024);
+        else if (a == "--max-sessions") o.max_sessions = (int)parse_int(a, v, 1, 1024);
+        else if (a == "--max-queue") o.max_queue = (int)parse_int(a, v, 0, 100000);
+        else if (a == "--n-ctx") o.n_ctx = (int)parse_int(a, v, 0, 1 << 24);
+        else if (a == "--api-key") o.api_key = value;
+        else if (a == "--model-name") o.model_name = value;
+        else if (a == "--max-body-bytes") o.max_body_bytes = (size_t)parse_int(a, v, 1024, 1L << 30);
+        else usage_error("unknown option " + a);
+    }
+    if (o.model_path.empty()) usage_error("no model given");
+    if (o.model_name.empty()) {
+        std::string base = o.model_path.substr(o.model_path.find_last_of('/') + 1);
+        if (base.size() > 4 && base.compare(base.size() - 4, 4, ".flm") == 0) base.resize(base.size() - 4);
+        o.model_name = base;
+    }
+    return o;
+}
+
+}  // namespace
+
+int main(int argc, char **argv) {
+    using namespace fastllm_server;
+    Options opt = parse_options(argc, argv);
+
+    if (pipe(g_signal_pipe) != 0) {
+        std::perror("fastllm-server: pipe");
+        return 1;
+    }
+    struct sigaction sa {};
+    sa.sa_handler = on_signal;
+    sigemptyset(&sa.sa_mask);
+    sa.sa_flags = SA_RESTART;
+    sigaction(SIGINT, &sa, nullptr);
+    sigaction(SIGTERM, &sa, nullptr);
+    signal(SIGPIPE, SIG_IGN);  // a client that went away is noticed by a failed write instead
+
+    std::string error;
+    std::unique_ptr<Engine> engine = Engine::load(opt.model_path, opt.threads, error);
+    if (!engine) {
+        std::fprintf(stderr, "fastllm-server: cannot load %s: %s\n", opt.model_path.c_str(), error.c_str());
+        return 1;
+    }
+    Metrics metrics;
+    SchedulerOptions so;
+    so.max_sessions = opt.max_sessions;
+    so.max_queue = opt.max_queue;
+    so.n_ctx = opt.n_ctx;
+    Scheduler scheduler(engine->model(), so, metrics);
+    if (!scheduler.start(error)) {
+        std::fprintf(stderr, "fastllm-server: %s\n", error.c_str());
+        return 1;
+    }
+
+    std::atomic<bool> stopping{false};
+    httplib::Server svr;
+    // Each open connection holds a worker while it streams or waits: room for every session, every
+    // queued request, and some for /health, /metrics and requests that are about to get 503.
+    const size_t workers = std::min<size_t>((size_t)opt.max_sessions + (size_t)opt.max_queue + 16, 1024);
+    svr.new_task_queue = [workers] { return new httplib::ThreadPool(workers); };
+    svr.set_tcp_nodelay(true);  // each SSE event goes out at once, not after the client's delayed ACK
+    svr.set_keep_alive_max_count(1000);
+    svr.set_read_timeout(30, 0);
+    svr.set_write_timeout(10, 0);
+    ServerConfig config;
+    config.model_name = opt.model_name;
+    config.api_key = opt.api_key;
+    config.max_body_bytes = opt.max_body_bytes;
+    Routes routes(*engine, scheduler, metrics, config, stopping);
+    routes.install(svr);
+
+    // httplib listens with a backlog of 5: a burst of new connections while the accepting thread is
+    // not scheduled would have SYNs dropped (and retried after 1 s). Keep the socket to listen again
+    // with a deeper backlog once it is bound.
+    int listen_fd = -1;
+    svr.set_socket_options([&listen_fd](int sock) {
+        int yes = 1;
+        setsockopt(sock, SOL_SOCKET, SO_REUSEADDR, &yes, sizeof yes);
+        listen_fd = sock;
+    });
+
+    int port = opt.port;
+    if (port == 0) {
+        port = svr.bind_to_any_port(opt.host);
+        if (port < 0) port = 0;
+    } else if (!svr.bind_to_port(opt.host, port)) {
+        port = 0;
+    }
+    if (port == 0) {
+        std::fprintf(stderr, "fastllm-server: cannot listen on %s:%d\n", opt.host.c_str(), opt.port);
+        return 1;
+    }
+    if (listen_fd >= 0) listen(listen_fd, 1024);
+    const bool v6 = opt.host.find(':') != std::string::npos;
+    std::printf("fastllm-server: serving '%s' on http://%s%s%s:%d (%d sessions of %d tokens, queue %d, %s)\n",
+                opt.model_name.c_str(), v6 ? "[" : "", opt.host.c_str(), v6 ? "]" : "", port, opt.max_sessions,
+                scheduler.n_ctx(), opt.max_queue, opt.api_key.empty() ? "no API key" : "API key required");
+    std::fflush(stdout);
+
+    std::atomic<bool> listen_failed{false};
+    std::mutex done_mu;
+    std::condition_variable done_cv;
+    bool listen_done = false;
+    std::thread http([&] {
+        svr.listen_after_bind();
+        if (!stopping) {  // the listener ended by itself: wake main
+            listen_failed = true;
+            on_signal(0);
+        }
+        std::lock_guard<std::mutex> lock(done_mu);
+        listen_done = true;
+        done_cv.notify_all();
+    });
+
+    char sig = 0;
+    while (read(g_signal_pipe[0], &sig, 1) < 0 && errno == EINTR) {
+    }
+    std::fprintf(stderr, "fastllm-server: %s, shutting down\n",
+                 listen_failed ? "the listener stopped" : (sig == SIGINT ? "SIGINT" : "SIGTERM"));
+    stopping = true;
+    scheduler.shutdown();  // ends every request: waiting handlers answer, streams close with an error event
+    svr.stop();            // stops accepting; listen returns once every worker is done
+    // Workers finish their last writes at once, but one that holds an idle keep-alive connection
+    // waits for it up to the keep-alive timeout: past a short grace period, leave without them.
+    std::unique_lock<std::mutex> lock(done_mu);
+    if (!done_cv.wait_for(lock, std::chrono::seconds(2), [&] { return listen_done; })) {
+        std::fflush(stdout);
+        std::fflush(stderr);
+        std::_Exit(listen_failed ? 1 : 0);
+    }
+    lock.unlock();
+    http.join();
+    return listen_failed ? 1 : 0;
+}

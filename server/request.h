@@ -1,0 +1,78 @@
+// Request parsing: JSON bodies of the OpenAI-style endpoints, validated into typed requests.
+// Every problem becomes an ApiError (HTTP 4xx) naming the offending field; nothing here touches
+// the model, so the checks that need it (token ids, prompt length) live in the routes.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+namespace fastllm_server {
+
+using json = nlohmann::ordered_json;
+
+// An error answered in OpenAI's shape: {"error": {"message", "type", "param", "code"}}.
+// Thrown by the parsers and the routes, caught by the route wrapper.
+struct ApiError {
+    int status = 400;
+    std::string message;
+    std::string type = "invalid_request_error";
+    std::string param;  // "" -> null
+    std::string code;   // "" -> null
+};
+
+ApiError bad_request(std::string message, std::string param = "", std::string code = "");
+
+struct ChatMessage {
+    std::string role;  // "system", "user" or "assistant" ("developer" is taken as "system")
+    std::string content;
+};
+
+enum class Endpoint { Completions, ChatCompletions };
+
+// A /v1/completions or /v1/chat/completions request, fields checked for type and range.
+struct GenerationRequest {
+    Endpoint endpoint = Endpoint::Completions;
+    std::string model;  // "" when the request names none
+
+    // /v1/completions: a text prompt, or token ids.
+    std::string prompt;
+    std::vector<int32_t> prompt_tokens;
+    bool prompt_is_tokens = false;
+
+    // /v1/chat/completions
+    std::vector<ChatMessage> messages;
+
+    std::optional<int64_t> max_tokens;  // >= 1 when given
+    float temperature = 1.0f;           // OpenAI's defaults: plain sampling from the whole distribution
+    float top_p = 1.0f;
+    int32_t top_k = 0;                  // extension (0 = off)
+    float min_p = 0.0f;                 // extension (0 = off)
+    float repetition_penalty = 1.0f;    // extension (1 = off)
+    std::optional<uint64_t> seed;
+    std::vector<std::string> stop;
+    bool ignore_eos = false;            // extension
+    bool stream = false;
+    bool include_usage = false;         // stream_options.include_usage
+};
+
+// Parses a request body into a JSON object (400 for malformed JSON or a non-object).
+json parse_body(const std::string &body);
+
+GenerationRequest parse_completion_request(const json &body);
+GenerationRequest parse_chat_request(const json &body);
+
+// POST /tokenize {"content": "...", "add_special": false}
+struct TokenizeRequest {
+    std::string content;
+    bool add_special = false;
+};
+TokenizeRequest parse_tokenize_request(const json &body);
+
+// POST /detokenize {"tokens": [...]}
+std::vector<int32_t> parse_detokenize_request(const json &body);
+
+}  // namespace fastllm_server

@@ -1,0 +1,45 @@
+// The OpenAI response shapes: completion and chat completion objects, their streaming chunks,
+// usage, errors, and Server-Sent Events framing.
+#pragma once
+
+#include <optional>
+#include <string>
+
+#include "request.h"
+#include "scheduler.h"
+
+namespace fastllm_server {
+
+// What every response and chunk of one request repeats.
+struct ResponseMeta {
+    Endpoint endpoint = Endpoint::Completions;
+    std::string id;  // "cmpl-..." or "chatcmpl-..."
+    int64_t created = 0;
+    std::string model;
+};
+
+ResponseMeta make_meta(Endpoint endpoint, const std::string &model);
+
+json usage_json(int32_t prompt_tokens, int32_t completion_tokens);
+// Extension field "timings" (as llama.cpp's server has): queued_ms, prompt_ms, first_token_ms, total_ms.
+json timings_json(const JobTimings &t);
+
+// A finished non-streaming request: text_completion or chat.completion.
+json completion_body(const ResponseMeta &meta, const std::string &text, const JobResult &result);
+
+// One streaming chunk. text: new text (for chat: the delta's content); role: the chat delta's role
+// (first chunk only); finish: the finish_reason of the last chunk (which then carries "timings").
+json stream_chunk(const ResponseMeta &meta, const std::string &text, bool role,
+                  const std::optional<std::string> &finish, const JobTimings *timings = nullptr);
+// The extra last chunk of stream_options.include_usage: no choices, the usage.
+json usage_chunk(const ResponseMeta &meta, const JobResult &result);
+
+json error_json(const ApiError &e);
+
+// JSON text (invalid UTF-8 replaced, never thrown on).
+std::string dump(const json &j);
+// "data: <json>\n\n"
+std::string sse_event(const json &j);
+extern const char *const kSseDone;  // "data: [DONE]\n\n"
+
+}  // namespace fastllm_server

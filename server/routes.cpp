@@ -1,0 +1,361 @@
+#include "routes.h"
+
+#include <limits>
+#include <memory>
+#include <random>
+
+#include "responses.h"
+
+namespace fastllm_server {
+
+namespace {
+
+const char *const kJson = "application/json";
+
+// Polling interval of a stream waiting for text: how soon a vanished client is noticed.
+constexpr std::chrono::milliseconds kStreamPoll{50};
+
+void send_error(httplib::Response &res, const ApiError &e) {
+    res.status = e.status;
+    if (e.status == 401) res.set_header("WWW-Authenticate", "Bearer");
+    res.set_content(dump(error_json(e)), kJson);
+}
+
+ApiError make_error(int status, std::string message, std::string type, std::string code) {
+    ApiError e;
+    e.status = status;
+    e.message = std::move(message);
+    e.type = std::move(type);
+    e.code = std::move(code);
+    return e;
+}
+
+std::string reason_phrase(int status) {
+    switch (status) {
+    case 400: return "bad request";
+    case 404: return "not found";
+    case 408: return "request timeout";
+    case 413: return "payload too large";
+    case 414: return "URI too long";
+    case 416: return "range not satisfiable";
+    case 500: return "internal server error";
+    default: return "HTTP error " + std::to_string(status);
+    }
+}
+
+bool equal_constant_time(const std::string &a, const std::string &b) {
+    if (a.size() != b.size()) return false;
+    unsigned char diff = 0;
+    for (size_t i = 0; i < a.size(); i++) diff |= (unsigned char)(a[i] ^ b[i]);
+    return diff == 0;
+}
+
+uint64_t random_seed() {
+    static std::mutex mu;
+    static std::mt19937_64 rng(std::random_device{}());
+    std::lock_guard<std::mutex> lock(mu);
+    return rng();
+}
+
+// What a streaming response keeps between the provider's calls.
+struct Stream {
+    std::shared_ptr<Job> job;
+    ResponseMeta meta;
+    bool include_usage = false;
+    bool started = false;
+    bool finished = false;
+};
+
+bool write(httplib::DataSink &sink, const std::string &s) { return sink.write(s.data(), s.size()); }
+
+// One call of the chunked content provider: waits a little for text, writes what came, ends the
+// stream once the job has. Returns false when the client is gone (the releaser then cancels the job).
+bool stream_some(Stream &st, httplib::DataSink &sink) {
+    if (!st.started) {
+        st.started = true;
+        if (st.meta.endpoint == Endpoint::ChatCompletions && !write(sink, sse_event(stream_chunk(st.meta, "", true, {}))))
+            return false;
+    }
+    std::string text;
+    const bool finished = st.job->wait(text, kStreamPoll);
+    if (!text.empty() && !write(sink, sse_event(stream_chunk(st.meta, text, false, {})))) return false;
+    if (!finished) return !text.empty() || sink.is_writable();
+    st.finished = true;
+    const JobResult r = st.job->result();
+    bool ok;
+    if (r.reason == FinishReason::Stop || r.reason == FinishReason::Length) {
+        ok = write(sink,
+                   sse_event(stream_chunk(st.meta, "", false, std::string(finish_reason_name(r.reason)), &r.timings)));
+        if (ok && st.include_usage) ok = write(sink, sse_event(usage_chunk(st.meta, r)));
+    } else {
+        ApiError e = r.reason == FinishReason::Error
+                         ? r.error
+                         : make_error(503, "the server is shutting down; the generation was stopped", "server_error",
+                                      "shutting_down");
+        ok = write(sink, sse_event(error_json(e)));
+    }
+    if (ok) ok = write(sink, kSseDone);
+    if (ok) sink.done();
+    return ok;
+}
+
+}  // namespace
+
+std::string endpoint_label(const std::string &path) {
+    static const char *const known[] = {"/v1/completions", "/v1/chat/completions", "/v1/models", "/health",
+                                        "/metrics",        "/tokenize",            "/detokenize"};
+    for (const char *k : known)
+        if (path == k) return k;
+    if (path.rfind("/v1/models/", 0) == 0) return "/v1/models/{model}";
+    return "other";
+}
+
+Routes::Routes(Engine &engine, Scheduler &scheduler, Metrics &metrics, ServerConfig config,
+               const std::atomic<bool> &stopping)
+    : engine_(engine), scheduler_(scheduler), metrics_(metrics), config_(std::move(config)), stopping_(stopping),
+      started_(std::time(nullptr)) {}
+
+void Routes::install(httplib::Server &svr) {
+    using namespace std::placeholders;
+    svr.set_payload_max_length(config_.max_body_bytes);
+    auto bind = [this](void (Routes::*fn)(const httplib::Request &, httplib::Response &, const std::string &)) {
+        return [this, fn](const httplib::Request &q, httplib::Response &s, const std::string &b) { (this->*fn)(q, s, b); };
+    };
+    svr.Get("/health", get_route(false, bind(&Routes::health)));
+    svr.Get("/v1/models", get_route(true, bind(&Routes::models)));
+    svr.Get(R"(/v1/models/(.+))", get_route(true, bind(&Routes::model)));
+    svr.Get("/metrics", get_route(true, bind(&Routes::metrics)));
+    svr.Post("/tokenize", post_route(bind(&Routes::tokenize)));
+    svr.Post("/detokenize", post_route(bind(&Routes::detokenize)));
+    svr.Post("/v1/completions", post_route([this](const httplib::Request &, httplib::Response &s, const std::string &b) {
+                 generate(s, b, Endpoint::Completions);
+             }));
+    svr.Post("/v1/chat/completions",
+             post_route([this](const httplib::Request &, httplib::Response &s, const std::string &b) {
+                 generate(s, b, Endpoint::ChatCompletions);
+             }));
+
+    // httplib's own errors (no route, body too large, malformed HTTP) get an OpenAI-shaped body too.
+    const size_t limit = config_.max_body_bytes;
+    svr.set_error_handler(httplib::Server::HandlerWithResponse([limit](const httplib::Request &req, httplib::Response &res) {
+        if (!res.body.empty()) return httplib::Server::HandlerResponse::Unhandled;  // a handler's own error
+        ApiError e = make_error(res.status, reason_phrase(res.status), "invalid_request_error", "");
+        if (res.status == 404) {
+            const std::string label = endpoint_label(req.path);
+            if (label != "other") {
+                e = make_error(405, "method " + req.method + " is not allowed on " + req.path, "invalid_request_error",
+                               "method_not_allowed");
+            } else {
+                e.message = "no such endpoint: " + req.method + " " + req.path;
+                e.code = "not_found";
+            }
+        } else if (res.status == 413) {
+            e.message = "the request body exceeds the limit of " + std::to_string(limit) + " bytes";
+            e.code = "request_too_large";
+        } else if (res.status >= 500) {
+            e.type = "server_error";
+        }
+        send_error(res, e);
+        return httplib::Server::HandlerResponse::Handled;
+    }));
+    svr.set_logger([this](const httplib::Request &req, const httplib::Response &res) {
+        metrics_.count_request(endpoint_label(req.path), res.status);
+    });
+}
+
+void Routes::run(const httplib::Request &req, httplib::Response &res, bool needs_auth,
+                 const std::function<void()> &work) {
+    try {
+        if (needs_auth && !authorized(req))
+            throw make_error(401, "a valid API key is required: send the header 'Authorization: Bearer <key>'",
+                             "authentication_error", "invalid_api_key");
+        work();
+    } catch (const ApiError &e) {
+        send_error(res, e);
+    } catch (const std::exception &e) {
+        send_error(res, make_error(500, std::string("internal error: ") + e.what(), "server_error", ""));
+    }
+}
+
+httplib::Server::Handler Routes::get_route(bool needs_auth, Handler handler) {
+    return [this, needs_auth, handler](const httplib::Request &req, httplib::Response &res) {
+        run(req, res, needs_auth, [&] { handler(req, res, req.body); });
+    };
+}
+
+// POST bodies are read here rather than by httplib, whose own reading caps form-encoded bodies
+// (curl -d without a Content-Type) at 8 KiB, and lets a chunked body grow without limit.
+httplib::Server::HandlerWithContentReader Routes::post_route(Handler handler) {
+    return [this, handler](const httplib::Request &req, httplib::Response &res,
+                           const httplib::ContentReader &reader) {
+        run(req, res, false, [&] {
+            if (req.is_multipart_form_data())
+                throw make_error(415, "multipart bodies are not accepted: send JSON", "invalid_request_error",
+                                 "unsupported_media_type");
+            std::string body;
+            bool too_large = false;
+            const size_t limit = config_.max_body_bytes;
+            bool ok = reader([&](const char *data, size_t n) {
+                if (body.size() + n > limit) {
+                    too_large = true;
+                    return false;
+                }
+                body.append(data, n);
+                return true;
+            });
+            if (too_large || res.status == 413)
+                throw make_error(413, "the request body exceeds the limit of " + std::to_string(limit) + " bytes",
+                                 "invalid_request_error", "request_too_large");
+            if (!ok) throw bad_request("the request body could not be read");
+            run(req, res, true, [&] { handler(req, res, body); });
+        });
+    };
+}
+
+bool Routes::authorized(const httplib::Request &req) const {
+    if (config_.api_key.empty()) return true;
+    return equal_constant_time(req.get_header_value("Authorization"), "Bearer " + config_.api_key);
+}
+
+json Routes::model_json() const {
+    const fastllm_model_info &info = engine_.info();
+    return json{{"id", config_.model_name},
+                {"object", "model"},
+                {"created", (int64_t)started_},
+                {"owned_by", "fastllm"},
+                {"meta",
+                 {{"architecture", info.architecture ? info.architecture : ""},
+                  {"n_ctx", scheduler_.n_ctx()},
+                  {"context_length", info.context_length},
+                  {"vocab_size", info.vocab_size},
+                  {"n_params", info.n_params},
+                  {"weight_dtype", info.weight_dtype ? info.weight_dtype : ""},
+                  {"chat_template", engine_.has_chat_template()}}}};
+}
+
+void Routes::health(const httplib::Request &, httplib::Response &res, const std::string &) {
+    if (stopping_) {
+        res.status = 503;
+        res.set_content(dump(json{{"status", "shutting down"}}), kJson);
+        return;
+    }
+    json body{{"status", "ok"},
+              {"sessions", {{"active", scheduler_.active()}, {"max", scheduler_.max_sessions()}}},
+              {"queue", {{"waiting", scheduler_.queue_depth()}, {"max", scheduler_.max_queue()}}}};
+    res.set_content(dump(body), kJson);
+}
+
+void Routes::models(const httplib::Request &, httplib::Response &res, const std::string &) {
+    res.set_content(dump(json{{"object", "list"}, {"data", json::array({model_json()})}}), kJson);
+}
+
+void Routes::model(const httplib::Request &req, httplib::Response &res, const std::string &) {
+    const std::string id = req.matches[1];
+    if (id != config_.model_name)
+        throw make_error(404, "the model '" + id + "' does not exist; this server serves '" + config_.model_name + "'",
+                         "invalid_request_error", "model_not_found");
+    res.set_content(dump(model_json()), kJson);
+}
+
+void Routes::metrics(const httplib::Request &, httplib::Response &res, const std::string &) {
+    Metrics::Gauges g;
+    g.queue_depth = scheduler_.queue_depth();
+    g.active_sessions = scheduler_.active();
+    g.max_sessions = (size_t)scheduler_.max_sessions();
+    g.max_queue = (size_t)scheduler_.max_queue();
+    res.set_content(metrics_.render(g), "text/plain; version=0.0.4; charset=utf-8");
+}
+
+void Routes::tokenize(const httplib::Request &, httplib::Response &res, const std::string &body) {
+    TokenizeRequest r = parse_tokenize_request(parse_body(body));
+    res.set_content(dump(json{{"tokens", engine_.tokenize(r.content, r.add_special ? 1 : 0)}}), kJson);
+}
+
+void Routes::detokenize(const httplib::Request &, httplib::Response &res, const std::string &body) {
+    std::vector<int32_t> tokens = parse_detokenize_request(parse_body(body));
+    engine_.check_tokens(tokens, "tokens");
+    res.set_content(dump(json{{"content", engine_.detokenize(tokens)}}), kJson);
+}
+
+std::vector<int32_t> Routes::prompt_tokens(const GenerationRequest &r) const {
+    if (r.endpoint == Endpoint::ChatCompletions)
+        return engine_.tokenize(engine_.apply_chat_template(r.messages), 0);  // templates carry BOS as text
+    if (r.prompt_is_tokens) {
+        engine_.check_tokens(r.prompt_tokens, "prompt");
+        return r.prompt_tokens;
+    }
+    return engine_.tokenize(r.prompt, -1);  // the model's BOS default, as fastllm's generate
+}
+
+void Routes::generate(httplib::Response &res, const std::string &text, Endpoint endpoint) {
+    const json body = parse_body(text);
+    GenerationRequest r =
+        endpoint == Endpoint::Completions ? parse_completion_request(body) : parse_chat_request(body);
+    if (!r.model.empty() && r.model != config_.model_name) {
+        ApiError e = make_error(404, "the model '" + r.model + "' does not exist; this server serves '" +
+                                         config_.model_name + "'",
+                                "invalid_request_error", "model_not_found");
+        e.param = "model";
+        throw e;
+    }
+    const char *prompt_param = endpoint == Endpoint::Completions ? "prompt" : "messages";
+    std::vector<int32_t> prompt = prompt_tokens(r);
+    if (prompt.empty()) throw bad_request("the prompt is empty (it has no tokens)", prompt_param);
+    const int64_t n_ctx = scheduler_.n_ctx();
+    if ((int64_t)prompt.size() >= n_ctx)
+        throw bad_request("the prompt has " + std::to_string(prompt.size()) + " tokens, but the context holds " +
+                              std::to_string(n_ctx) + " and at least one must remain for the completion",
+                          prompt_param, "context_length_exceeded");
+
+    fastllm_sampling_params p = fastllm_sampling_default_params();
+    // OpenAI's default for completions is 16 tokens; a chat reply may fill the context.
+    int64_t max_tokens = r.max_tokens ? *r.max_tokens : (endpoint == Endpoint::Completions ? 16 : n_ctx);
+    p.max_new_tokens = (int32_t)std::min<int64_t>(max_tokens, std::numeric_limits<int32_t>::max());
+    p.temperature = r.temperature;
+    p.top_k = r.top_k;
+    p.top_p = r.top_p;
+    p.min_p = r.min_p;
+    p.repetition_penalty = r.repetition_penalty;
+    p.seed = r.seed ? *r.seed : random_seed();
+    p.ignore_eos = r.ignore_eos ? 1 : 0;
+    auto job = std::make_shared<Job>(std::move(prompt), p, std::move(r.stop));
+
+    switch (scheduler_.submit(job)) {
+    case Scheduler::Admission::Accepted: break;
+    case Scheduler::Admission::QueueFull:
+        throw make_error(503,
+                         "the server is busy: all " + std::to_string(scheduler_.max_sessions()) + " sessions are in use and " +
+                             std::to_string(scheduler_.max_queue()) + " requests are waiting; retry later",
+                         "server_error", "server_busy");
+    case Scheduler::Admission::ShuttingDown:
+        throw make_error(503, "the server is shutting down", "server_error", "shutting_down");
+    }
+
+    ResponseMeta meta = make_meta(endpoint, config_.model_name);
+    if (!r.stream) {
+        std::string text;
+        while (!job->wait(text, std::chrono::seconds(1))) {
+        }
+        JobResult result = job->result();
+        if (result.reason == FinishReason::Error) throw result.error;
+        if (result.reason != FinishReason::Stop && result.reason != FinishReason::Length)
+            throw make_error(503, "the server is shutting down; the generation was stopped", "server_error",
+                             "shutting_down");
+        res.set_content(dump(completion_body(meta, text, result)), kJson);
+        return;
+    }
+    auto st = std::make_shared<Stream>();
+    st->job = job;
+    st->meta = meta;
+    st->include_usage = r.include_usage;
+    res.set_header("Cache-Control", "no-cache");
+    res.set_header("X-Accel-Buffering", "no");
+    Scheduler &scheduler = scheduler_;
+    res.set_chunked_content_provider(
+        "text/event-stream", [st](size_t, httplib::DataSink &sink) { return stream_some(*st, sink); },
+        [st, &scheduler](bool) {
+            if (!st->finished) scheduler.cancel(st->job);  // the client went away mid-stream
+        });
+}
+
+}  // namespace fastllm_server

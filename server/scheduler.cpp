@@ -1,0 +1,294 @@
+#include "scheduler.h"
+
+#include "engine.h"
+
+namespace fastllm_server {
+
+const char *finish_reason_name(FinishReason r) {
+    switch (r) {
+    case FinishReason::Stop: return "stop";
+    case FinishReason::Length: return "length";
+    case FinishReason::Cancelled: return "cancelled";
+    case FinishReason::Shutdown: return "shutdown";
+    case FinishReason::Error: return "error";
+    }
+    return "error";
+}
+
+// ---------------------------------------------------------------------------------------------
+// Job
+
+Job::Job(std::vector<int32_t> prompt, const fastllm_sampling_params &params, std::vector<std::string> stops)
+    : prompt_(std::move(prompt)), stops_(std::move(stops)), params_(params), arrived_(clock::now()) {
+    for (const auto &s : stops_) stop_ptrs_.push_back(s.c_str());
+    params_.stop = stop_ptrs_.empty() ? nullptr : stop_ptrs_.data();
+    params_.n_stop = (int32_t)stop_ptrs_.size();
+}
+
+bool Job::wait(std::string &text, std::chrono::milliseconds timeout) {
+    std::unique_lock<std::mutex> lock(mu_);
+    cv_.wait_for(lock, timeout, [&] { return !pending_.empty() || finished_; });
+    text += pending_;
+    pending_.clear();
+    return finished_;
+}
+
+JobResult Job::result() const {
+    std::lock_guard<std::mutex> lock(mu_);
+    return result_;
+}
+
+void Job::push_text(const char *text, size_t len) {
+    if (len == 0) return;
+    {
+        std::lock_guard<std::mutex> lock(mu_);
+        pending_.append(text, len);
+    }
+    cv_.notify_all();
+}
+
+void Job::finish(JobResult result) {
+    {
+        std::lock_guard<std::mutex> lock(mu_);
+        result_ = std::move(result);
+        finished_ = true;
+    }
+    cv_.notify_all();
+}
+
+// ---------------------------------------------------------------------------------------------
+// Scheduler
+
+namespace {
+
+int on_text(const char *text, size_t len, void *user_data) {
+    static_cast<Job *>(user_data)->push_text(text, len);
+    return 0;
+}
+
+JobResult simple_result(FinishReason reason) {
+    JobResult r;
+    r.reason = reason;
+    return r;
+}
+
+}  // namespace
+
+Scheduler::Scheduler(const fastllm_model *model, SchedulerOptions options, Metrics &metrics)
+    : model_(model), options_(options), metrics_(metrics) {}
+
+Scheduler::~Scheduler() {
+    shutdown();
+    for (auto &slot : slots_) fastllm_session_free(slot.session);
+}
+
+bool Scheduler::start(std::string &error) {
+    fastllm_session_params p = fastllm_session_default_params();
+    p.n_ctx = options_.n_ctx;
+    for (int i = 0; i < options_.max_sessions; i++) {
+        Slot slot;
+        if (fastllm_session_create(model_, &p, &slot.session) != FASTLLM_OK) {
+            error = "cannot create session " + std::to_string(i + 1) + " of " + std::to_string(options_.max_sessions) +
+                    ": " + fastllm_last_error();
+            return false;
+        }
+        slots_.push_back(slot);
+    }
+    n_ctx_ = slots_.empty() ? 0 : fastllm_session_n_ctx(slots_[0].session);
+    thread_ = std::thread([this] { run(); });
+    return true;
+}
+
+Scheduler::Admission Scheduler::submit(const std::shared_ptr<Job> &job) {
+    {
+        std::lock_guard<std::mutex> lock(mu_);
+        if (stopping_ || !thread_.joinable()) return Admission::ShuttingDown;
+        // Jobs in the queue up to the number of free sessions are about to start; the rest wait.
+        size_t free = slots_.size() - busy_;
+        if (queue_.size() >= free + (size_t)options_.max_queue) return Admission::QueueFull;
+        queue_.push_back(job);
+        wake_ = true;
+    }
+    cv_.notify_one();
+    return Admission::Accepted;
+}
+
+void Scheduler::cancel(const std::shared_ptr<Job> &job) {
+    job->cancelled_ = true;
+    {
+        std::lock_guard<std::mutex> lock(mu_);
+        wake_ = true;
+    }
+    cv_.notify_one();
+}
+
+void Scheduler::shutdown() {
+    {
+        std::lock_guard<std::mutex> lock(mu_);
+        stopping_ = true;
+    }
+    cv_.notify_one();
+    if (thread_.joinable()) thread_.join();
+    // Nothing runs any more: whatever is still queued (only if the thread never ran) ends here.
+    std::lock_guard<std::mutex> lock(mu_);
+    for (auto &job : queue_) job->finish(simple_result(FinishReason::Shutdown));
+    queue_.clear();
+}
+
+size_t Scheduler::queue_depth() const {
+    std::lock_guard<std::mutex> lock(mu_);
+    size_t free = slots_.size() - busy_;
+    return queue_.size() > free ? queue_.size() - free : 0;
+}
+
+size_t Scheduler::active() const {
+    std::lock_guard<std::mutex> lock(mu_);
+    return busy_;
+}
+
+void Scheduler::run() {
+    for (;;) {
+        std::vector<std::shared_ptr<Job>> dropped;
+        std::vector<Slot *> admitted;
+        {
+            std::unique_lock<std::mutex> lock(mu_);
+            cv_.wait(lock, [&] { return stopping_ || wake_ || busy_ > 0 || !queue_.empty(); });
+            wake_ = false;
+            if (stopping_) break;
+            for (auto it = queue_.begin(); it != queue_.end();) {
+                if ((*it)->cancelled()) {
+                    dropped.push_back(*it);
+                    it = queue_.erase(it);
+                } else {
+                    ++it;
+                }
+            }
+            for (auto &slot : slots_) {
+                if (queue_.empty()) break;
+                if (slot.job) continue;
+                slot.job = queue_.front();
+                queue_.pop_front();
+                busy_++;
+                admitted.push_back(&slot);
+            }
+        }
+        for (auto &job : dropped) job->finish(simple_result(FinishReason::Cancelled));
+        for (Slot *slot : admitted) begin(*slot);
+        for (auto &slot : slots_) {
+            if (slot.job && slot.job->cancelled()) {
+                fastllm_session_cancel_generation(slot.session);
+                end(slot, simple_result(FinishReason::Cancelled));
+            }
+        }
+        step();
+    }
+    // Stopping: end what runs and what waits.
+    for (auto &slot : slots_) {
+        if (!slot.job) continue;
+        fastllm_session_cancel_generation(slot.session);
+        end(slot, simple_result(FinishReason::Shutdown));
+    }
+    std::deque<std::shared_ptr<Job>> queued;
+    {
+        std::lock_guard<std::mutex> lock(mu_);
+        queued.swap(queue_);
+    }
+    for (auto &job : queued) job->finish(simple_result(FinishReason::Shutdown));
+}
+
+namespace {
+double ms_since(Job::clock::time_point t) {
+    return std::chrono::duration<double, std::milli>(Job::clock::now() - t).count();
+}
+}  // namespace
+
+void Scheduler::begin(Slot &slot) {
+    Job &job = *slot.job;
+    slot.n_generated = 0;
+    slot.timings = JobTimings{};
+    slot.timings.queued_ms = ms_since(job.arrived());
+    if (job.cancelled()) return end(slot, simple_result(FinishReason::Cancelled));
+    fastllm_status s = fastllm_session_reset(slot.session);
+    if (s == FASTLLM_OK)
+        s = fastllm_session_begin_generation(slot.session, job.prompt_.data(), job.prompt_.size(), &job.params_,
+                                             on_text, &job);
+    if (s != FASTLLM_OK) {
+        JobResult r;
+        r.reason = FinishReason::Error;
+        r.error = library_error(s, "prompt");
+        return end(slot, r);
+    }
+    slot.timings.prompt_ms = ms_since(job.arrived()) - slot.timings.queued_ms;
+    metrics_.add_prompt_tokens((int64_t)job.prompt_.size());
+    if (!fastllm_session_is_generating(slot.session)) end_with_library_result(slot);
+}
+
+void Scheduler::end(Slot &slot, JobResult result) {
+    std::shared_ptr<Job> job = std::move(slot.job);
+    slot.job.reset();
+    result.timings = slot.timings;
+    result.timings.total_ms = ms_since(job->arrived());
+    metrics_.observe_request_duration(result.timings.total_ms / 1000.0);
+    job->finish(std::move(result));
+    {
+        std::lock_guard<std::mutex> lock(mu_);
+        busy_--;
+    }
+}
+
+void Scheduler::end_with_library_result(Slot &slot) {
+    fastllm_generation_result g{};
+    fastllm_session_generation_result(slot.session, &g);
+    JobResult r;
+    r.n_prompt_tokens = g.n_prompt_tokens;
+    r.n_generated_tokens = g.n_generated_tokens;
+    switch (g.stop_reason) {
+    case FASTLLM_STOP_MAX_TOKENS:
+    case FASTLLM_STOP_CONTEXT_FULL: r.reason = FinishReason::Length; break;
+    case FASTLLM_STOP_CANCELLED: r.reason = FinishReason::Cancelled; break;
+    default: r.reason = FinishReason::Stop;  // EOS, stop string
+    }
+    end(slot, r);
+}
+
+void Scheduler::step() {
+    std::vector<fastllm_session *> batch;
+    std::vector<Slot *> owners;
+    for (auto &slot : slots_) {
+        if (!slot.job) continue;
+        batch.push_back(slot.session);
+        owners.push_back(&slot);
+    }
+    if (batch.empty()) return;
+    std::vector<int32_t> done(batch.size(), 0);
+    fastllm_status s = fastllm_generate_step(batch.data(), batch.size(), done.data());
+    metrics_.count_step(batch.size());
+    if (s != FASTLLM_OK) {  // a bug rather than bad input: every job in the step fails
+        JobResult r;
+        r.reason = FinishReason::Error;
+        r.error = library_error(s, "generation step");
+        r.error.status = 500;
+        r.error.type = "server_error";
+        for (Slot *slot : owners) {
+            fastllm_session_cancel_generation(slot->session);
+            end(*slot, r);
+        }
+        return;
+    }
+    for (size_t i = 0; i < owners.size(); i++) {
+        Slot &slot = *owners[i];
+        fastllm_generation_result g{};
+        fastllm_session_generation_result(slot.session, &g);
+        if (g.n_generated_tokens > slot.n_generated) {
+            if (slot.n_generated == 0) {
+                slot.timings.first_token_ms = ms_since(slot.job->arrived());
+                metrics_.observe_time_to_first_token(slot.timings.first_token_ms / 1000.0);
+            }
+            metrics_.add_generated_tokens(g.n_generated_tokens - slot.n_generated);
+            slot.n_generated = g.n_generated_tokens;
+        }
+        if (done[i]) end_with_library_result(slot);
+    }
+}
+
+}  // namespace fastllm_server
