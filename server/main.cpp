@@ -167,9 +167,10 @@ int main(int argc, char **argv) {
 
     std::atomic<bool> stopping{false};
     httplib::Server svr;
-    // Each open connection holds a worker while it streams or waits: room for every session, every
-    // queued request, and some for /health, /metrics and requests that are about to get 503.
-    const size_t workers = std::min<size_t>((size_t)opt.max_sessions + (size_t)opt.max_queue + 16, 1024);
+    // Each open connection holds a worker while it streams or waits, and an idle keep-alive one for
+    // up to 5 s: room for every session, every queued request, and plenty for /health, /metrics,
+    // idle clients and requests about to get 503. (Connections beyond that wait for a worker.)
+    const size_t workers = std::min<size_t>((size_t)opt.max_sessions + (size_t)opt.max_queue + 64, 4096);
     svr.new_task_queue = [workers] { return new httplib::ThreadPool(workers); };
     svr.set_tcp_nodelay(true);  // each SSE event goes out at once, not after the client's delayed ACK
     svr.set_keep_alive_max_count(1000);
