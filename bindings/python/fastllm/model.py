@@ -365,9 +365,10 @@ class Session:
         _check(status)
 
     def _stream(self, ids, params, keep) -> Iterator[str]:
-        # The C call runs in a worker thread (ctypes releases the GIL); pieces come back through a queue.
-        # Closing the iterator early makes the callback ask the library to stop.
-        pieces: queue.Queue = queue.Queue()
+        # The C call runs in a worker thread (ctypes releases the GIL); pieces come back through a small
+        # queue, so generation keeps pace with the reader. Closing the iterator early makes the
+        # callback ask the library to stop.
+        pieces: queue.Queue = queue.Queue(maxsize=4)
         cancelled = threading.Event()
         done = object()
 
@@ -393,6 +394,11 @@ class Session:
                 yield item
         finally:
             cancelled.set()
+            while worker.is_alive():  # let a worker blocked on the full queue finish
+                try:
+                    pieces.get(timeout=0.01)
+                except queue.Empty:
+                    pass
             worker.join()
             del keep
         if error:
