@@ -143,7 +143,9 @@ typedef struct fastllm_chat_message {
  * unknown template gives FASTLLM_ERR_UNSUPPORTED rather than a wrong prompt, a conversation the
  * template rejects (roles not alternating, ...) FASTLLM_ERR_INVALID_ARGUMENT. add_generation_prompt:
  * 1 to end with the opening of the assistant's turn. Output buffer convention as
- * fastllm_detokenize (NUL-terminated). Tokenize the result with parse_special = 1. */
+ * fastllm_detokenize (NUL-terminated). Tokenize the result with add_bos = 0 (templates that want
+ * BOS write it as text). Byte-level BPE models match their special tokens (<|im_start|>, ...) in
+ * text as single ids; SentencePiece models treat such text as plain text, as sentencepiece does. */
 FASTLLM_API fastllm_status fastllm_chat_apply_template(const fastllm_model *model, const char *tmpl,
                                                        const fastllm_chat_message *messages, size_t n_messages,
                                                        int add_generation_prompt, char *out_text,

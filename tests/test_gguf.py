@@ -649,3 +649,44 @@ def test_smollm2_greedy_like_transformers(smollm_model, smollm_ref):
                 out = ref.generate(torch.tensor([ids]), max_new_tokens=SEQ, do_sample=False,
                                    pad_token_id=tok.pad_token_id)
             assert out[0, len(ids):].tolist() == ours, (kind, text)
+
+
+# -- chat on the real model ----------------------------------------------------------------------
+
+def test_smollm2_answers_a_chat_question(smollm_model):
+    reply = smollm_model.chat([{"role": "user", "content": "What is the capital of France?"}], 32, temperature=0.0)
+    assert "Paris" in reply
+
+
+def test_smollm2_multi_turn_chat_reuses_the_kv_cache(smollm_model):
+    q1, q2 = "Name a fruit.", "What color is it?"
+    with smollm_model.session() as s:
+        a1 = s.chat(q1, 24, temperature=0.0)
+        a2 = s.chat(q2, 24, temperature=0.0)
+        evaluated = s.last_result.n_prompt_tokens
+        assert [m["role"] for m in s.messages] == ["user", "assistant", "user", "assistant"]
+    conversation = [{"role": "user", "content": q1}, {"role": "assistant", "content": a1},
+                    {"role": "user", "content": q2}]
+    full = smollm_model.tokenize(smollm_model.apply_chat_template(conversation), add_bos=False)
+    assert evaluated < len(full) // 2  # only the new turn was computed
+    with smollm_model.session() as fresh:  # and the answer is the one a fresh context gives
+        assert fresh.chat(conversation, 24, temperature=0.0) == a2
+
+
+def test_smollm2_streams_whole_characters(smollm_model):
+    """Japanese output: some tokens end inside a character; every streamed piece is still
+    valid UTF-8 (the binding decodes each one strictly) and together they are the reply."""
+    msgs = [{"role": "user", "content": "Write 'thank you very much' in Japanese characters."}]
+    with smollm_model.session() as s:
+        pieces = list(s.chat(msgs, 48, stream=True, temperature=0.0))
+        generated = s.tokens[-s.last_result.n_generated_tokens:]
+    text = "".join(pieces)
+    assert any(ord(c) > 0x3000 for c in text), text
+    split = 0
+    for t in generated:
+        try:
+            smollm_model.token_to_piece(t).decode()
+        except UnicodeDecodeError:
+            split += 1
+    assert split > 0  # the case the stream has to hold back really happened
+    assert text == smollm_model.chat(msgs, 48, temperature=0.0)
