@@ -13,6 +13,25 @@ bool Tokenizer::is_eos(int32_t id) const {
     return id == eos_id_ || std::find(eos_ids_.begin(), eos_ids_.end(), id) != eos_ids_.end();
 }
 
+int32_t Tokenizer::read_special_ids(const FlmFile &file, int64_t vocab_size, bool add_bos_default) {
+    const char *path = file.path().c_str();
+    auto id_or_none = [&](const char *key) {
+        int64_t id = file.get_int(key, -1);
+        if (id < -1 || id >= vocab_size) fail(FASTLLM_ERR_BAD_FORMAT, "%s: %s = %lld is out of range", path, key, (long long)id);
+        return (int32_t)id;
+    };
+    bos_id_ = id_or_none("tokenizer.bos_id");
+    eos_id_ = id_or_none("tokenizer.eos_id");
+    id_or_none("tokenizer.pad_id");
+    if (file.has("tokenizer.eos_ids"))
+        for (int64_t id : file.get_ints("tokenizer.eos_ids")) {
+            if (id < 0 || id >= vocab_size) fail(FASTLLM_ERR_BAD_FORMAT, "%s: eos id %lld is out of range", path, (long long)id);
+            eos_ids_.push_back((int32_t)id);
+        }
+    add_bos_ = file.get_int("tokenizer.add_bos", add_bos_default ? 1 : 0) != 0;
+    return id_or_none("tokenizer.unk_id");
+}
+
 std::unique_ptr<Tokenizer> make_tokenizer(const FlmFile &file, int64_t vocab_size) {
     std::string kind = file.get_string("tokenizer.model");
     if (kind == "spm") return std::make_unique<SpmTokenizer>(file, vocab_size);

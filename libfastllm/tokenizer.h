@@ -31,6 +31,10 @@ public:
     bool is_eos(int32_t id) const;
 
 protected:
+    // Reads and range-checks tokenizer.bos_id / eos_id / eos_ids / add_bos (shared by every
+    // tokenizer); returns tokenizer.unk_id (-1 if absent).
+    int32_t read_special_ids(const FlmFile &file, int64_t vocab_size, bool add_bos_default);
+
     std::vector<std::string> pieces_;
     int32_t bos_id_ = -1, eos_id_ = -1;
     std::vector<int32_t> eos_ids_;  // every id that ends generation

@@ -159,21 +159,7 @@ BpeTokenizer::BpeTokenizer(const FlmFile &file, int64_t vocab_size) {
              pre.c_str());
     ignore_merges_ = file.get_int("tokenizer.ignore_merges", 0) != 0;
 
-    auto id_or_none = [&](const char *key) {
-        int64_t id = file.get_int(key, -1);
-        if (id < -1 || id >= vocab_size) fail(FASTLLM_ERR_BAD_FORMAT, "%s: %s = %lld is out of range", path, key, (long long)id);
-        return (int32_t)id;
-    };
-    bos_id_ = id_or_none("tokenizer.bos_id");
-    eos_id_ = id_or_none("tokenizer.eos_id");
-    id_or_none("tokenizer.unk_id");  // checked, not used: byte-level BPE has no unknown text
-    id_or_none("tokenizer.pad_id");
-    if (file.has("tokenizer.eos_ids"))
-        for (int64_t id : file.get_ints("tokenizer.eos_ids")) {
-            if (id < 0 || id >= vocab_size) fail(FASTLLM_ERR_BAD_FORMAT, "%s: eos id %lld is out of range", path, (long long)id);
-            eos_ids_.push_back((int32_t)id);
-        }
-    add_bos_ = file.get_int("tokenizer.add_bos", 0) != 0;
+    read_special_ids(file, vocab_size, /*add_bos_default=*/false);  // byte-level BPE has no unknown text
 
     // Types, decoded bytes, the text -> id map (normal tokens win over added ones of the same
     // text, then the lower id), the added-token trie.

@@ -37,20 +37,7 @@ SpmTokenizer::SpmTokenizer(const FlmFile &file, int64_t vocab_size) {
     if ((int64_t)pieces_.size() != vocab_size || scores_.size() != pieces_.size() || types.size() != pieces_.size())
         fail(FASTLLM_ERR_BAD_FORMAT, "%s: tokenizer has %zu pieces, %zu scores, %zu types; the model's vocabulary is %lld",
              path, pieces_.size(), scores_.size(), types.size(), (long long)vocab_size);
-    auto id_or_none = [&](const char *key) {
-        int64_t id = file.get_int(key, -1);
-        if (id < -1 || id >= vocab_size) fail(FASTLLM_ERR_BAD_FORMAT, "%s: %s = %lld is out of range", path, key, (long long)id);
-        return (int32_t)id;
-    };
-    bos_id_ = id_or_none("tokenizer.bos_id");
-    eos_id_ = id_or_none("tokenizer.eos_id");
-    unk_id_ = id_or_none("tokenizer.unk_id");
-    if (file.has("tokenizer.eos_ids"))
-        for (int64_t id : file.get_ints("tokenizer.eos_ids")) {
-            if (id < 0 || id >= vocab_size) fail(FASTLLM_ERR_BAD_FORMAT, "%s: eos id %lld is out of range", path, (long long)id);
-            eos_ids_.push_back((int32_t)id);
-        }
-    add_bos_ = file.get_int("tokenizer.add_bos", 1) != 0;
+    unk_id_ = read_special_ids(file, vocab_size, /*add_bos_default=*/true);
     add_dummy_prefix_ = file.get_int("tokenizer.add_dummy_prefix", 1) != 0;
     remove_extra_whitespaces_ = file.get_int("tokenizer.remove_extra_whitespaces", 0) != 0;
     byte_fallback_ = file.get_int("tokenizer.byte_fallback", 1) != 0;

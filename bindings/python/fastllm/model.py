@@ -70,7 +70,37 @@ def _sampling(max_new_tokens, temperature, top_k, top_p, min_p, repetition_penal
     return p, keep  # keep: the stop strings must outlive the call
 
 
-class Model:
+class _Handle:
+    """An owned C handle: freed by close() (harmless twice), by `with`, or when collected."""
+    _what = "object"
+    _handle = None
+
+    @staticmethod
+    def _free(handle) -> None:
+        raise NotImplementedError
+
+    def close(self) -> None:
+        if self._handle:
+            self._free(self._handle)
+            self._handle = None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def __del__(self):
+        self.close()
+
+    @property
+    def handle(self):
+        if not self._handle:
+            raise FastLLMError(raw.ERR_INVALID_ARGUMENT, f"the {self._what} is closed")
+        return self._handle
+
+
+class Model(_Handle):
     """A loaded .flm model. Thread-safe; many Sessions may share it.
 
     threads: default thread count of its sessions (0 = all cores). use_mmap: map the weights in place.
@@ -94,29 +124,14 @@ class Model:
         template = lib.fastllm_model_chat_template(self._handle)
         self.chat_template = template.decode() if template is not None else None
 
-    # -- lifetime ---------------------------------------------------------------------------
+    _what = "model"
+    _free = staticmethod(lambda h: lib.fastllm_model_free(h))
+
     def close(self) -> None:
         """Frees the model (and closes its sessions). Closing twice is harmless."""
         for s in list(getattr(self, "_sessions", ())):
             s.close()
-        if getattr(self, "_handle", None):
-            lib.fastllm_model_free(self._handle)
-            self._handle = None
-
-    def __enter__(self) -> "Model":
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()
-
-    def __del__(self):
-        self.close()
-
-    @property
-    def handle(self):
-        if not self._handle:
-            raise FastLLMError(raw.ERR_INVALID_ARGUMENT, "the model is closed")
-        return self._handle
+        super().close()
 
     # -- tokenizer --------------------------------------------------------------------------
     def tokenize(self, text: str, add_bos: bool | None = None) -> list[int]:
@@ -215,7 +230,7 @@ def _closing_iter(session: "Session", pieces: Iterator[str]) -> Iterator[str]:
         yield from pieces
 
 
-class Session:
+class Session(_Handle):
     """One conversation's state over a Model: token history and KV cache. Use from one thread at a time."""
 
     def __init__(self, model: Model, n_ctx: int = 0, n_batch: int = 0, threads: int = 0):
@@ -232,25 +247,8 @@ class Session:
         self.last_result: GenerationResult | None = None
         self.messages: list[dict] = []  # the conversation so far, for chat()
 
-    def close(self) -> None:
-        if getattr(self, "_handle", None):
-            lib.fastllm_session_free(self._handle)
-            self._handle = None
-
-    def __enter__(self) -> "Session":
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()
-
-    def __del__(self):
-        self.close()
-
-    @property
-    def handle(self):
-        if not self._handle:
-            raise FastLLMError(raw.ERR_INVALID_ARGUMENT, "the session is closed")
-        return self._handle
+    _what = "session"
+    _free = staticmethod(lambda h: lib.fastllm_session_free(h))
 
     @property
     def n_tokens(self) -> int:
