@@ -1,7 +1,7 @@
 """HuggingFace checkpoint folder (or llama.cpp GGUF file) -> `.flm` file (docs/flm_format.md).
 
     python converter/convert.py --model_path HF_DIR --out_path OUT.flm [--dtype f32|f16|bf16]
-                                [--model_type llama]
+                                [--model_type llama] [--calib FILE [--calib_tokens N]]
     python converter/convert.py --model_path MODEL.gguf --out_path OUT.flm [--dtype ...]
                                 (see gguf_import.py)
 
@@ -27,6 +27,7 @@ _HERE = Path(__file__).resolve().parent
 if not any(Path(p or ".").resolve() == _HERE for p in sys.path):
     sys.path.insert(0, str(_HERE))
 
+import calibrate  # noqa: E402
 import gguf_import  # noqa: E402
 import hf_tokenizer  # noqa: E402
 import llama  # noqa: E402
@@ -91,15 +92,19 @@ def _check_out_path(out_path: Path) -> None:
 
 
 def convert(model_path, out_path, dtype: str = "f32", model_type: str | None = None,
-            progress: bool = True, group_size: int = 32, dtype_config=()) -> str:
+            progress: bool = True, group_size: int = 32, dtype_config=(), calib=None,
+            calib_tokens: int = calibrate.DEFAULT_TOKENS) -> str:
     """Converts the HF folder `model_path` to `out_path`; returns out_path.
     dtype: f32, f16, bf16, int8, int4 (int4m: with minimums) or a .flm quantized type name;
     group_size: int4 group (32, 64, 128); dtype_config: ["PATTERN=DTYPE", ...] per-tensor overrides
-    (see quantize.DtypePolicy). Raises ConversionError for anything wrong with the input."""
+    (see quantize.DtypePolicy); calib: a text file to choose int4 scales on, calib_tokens of it
+    (see calibrate.py). Raises ConversionError for anything wrong with the input."""
     policy = quantize.DtypePolicy(dtype, group_size, dtype_config)
     model_path = Path(model_path)
     out_path = Path(out_path)
     _check_out_path(out_path)
+    if calib is not None:  # before any work: an HF folder, an int4 dtype, the text file
+        calibrate.check_request(calib, policy, model_path)
     if model_path.suffix.lower() == ".gguf" or gguf_import.is_gguf(model_path):
         return _convert_gguf(model_path, out_path, dtype, policy, model_type, progress)
     ckpt = Checkpoint(model_path)
@@ -108,6 +113,8 @@ def convert(model_path, out_path, dtype: str = "f32", model_type: str | None = N
 
     hp = llama.read_hparams(ckpt.config)
     tok = hf_tokenizer.read_tokenizer(ckpt, hp.vocab_size, llama.ADD_BOS_DEFAULT)
+    if calib is not None:  # the scaled tensors replace the checkpoint's
+        ckpt, _ = calibrate.calibrate(ckpt, hp, policy, calib, calib_tokens, progress=progress)
 
     writer = FlmWriter(out_path, dtype_policy=policy)
     tied = llama.add_tensors(writer, ckpt, hp, "f32")  # float data; the policy picks each dtype
@@ -145,6 +152,12 @@ def main(argv=None) -> int:
     ap.add_argument("--dtype_config", action="append", default=[], metavar="PATTERN=DTYPE",
                     help="dtype for tensors whose .flm name matches the glob, e.g. 'blk.0.*=f16' "
                          "(repeatable; the last match wins)")
+    ap.add_argument("--calib", default=None, metavar="FILE",
+                    help="int4 only: run the model on this text and round with its activations in "
+                         "mind (input channels scaled, weights clipped; needs transformers; see "
+                         "calibrate.py)")
+    ap.add_argument("--calib_tokens", type=int, default=calibrate.DEFAULT_TOKENS, metavar="N",
+                    help="tokens of the --calib text to run (default %(default)s)")
     ap.add_argument("--model_type", default=None, choices=sorted(FAMILIES),
                     help="model family; detected from config.json when omitted")
     ap.add_argument("--quiet", action="store_true", help="no progress bar")
@@ -152,7 +165,8 @@ def main(argv=None) -> int:
     try:
         out = convert(args.model_path, args.out_path, dtype=args.dtype,
                       model_type=args.model_type, progress=not args.quiet, group_size=args.group_size,
-                      dtype_config=args.dtype_config)
+                      dtype_config=args.dtype_config, calib=args.calib,
+                      calib_tokens=args.calib_tokens)
     except ConversionError as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
