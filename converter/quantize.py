@@ -4,6 +4,13 @@ pick each tensor's dtype when a quantized --dtype is asked for.
     python convert.py ... --dtype int4                       # q4 (groups of 32), embeddings/head q8
     python convert.py ... --dtype int4 --group_size 128      # q4_g128: ~4.1 bits per weight
     python convert.py ... --dtype int8 --dtype_config 'blk.0.*=f16' --dtype_config 'output.weight=f32'
+    python convert.py ... --dtype int4 --calib sample.txt     # activation-aware (calibrate.py)
+
+--calib (int4 / int4m only, HF folders): calibrate.py runs the model on the text and, per decoder
+layer, scales the input channels of each q4 matrix group by mean|x|^alpha (alpha searched, 0
+included, folded into the previous RMSNorm weight or v / up rows), then clips weight groups where
+that lowers the output error; it hands the writer float weights, and quantize() rounds them as
+usual: the scale search here does not change.
 """
 from __future__ import annotations
 
