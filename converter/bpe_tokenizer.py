@@ -183,22 +183,15 @@ def bpe_tokenizer_info(tokens, types, merges, pre: str, vocab_size: int, *,
 
 
 def add_bpe_metadata(writer, tok: BpeTokenizerInfo) -> None:
-    """Writes the `bpe` keys (hf_tokenizer.add_tokenizer_metadata calls this for bpe infos)."""
+    """Writes the keys only `bpe` has (hf_tokenizer.add_tokenizer_metadata calls this for bpe infos
+    and writes the keys every tokenizer shares)."""
     writer.add_string("tokenizer.model", "bpe")
     writer.add_string_array("tokenizer.tokens", tok.tokens)
     writer.add_i64_array("tokenizer.token_types", tok.types)
     writer.add_string_array("tokenizer.merges", tok.merges)
     writer.add_string("tokenizer.pre", tok.pre)
-    writer.add_i64("tokenizer.bos_id", tok.bos_id)
-    writer.add_i64("tokenizer.eos_id", tok.eos_id)
-    writer.add_i64("tokenizer.unk_id", tok.unk_id)
-    writer.add_i64("tokenizer.pad_id", tok.pad_id)
-    writer.add_i64_array("tokenizer.eos_ids", tok.eos_ids)
-    writer.add_i64("tokenizer.add_bos", int(tok.add_bos))
     if getattr(tok, "ignore_merges", False):
         writer.add_i64("tokenizer.ignore_merges", 1)
-    if tok.chat_template is not None:
-        writer.add_string("tokenizer.chat_template", tok.chat_template)
 
 
 # ---- HuggingFace files ------------------------------------------------------------------------

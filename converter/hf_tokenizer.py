@@ -228,19 +228,20 @@ def add_tokenizer_metadata(writer, tok) -> None:
                 which checks them and pads the vocabulary."""
     if hasattr(tok, "merges"):
         bpe_tokenizer.add_bpe_metadata(writer, tok)
-        return
-    writer.add_string("tokenizer.model", "spm")
-    writer.add_string_array("tokenizer.tokens", tok.tokens)
-    writer.add_f32_array("tokenizer.scores", tok.scores)
-    writer.add_i64_array("tokenizer.token_types", tok.types)
+    else:
+        writer.add_string("tokenizer.model", "spm")
+        writer.add_string_array("tokenizer.tokens", tok.tokens)
+        writer.add_f32_array("tokenizer.scores", tok.scores)
+        writer.add_i64_array("tokenizer.token_types", tok.types)
+        writer.add_i64("tokenizer.add_dummy_prefix", int(tok.add_dummy_prefix))
+        writer.add_i64("tokenizer.remove_extra_whitespaces", int(tok.remove_extra_whitespaces))
+        writer.add_i64("tokenizer.byte_fallback", int(tok.byte_fallback))
+    # the keys every tokenizer shares
     writer.add_i64("tokenizer.bos_id", tok.bos_id)
     writer.add_i64("tokenizer.eos_id", tok.eos_id)
     writer.add_i64("tokenizer.unk_id", tok.unk_id)
     writer.add_i64("tokenizer.pad_id", tok.pad_id)
     writer.add_i64_array("tokenizer.eos_ids", tok.eos_ids)
     writer.add_i64("tokenizer.add_bos", int(tok.add_bos))
-    writer.add_i64("tokenizer.add_dummy_prefix", int(tok.add_dummy_prefix))
-    writer.add_i64("tokenizer.remove_extra_whitespaces", int(tok.remove_extra_whitespaces))
-    writer.add_i64("tokenizer.byte_fallback", int(tok.byte_fallback))
     if tok.chat_template is not None:
         writer.add_string("tokenizer.chat_template", tok.chat_template)
