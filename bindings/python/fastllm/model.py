@@ -47,18 +47,11 @@ def _sampling(max_new_tokens, temperature, top_k, top_p, min_p, repetition_penal
               ignore_eos):
     p = lib.fastllm_sampling_default_params()
     p.max_new_tokens = max_new_tokens
-    if temperature is not None:
-        p.temperature = temperature
-    if top_k is not None:
-        p.top_k = top_k
-    if top_p is not None:
-        p.top_p = top_p
-    if min_p is not None:
-        p.min_p = min_p
-    if repetition_penalty is not None:
-        p.repetition_penalty = repetition_penalty
-    if repeat_last_n is not None:
-        p.repeat_last_n = repeat_last_n
+    optional = dict(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p,
+                    repetition_penalty=repetition_penalty, repeat_last_n=repeat_last_n)
+    for name, value in optional.items():  # None keeps the library's default
+        if value is not None:
+            setattr(p, name, value)
     p.seed = seed
     p.ignore_eos = int(bool(ignore_eos))
     if isinstance(stop, str):
