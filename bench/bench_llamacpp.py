@@ -25,7 +25,8 @@ import numpy as np
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(REPO / "bench"), str(REPO / "bindings" / "python"), str(REPO / "converter")]
-from bench_speed import bench_fastllm, random_checkpoint  # noqa: E402
+from bench_speed import random_checkpoint  # noqa: E402
+from fastllm.bench import bench  # noqa: E402
 
 FASTLLM_VARIANTS = [("int8", 32, "Q8_0"), ("int4", 32, "Q4_0"), ("int4", 128, None)]
 
@@ -117,7 +118,6 @@ def main() -> int:
     from convert import convert
     args.work_dir.mkdir(parents=True, exist_ok=True)
     hf_dir = random_checkpoint(args.shape, args.work_dir)
-    prompt = [1] + [(7 * i + 11) % 500 + 3 for i in range(args.prompt_len - 1)]
     bw = read_bandwidth_gbs(args.threads)
     print(f"model random-{args.shape}, {args.threads} threads, pp{args.prompt_len} / tg{args.gen}, "
           f"read bandwidth {bw:.1f} GB/s (median)")
@@ -134,7 +134,8 @@ def main() -> int:
         flm = args.work_dir / f"random-{args.shape}-{name}.flm"
         if not flm.exists():
             convert(str(hf_dir), str(flm), dtype=dtype, group_size=group, progress=False)
-        pp, tg = bench_fastllm(flm, prompt, args.gen, args.threads, args.repeat)
+        r = bench(flm, args.prompt_len, args.gen, args.threads, args.repeat)
+        pp, tg = r.prompt_tok_s, r.generate_tok_s
         mb = bytes_per_token(flm) / 1e6
         rss, load = fastllm_memory(flm, args.threads)
         results[name] = (pp, tg)

@@ -44,21 +44,6 @@ def random_checkpoint(shape: str, work_dir: Path) -> Path:
     return out
 
 
-def bench_fastllm(flm: Path, prompt: list[int], n_gen: int, threads: int, repeat: int):
-    import fastllm
-    pp, tg = [], []
-    with fastllm.Model(flm, threads=threads) as m:
-        for _ in range(repeat + 1):  # the first round warms the page cache and is dropped
-            with m.session(n_ctx=len(prompt) + n_gen + 1, n_batch=len(prompt)) as s:
-                t0 = time.perf_counter()
-                s.eval(prompt)
-                pp.append(len(prompt) / (time.perf_counter() - t0))
-                s.generate([], n_gen, temperature=0.0, ignore_eos=True)
-                r = s.last_result
-                tg.append(r.n_generated_tokens / (r.generate_ms / 1000))
-    return statistics.median(pp[1:]), statistics.median(tg[1:])
-
-
 def bench_torch(hf_dir: Path, prompt: list[int], n_gen: int, threads: int, repeat: int, dtype: str):
     import torch
     from transformers import LlamaForCausalLM
@@ -98,6 +83,7 @@ def main() -> int:
     args = ap.parse_args()
 
     from convert import convert
+    from fastllm.bench import bench, synthetic_prompt
     args.work_dir.mkdir(parents=True, exist_ok=True)
     hf_dir = args.model_path or random_checkpoint(args.random, args.work_dir)
     tag = hashlib.sha1(str(hf_dir.resolve()).encode()).hexdigest()[:8]  # two folders named "hf" must not share
@@ -107,11 +93,12 @@ def main() -> int:
     config = json.loads((hf_dir / "config.json").read_text())
     vocab, ctx = config["vocab_size"], config.get("max_position_embeddings", 2048)
     n_prompt = min(args.prompt_len, ctx - args.gen - 1)
-    prompt = [1] + [(7 * i + 11) % (vocab - 3) + 3 for i in range(n_prompt - 1)]
+    prompt = synthetic_prompt(vocab, n_prompt, 1)  # the same prompt fastllm.bench gives the library
 
     print(f"model {hf_dir.name}, fastllm {args.dtype} ({flm.stat().st_size / 2**20:.1f} MiB), "
           f"{args.threads} threads, prompt {n_prompt}, generate {args.gen}, median of {args.repeat}")
-    ours = bench_fastllm(flm, prompt, args.gen, args.threads, args.repeat)
+    r = bench(flm, n_prompt, args.gen, args.threads, args.repeat)
+    ours = r.prompt_tok_s, r.generate_tok_s
     print(f"fastllm   prompt {ours[0]:9.1f} tok/s   generate {ours[1]:8.1f} tok/s")
     if not args.skip_torch:
         ref = bench_torch(hf_dir, prompt, args.gen, args.threads, args.repeat, args.torch_dtype)

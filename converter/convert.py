@@ -137,9 +137,9 @@ def _convert_gguf(model_path: Path, out_path: Path, dtype: str, policy, model_ty
                                     dtype_policy=policy)
 
 
-def main(argv=None) -> int:
+def main(argv=None, prog: str = "convert.py") -> int:
     ap = argparse.ArgumentParser(
-        prog="convert.py",
+        prog=prog,
         description="Convert a HuggingFace checkpoint folder to a fastllm .flm file.")
     ap.add_argument("--model_path", required=True,
                     help="HuggingFace model folder, or a llama.cpp .gguf file")

@@ -34,12 +34,13 @@
 extern "C" {
 #endif
 
-/* Library version (of this header) and ABI version. The ABI version changes whenever a struct
- * layout or a function signature changes; bindings compare it with fastllm_abi_version(). */
+/* Library version (of this header; CMake and the Python package read it from here) and ABI
+ * version. The ABI version changes whenever a struct layout or a function signature changes, or a
+ * function that the bindings need is added; bindings compare it with fastllm_abi_version(). */
 #define FASTLLM_VERSION_MAJOR 0
-#define FASTLLM_VERSION_MINOR 1
+#define FASTLLM_VERSION_MINOR 2
 #define FASTLLM_VERSION_PATCH 0
-#define FASTLLM_ABI_VERSION 1
+#define FASTLLM_ABI_VERSION 2
 
 typedef enum fastllm_status {
     FASTLLM_OK = 0,
@@ -66,6 +67,22 @@ FASTLLM_API const char *fastllm_last_error(void);
 /* Instruction set the kernels use: "avx512", "avx2" or "scalar" (static storage). The environment
  * variable FASTLLM_ISA=scalar|avx2|avx512 forces a lower level than the CPU supports. */
 FASTLLM_API const char *fastllm_isa(void);
+
+/* Diagnostics. The library never prints to stdout. Its messages (model loaded, session created,
+ * failures, generation timings) go to the callback set here; with no callback they are dropped,
+ * unless the environment variable FASTLLM_LOG=error|warn|info|debug sends that level and the more
+ * severe ones to stderr. The callback is process-wide and receives every level; it is called from
+ * the thread that called into the library, one message at a time, and must not call fastllm
+ * functions. `message` has no trailing newline and is valid only during the call. Passing NULL
+ * restores the default. */
+typedef enum fastllm_log_level {
+    FASTLLM_LOG_ERROR = 0,
+    FASTLLM_LOG_WARN = 1,
+    FASTLLM_LOG_INFO = 2,
+    FASTLLM_LOG_DEBUG = 3
+} fastllm_log_level;
+typedef void (*fastllm_log_callback)(fastllm_log_level level, const char *message, void *user_data);
+FASTLLM_API void fastllm_log_set(fastllm_log_callback callback, void *user_data);
 
 /* ------------------------------------------------------------------------------------------ */
 /* Model: the weights, the config and the tokenizer of one .flm file.                          */

@@ -9,6 +9,7 @@
 #include "error.h"
 #include "fastllm.h"
 #include "kernels.h"
+#include "log.h"
 #include "model.h"
 #include "session.h"
 
@@ -31,6 +32,13 @@ fastllm_status set_error(fastllm_status s, const std::string &msg) {
     return s;
 }
 
+// A failure inside the core is also logged (argument checks and size queries are not: callers
+// expect those and handle them).
+fastllm_status fail_logged(fastllm_status s, const std::string &msg) {
+    if (s != FASTLLM_ERR_BUFFER_TOO_SMALL) fastllm::log(FASTLLM_LOG_ERROR, "%s: %s", fastllm_status_name(s), msg.c_str());
+    return set_error(s, msg);
+}
+
 template <typename F>
 fastllm_status guard(F &&f) {
     g_last_error.clear();
@@ -38,13 +46,13 @@ fastllm_status guard(F &&f) {
         f();
         return FASTLLM_OK;
     } catch (const fastllm::Error &e) {
-        return set_error(e.status(), e.what());
+        return fail_logged(e.status(), e.what());
     } catch (const std::bad_alloc &) {
-        return set_error(FASTLLM_ERR_OUT_OF_MEMORY, "out of memory");
+        return fail_logged(FASTLLM_ERR_OUT_OF_MEMORY, "out of memory");
     } catch (const std::exception &e) {
-        return set_error(FASTLLM_ERR_INTERNAL, std::string("internal error: ") + e.what());
+        return fail_logged(FASTLLM_ERR_INTERNAL, std::string("internal error: ") + e.what());
     } catch (...) {
-        return set_error(FASTLLM_ERR_INTERNAL, "internal error: unknown exception");
+        return fail_logged(FASTLLM_ERR_INTERNAL, "internal error: unknown exception");
     }
 }
 
@@ -69,7 +77,12 @@ fastllm_status copy_out(const std::string &s, char *out, size_t capacity, size_t
 
 extern "C" {
 
-const char *fastllm_version(void) { return "0.1.0"; }
+#define FASTLLM_STR2(x) #x
+#define FASTLLM_STR(x) FASTLLM_STR2(x)
+const char *fastllm_version(void) {
+    return FASTLLM_STR(FASTLLM_VERSION_MAJOR) "." FASTLLM_STR(FASTLLM_VERSION_MINOR) "." FASTLLM_STR(FASTLLM_VERSION_PATCH);
+}
+void fastllm_log_set(fastllm_log_callback callback, void *user_data) { fastllm::set_log_callback(callback, user_data); }
 int fastllm_abi_version(void) { return FASTLLM_ABI_VERSION; }
 const char *fastllm_last_error(void) { return g_last_error.c_str(); }
 const char *fastllm_isa(void) { return fastllm::isa_name(fastllm::kernels().isa); }

@@ -35,6 +35,7 @@ public:
 
     const std::string &path() const { return path_; }
     uint64_t size() const { return size_; }
+    bool mapped() const { return mapped_; }
 
     bool has(const std::string &key) const { return meta_.count(key) != 0; }
     // Typed getters throw FASTLLM_ERR_BAD_FORMAT when the key is missing or has another type.

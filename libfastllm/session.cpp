@@ -5,6 +5,7 @@
 #include <string>
 
 #include "error.h"
+#include "log.h"
 
 namespace fastllm {
 
@@ -40,6 +41,8 @@ Session::Session(const Model &model, const fastllm_session_params &p)
     tokens_.reserve((size_t)n_ctx_ + 1);
     rows_.resize((size_t)n_batch_);
     row_tokens_.resize((size_t)n_batch_);
+    log(FASTLLM_LOG_INFO, "session: n_ctx %d, n_batch %d, %d threads, %.1f MiB of state (KV cache and activations)",
+        n_ctx_, n_batch_, n_threads_, floats * 4.0 / 1048576.0);
 }
 
 void Session::reset() {
@@ -122,6 +125,11 @@ void Session::finish_generation(fastllm_stop_reason reason) {
     if (reason != FASTLLM_STOP_STRING && reason != FASTLLM_STOP_CALLBACK) gen_->stream.finish();
     result_.generate_ms = ms_since(gen_->start);
     gen_.reset();
+    static const char *const kStopNames[] = {"eos", "max_tokens", "stop_string", "callback", "context_full", "cancelled"};
+    log(FASTLLM_LOG_DEBUG, "generation: %d prompt tokens in %.1f ms, %d tokens in %.1f ms (%.1f tok/s), stopped by %s",
+        result_.n_prompt_tokens, result_.prompt_ms, result_.n_generated_tokens, result_.generate_ms,
+        result_.generate_ms > 0 ? result_.n_generated_tokens * 1000.0 / result_.generate_ms : 0.0,
+        kStopNames[result_.stop_reason]);
 }
 
 bool Session::sample_next() {

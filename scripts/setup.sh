@@ -7,6 +7,8 @@ SUDO=""
 [ "$(id -u)" -ne 0 ] && SUDO="sudo"
 # libcpp-httplib-dev, nlohmann-json3-dev, pkg-config: for fastllm-server (server/)
 APT_PACKAGES="cmake g++ libopenblas-dev libcpp-httplib-dev nlohmann-json3-dev pkg-config"
+# nodejs, npm: the Node.js client's test (bindings/examples/node); most machines already have them
+command -v node >/dev/null && command -v npm >/dev/null || APT_PACKAGES="$APT_PACKAGES nodejs npm"
 if ! dpkg -s $APT_PACKAGES >/dev/null 2>&1; then
   $SUDO apt-get update -qq
   $SUDO apt-get install -y -qq $APT_PACKAGES >/dev/null

@@ -5,8 +5,10 @@
         print(m.generate("Once upon a time", max_new_tokens=32, temperature=0.0))
 """
 from ._lib import lib as _clib
+from ._log import route_library_logs_to_python
 from .model import FastLLMError, GenerationResult, Model, Session
 
+route_library_logs_to_python()
 __version__ = _clib.fastllm_version().decode()
 library_path = _clib.path
 

@@ -1,4 +1,4 @@
-"""Command line: python -m fastllm {generate,chat,perplexity,info} ..."""
+"""Command line: `fastllm` (or `python -m fastllm`) {convert,generate,chat,serve,bench,perplexity,info} ..."""
 from __future__ import annotations
 
 import argparse
@@ -69,12 +69,73 @@ def cmd_perplexity(args) -> int:
 
 
 def cmd_info(args) -> int:
+    """The file's metadata and tensor table, then what the library makes of the model."""
+    flm_reader = import_converter_module("flm_reader")
+    f = flm_reader.load_flm(args.model)
+    print(f"{args.model}: .flm version {f.version}, {f.file_size / 2**20:.1f} MiB, "
+          f"{len(f.metadata)} metadata keys, {len(f.tensors)} tensors")
+    for key, value in f.metadata.items():
+        if isinstance(value, str) and ("\n" in value or len(value) > 100):
+            value = f"<text of {len(value)} characters>"
+        elif not isinstance(value, (str, int, float)):
+            value = f"<{f.meta_types[key]} of {len(value)}>"
+        print(f"  {key} = {value}")
+    if args.tensors:
+        print(f"  {'tensor':<36} {'dtype':>6} {'shape':>14} {'offset':>12} {'MiB':>8}")
+        for name, t in f.tensors.items():
+            loc = f.locations[name]
+            print(f"  {name:<36} {t.dtype:>6} {'x'.join(map(str, t.shape)):>14} {loc.offset:>12} "
+                  f"{loc.n_bytes / 2**20:8.2f}")
     with Model(args.model) as m:
+        print("loaded by the library:")
         for key, value in m.info.items():
-            print(f"{key}: {value}")
-        print(f"chat_template: {'yes' if m.chat_template else 'no'}")
-        print(f"isa: {isa()}")
+            print(f"  {key}: {value}")
+        print(f"  chat_template: {'yes' if m.chat_template else 'no'}")
+        print(f"  isa: {isa()}")
     return 0
+
+
+def import_converter_module(name: str):
+    """A module of the converter: it ships inside the package (wheels) or lies in the source checkout's
+    converter/. Its modules import each other by plain names, so their folder goes on sys.path."""
+    import importlib
+    from pathlib import Path
+    here = Path(__file__).resolve().parent
+    for folder in (here / "converter", here.parents[2] / "converter"):
+        if (folder / "convert.py").is_file():
+            if str(folder) not in sys.path:
+                sys.path.insert(0, str(folder))
+            return importlib.import_module(name)
+    raise ImportError("the converter is not installed with this package")
+
+
+def cmd_bench(args) -> int:
+    from .bench import bench
+    r = bench(args.model, args.prompt_tokens, args.gen_tokens, args.threads, args.repeat)
+    print(f"{args.model}: {r.threads} threads, kernels {isa()}, load {r.load_ms:.1f} ms")
+    print(f"pp{r.prompt_tokens}: {r.prompt_tok_s:10.1f} tok/s   (median of {args.repeat})")
+    print(f"tg{r.generated_tokens}: {r.generate_tok_s:10.1f} tok/s   (median of {args.repeat})")
+    return 0
+
+
+def converter_path():
+    """converter/convert.py: inside the installed package (wheels), else in the source checkout."""
+    from pathlib import Path
+    here = Path(__file__).resolve().parent
+    for candidate in (here / "converter" / "convert.py", here.parents[2] / "converter" / "convert.py"):
+        if candidate.is_file():
+            return candidate
+    return None
+
+
+def cmd_convert(argv: list[str]) -> int:
+    try:
+        convert = import_converter_module("convert")
+    except ImportError as e:
+        print(f"error: the converter cannot be imported ({e}); install its packages with "
+              "pip install 'fastllm[convert]'", file=sys.stderr)
+        return 1
+    return convert.main(argv, prog="fastllm convert")
 
 
 def find_server() -> str | None:
@@ -124,8 +185,13 @@ def add_sampling_flags(p) -> None:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="python -m fastllm", description="fastllm command line")
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv[:1] == ["convert"]:
+        return cmd_convert(argv[1:])
+    p = argparse.ArgumentParser(prog="fastllm", description="fastllm command line (also: python -m fastllm)")
     sub = p.add_subparsers(dest="command", required=True)
+    # `convert` is dispatched before parsing (its arguments are the converter's own); listed for --help.
+    sub.add_parser("convert", help="HuggingFace folder or GGUF file -> .flm (fastllm convert --help)")
     g = sub.add_parser("generate", help="continue a prompt, streaming the text")
     g.add_argument("model", help=".flm file")
     g.add_argument("prompt")
@@ -155,13 +221,21 @@ def main(argv=None) -> int:
     sv.add_argument("--api-key", help="demand 'Authorization: Bearer KEY'")
     sv.add_argument("--model-name", help="model id for clients (default: the file name)")
     sv.set_defaults(func=cmd_serve)
-    i = sub.add_parser("info", help="print a model's metadata")
-    i.add_argument("model")
+    b = sub.add_parser("bench", help="prompt and generation speed of a model (tokens/s, medians)")
+    b.add_argument("model", help=".flm file")
+    b.add_argument("--prompt-tokens", type=int, default=128)
+    b.add_argument("--gen-tokens", type=int, default=64)
+    b.add_argument("--repeat", type=int, default=3, help="rounds after a warm-up round")
+    b.add_argument("--threads", type=int, default=0, help="0 = all cores")
+    b.set_defaults(func=cmd_bench)
+    i = sub.add_parser("info", help="print a .flm file's metadata and tensor table")
+    i.add_argument("model", help=".flm file")
+    i.add_argument("--no-tensors", dest="tensors", action="store_false", help="leave out the tensor table")
     i.set_defaults(func=cmd_info)
     args = p.parse_args(argv)
     try:
         return args.func(args)
-    except FastLLMError as e:
+    except (FastLLMError, OSError, ValueError) as e:  # a bad or missing file: a message, not a traceback
         print(f"error: {e}", file=sys.stderr)
         return 1
 

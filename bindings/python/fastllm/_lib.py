@@ -11,7 +11,7 @@ from ctypes import (CFUNCTYPE, POINTER, Structure, c_char, c_char_p, c_double, c
                     c_uint64, c_void_p)
 from pathlib import Path
 
-FASTLLM_ABI_VERSION = 1
+FASTLLM_ABI_VERSION = 2
 
 # fastllm_status
 OK = 0
@@ -69,6 +69,10 @@ class ChatMessage(Structure):
 
 
 StreamCallback = CFUNCTYPE(c_int, POINTER(c_char), c_size_t, c_void_p)
+LogCallback = CFUNCTYPE(None, c_int, c_char_p, c_void_p)
+
+# fastllm_log_level
+LOG_ERROR, LOG_WARN, LOG_INFO, LOG_DEBUG = 0, 1, 2, 3
 
 _PROTOTYPES = {
     "fastllm_version": (c_char_p, []),
@@ -76,6 +80,7 @@ _PROTOTYPES = {
     "fastllm_status_name": (c_char_p, [c_int]),
     "fastllm_last_error": (c_char_p, []),
     "fastllm_isa": (c_char_p, []),
+    "fastllm_log_set": (None, [LogCallback, c_void_p]),
     "fastllm_model_default_params": (ModelParams, []),
     "fastllm_model_load": (c_int, [c_char_p, POINTER(ModelParams), POINTER(c_void_p)]),
     "fastllm_model_free": (None, [c_void_p]),
@@ -122,19 +127,24 @@ def load_library() -> ctypes.CDLL:
     tried = []
     for path in library_candidates():
         if path.is_file():
-            lib = ctypes.CDLL(str(path))
+            try:
+                lib = ctypes.CDLL(str(path))
+            except OSError as e:  # e.g. a dependency of the library is missing
+                raise ImportError(f"cannot load {path}: {e}") from e
             break
         tried.append(str(path))
     else:
         raise ImportError("libfastllm.so not found; build it (cmake -S . -B build && cmake --build build) or set "
                           "FASTLLM_LIBRARY. Looked in: " + ", ".join(tried))
+    # The ABI version first: a library of another version may lack functions bound below.
+    lib.fastllm_abi_version.restype = c_int
+    abi = lib.fastllm_abi_version()
+    if abi != FASTLLM_ABI_VERSION:
+        raise ImportError(f"{path}: library ABI version {abi}, this Python package needs {FASTLLM_ABI_VERSION}")
     for name, (restype, argtypes) in _PROTOTYPES.items():
         fn = getattr(lib, name)
         fn.restype = restype
         fn.argtypes = argtypes
-    abi = lib.fastllm_abi_version()
-    if abi != FASTLLM_ABI_VERSION:
-        raise ImportError(f"{path}: library ABI version {abi}, this Python package needs {FASTLLM_ABI_VERSION}")
     lib.path = str(path)
     return lib
 
