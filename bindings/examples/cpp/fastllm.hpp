@@ -1,0 +1,350 @@
+// fastllm.hpp — a header-only C++17 wrapper over the C API in fastllm.h.
+//
+//   fastllm::Model model("model.flm", /*threads=*/4);
+//   fastllm::Session session(model, {/*n_ctx=*/1024});
+//   fastllm::SamplingParams sp;
+//   sp.max_new_tokens = 64;
+//   auto r = session.generate("Once upon a time", sp, [](std::string_view piece) {
+//       std::cout << piece << std::flush;
+//       return true;  // false stops the generation
+//   });
+//
+// Handles are move-only and freed by their destructors; a moved-from handle is empty (get() is
+// nullptr). Failures throw fastllm::Error, which keeps the C status code. Text goes in as
+// std::string_view and comes out as std::string. The library itself is plain C: no exception
+// crosses into it (see Session::generate).
+#ifndef FASTLLM_HPP
+#define FASTLLM_HPP
+
+#include <cstddef>
+#include <cstdint>
+#include <exception>
+#include <functional>
+#include <optional>
+#include <stdexcept>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include "fastllm.h"
+
+namespace fastllm {
+
+// A failed C call: what() is "FASTLLM_ERR_x: <message>", status() the code to branch on.
+class Error : public std::runtime_error {
+public:
+    Error(fastllm_status status, const std::string &message)
+        : std::runtime_error(std::string(fastllm_status_name(status)) + ": " + message), status_(status) {}
+    fastllm_status status() const noexcept { return status_; }
+
+private:
+    fastllm_status status_;
+};
+
+namespace detail {
+
+// fastllm_last_error() is per thread and overwritten by the next call, so it is read at once.
+inline void check(fastllm_status status) {
+    if (status != FASTLLM_OK) throw Error(status, fastllm_last_error());
+}
+
+// The C API's output convention: write into the caller's buffer, report the needed length, and
+// answer FASTLLM_ERR_BUFFER_TOO_SMALL if it did not fit. Try a buffer of `guess` elements, then
+// once more with the reported size. `extra` is 1 where the C side also writes a NUL.
+template <class T, class Call>
+std::vector<T> read_sized(size_t guess, size_t extra, Call &&call) {
+    std::vector<T> out(guess + extra);
+    size_t n = 0;
+    fastllm_status st = call(out.data(), out.size(), &n);
+    if (st == FASTLLM_ERR_BUFFER_TOO_SMALL) {
+        out.resize(n + extra);
+        st = call(out.data(), out.size(), &n);
+    }
+    check(st);
+    out.resize(n);
+    return out;
+}
+
+// add_bos: 1, 0, or -1 for the model's default.
+inline std::vector<int32_t> tokenize(const fastllm_model *model, std::string_view text, int add_bos) {
+    // Rarely more ids than bytes (plus BOS and a leading-space piece): one call in practice.
+    const char *data = text.data() ? text.data() : "";  // an empty view may hold nullptr
+    return read_sized<int32_t>(text.size() + 2, 0, [&](int32_t *out, size_t cap, size_t *n) {
+        return fastllm_tokenize(model, data, text.size(), add_bos, out, cap, n);
+    });
+}
+
+template <class Call>
+std::string read_string(size_t guess, size_t extra, Call &&call) {
+    std::vector<char> buf = read_sized<char>(guess, extra, std::forward<Call>(call));
+    return std::string(buf.data(), buf.size());
+}
+
+}  // namespace detail
+
+inline std::string version() { return fastllm_version(); }
+
+// Names as the Python binding spells them.
+inline const char *stop_reason_name(fastllm_stop_reason reason) noexcept {
+    switch (reason) {
+        case FASTLLM_STOP_EOS: return "eos";
+        case FASTLLM_STOP_MAX_TOKENS: return "max_tokens";
+        case FASTLLM_STOP_STRING: return "stop_string";
+        case FASTLLM_STOP_CALLBACK: return "callback";
+        case FASTLLM_STOP_CONTEXT_FULL: return "context_full";
+        case FASTLLM_STOP_CANCELLED: return "cancelled";
+    }
+    return "?";
+}
+
+struct ChatMessage {
+    std::string role;  // "system", "user" or "assistant"
+    std::string content;
+};
+
+class Model {
+public:
+    Model() noexcept = default;  // empty; assign a loaded one later
+    // threads: the default for this model's sessions, 0 = all cores.
+    explicit Model(std::string_view path, int threads = 0, bool use_mmap = true) {
+        // A header compiled against one ABI and a library of another would misread the structs.
+        if (fastllm_abi_version() != FASTLLM_ABI_VERSION)
+            throw Error(FASTLLM_ERR_UNSUPPORTED, "fastllm.hpp expects ABI " + std::to_string(FASTLLM_ABI_VERSION) +
+                                                     ", the library has " + std::to_string(fastllm_abi_version()));
+        fastllm_model_params p = fastllm_model_default_params();
+        p.n_threads = threads;
+        p.use_mmap = use_mmap ? 1 : 0;
+        const std::string path_z(path);  // the C side wants a NUL-terminated path
+        detail::check(fastllm_model_load(path_z.c_str(), &p, &model_));
+    }
+    static Model load(std::string_view path, int threads = 0) { return Model(path, threads); }
+
+    Model(Model &&other) noexcept : model_(std::exchange(other.model_, nullptr)) {}
+    Model &operator=(Model &&other) noexcept {
+        if (this != &other) {
+            fastllm_model_free(model_);
+            model_ = std::exchange(other.model_, nullptr);
+        }
+        return *this;
+    }
+    Model(const Model &) = delete;
+    Model &operator=(const Model &) = delete;
+    // Sessions hold the raw pointer: free them before the model.
+    ~Model() { fastllm_model_free(model_); }
+
+    fastllm_model *get() const noexcept { return model_; }
+    explicit operator bool() const noexcept { return model_ != nullptr; }
+
+    // The strings in it are owned by the model.
+    fastllm_model_info info() const {
+        fastllm_model_info out{};
+        detail::check(fastllm_model_get_info(model_, &out));
+        return out;
+    }
+    std::optional<std::string> chat_template() const {
+        const char *t = fastllm_model_chat_template(model_);
+        return t ? std::optional<std::string>(t) : std::nullopt;
+    }
+
+    // add_bos: true / false, or nullopt for the model's default.
+    std::vector<int32_t> tokenize(std::string_view text, std::optional<bool> add_bos = std::nullopt) const {
+        return detail::tokenize(model_, text, add_bos ? (*add_bos ? 1 : 0) : -1);
+    }
+    std::string detokenize(const int32_t *tokens, size_t n_tokens) const {
+        return detail::read_string(n_tokens * 8 + 16, 1, [&](char *out, size_t cap, size_t *n) {
+            return fastllm_detokenize(model_, tokens, n_tokens, out, cap, n);
+        });
+    }
+    std::string detokenize(const std::vector<int32_t> &tokens) const { return detokenize(tokens.data(), tokens.size()); }
+    std::string token_to_piece(int32_t token) const {
+        return detail::read_string(32, 0, [&](char *out, size_t cap, size_t *n) {
+            return fastllm_token_to_piece(model_, token, out, cap, n);
+        });
+    }
+
+    // Renders a conversation with the model's own template, or with tmpl when given. Tokenize the
+    // result with add_bos = false (templates write BOS as text).
+    std::string apply_chat_template(const std::vector<ChatMessage> &messages, bool add_generation_prompt = true,
+                                    std::optional<std::string_view> tmpl = std::nullopt) const {
+        std::vector<fastllm_chat_message> c_messages;
+        c_messages.reserve(messages.size());
+        size_t guess = 64;
+        for (const ChatMessage &m : messages) {
+            c_messages.push_back({m.role.c_str(), m.content.c_str()});
+            guess += m.role.size() + m.content.size() + 32;
+        }
+        const std::string tmpl_z = tmpl ? std::string(*tmpl) : std::string();
+        return detail::read_string(guess, 1, [&](char *out, size_t cap, size_t *n) {
+            return fastllm_chat_apply_template(model_, tmpl ? tmpl_z.c_str() : nullptr, c_messages.data(),
+                                               c_messages.size(), add_generation_prompt ? 1 : 0, out, cap, n);
+        });
+    }
+
+private:
+    fastllm_model *model_ = nullptr;
+};
+
+// Each default is read from the C library, so the wrapper cannot drift from it; being an
+// aggregate, SessionOptions{1024} sets n_ctx alone.
+struct SessionOptions {
+    int32_t n_ctx = fastllm_session_default_params().n_ctx;      // 0 = the model's context length
+    int32_t threads = fastllm_session_default_params().n_threads;  // 0 = the model's default
+    int32_t n_batch = fastllm_session_default_params().n_batch;
+};
+
+struct SamplingParams {
+    int32_t max_new_tokens = fastllm_sampling_default_params().max_new_tokens;
+    float temperature = fastllm_sampling_default_params().temperature;  // <= 0: greedy
+    int32_t top_k = fastllm_sampling_default_params().top_k;
+    float top_p = fastllm_sampling_default_params().top_p;
+    float min_p = fastllm_sampling_default_params().min_p;
+    float repetition_penalty = fastllm_sampling_default_params().repetition_penalty;
+    int32_t repeat_last_n = fastllm_sampling_default_params().repeat_last_n;
+    uint64_t seed = fastllm_sampling_default_params().seed;
+    std::vector<std::string> stop;  // not included in the output
+    bool ignore_eos = fastllm_sampling_default_params().ignore_eos != 0;
+};
+
+struct GenerationResult {
+    std::string text;  // everything the generation streamed
+    int n_prompt_tokens = 0;
+    int n_generated_tokens = 0;
+    fastllm_stop_reason stop_reason = FASTLLM_STOP_EOS;
+    double prompt_ms = 0;
+    double generate_ms = 0;
+    const char *stop_reason_name() const noexcept { return fastllm::stop_reason_name(stop_reason); }
+};
+
+// Receives each piece of text as it is generated (valid UTF-8, valid only during the call);
+// returning false stops the generation.
+using PieceCallback = std::function<bool(std::string_view piece)>;
+
+class Session {
+public:
+    Session() noexcept = default;  // empty
+    // The model must outlive the session. Moving the Model object is fine: the session keeps the
+    // C handle, not the wrapper.
+    explicit Session(const Model &model, const SessionOptions &options = {}) : model_(model.get()) {
+        fastllm_session_params p = fastllm_session_default_params();
+        p.n_ctx = options.n_ctx;
+        p.n_threads = options.threads;
+        p.n_batch = options.n_batch;
+        detail::check(fastllm_session_create(model_, &p, &session_));
+    }
+
+    Session(Session &&other) noexcept
+        : session_(std::exchange(other.session_, nullptr)), model_(std::exchange(other.model_, nullptr)) {}
+    Session &operator=(Session &&other) noexcept {
+        if (this != &other) {
+            fastllm_session_free(session_);
+            session_ = std::exchange(other.session_, nullptr);
+            model_ = std::exchange(other.model_, nullptr);
+        }
+        return *this;
+    }
+    Session(const Session &) = delete;
+    Session &operator=(const Session &) = delete;
+    ~Session() { fastllm_session_free(session_); }
+
+    fastllm_session *get() const noexcept { return session_; }
+    explicit operator bool() const noexcept { return session_ != nullptr; }
+
+    int n_tokens() const noexcept { return fastllm_session_n_tokens(session_); }
+    int n_ctx() const noexcept { return fastllm_session_n_ctx(session_); }
+    void reset() { detail::check(fastllm_session_reset(session_)); }
+    void truncate(int n_keep) { detail::check(fastllm_session_truncate(session_, n_keep)); }
+    std::vector<int32_t> tokens() const {
+        return detail::read_sized<int32_t>(static_cast<size_t>(n_tokens() > 0 ? n_tokens() : 0), 0,
+                                           [&](int32_t *out, size_t cap, size_t *n) {
+                                               return fastllm_session_get_tokens(session_, out, cap, n);
+                                           });
+    }
+
+    // Appends tokens to the context and runs the model over them. Returns the logits the mode asks
+    // for (none, the last token's vocab_size floats, or n_tokens x vocab_size row-major).
+    std::vector<float> eval(const std::vector<int32_t> &tokens, fastllm_logits_mode mode = FASTLLM_LOGITS_NONE) {
+        size_t rows = mode == FASTLLM_LOGITS_ALL ? tokens.size() : mode == FASTLLM_LOGITS_LAST ? 1 : 0;
+        std::vector<float> logits;
+        if (rows) {
+            fastllm_model_info info{};
+            detail::check(fastllm_model_get_info(model_, &info));
+            logits.resize(rows * static_cast<size_t>(info.vocab_size));
+        }
+        detail::check(fastllm_session_eval(session_, tokens.data(), tokens.size(), mode,
+                                           logits.empty() ? nullptr : logits.data()));
+        return logits;
+    }
+
+    // A text prompt gets BOS (as the model defaults) only when the context is empty: BOS opens a
+    // context, a continuation does not repeat it.
+    GenerationResult generate(std::string_view prompt, const SamplingParams &params = {},
+                              const PieceCallback &on_piece = {}) {
+        std::vector<int32_t> ids;
+        if (!prompt.empty()) ids = detail::tokenize(model_, prompt, n_tokens() > 0 ? 0 : -1);
+        return generate(ids, params, on_piece);
+    }
+
+    // The generated tokens stay in the context, so the next call continues the conversation.
+    GenerationResult generate(const std::vector<int32_t> &prompt_ids, const SamplingParams &params = {},
+                              const PieceCallback &on_piece = {}) {
+        fastllm_sampling_params sp = fastllm_sampling_default_params();
+        sp.max_new_tokens = params.max_new_tokens;
+        sp.temperature = params.temperature;
+        sp.top_k = params.top_k;
+        sp.top_p = params.top_p;
+        sp.min_p = params.min_p;
+        sp.repetition_penalty = params.repetition_penalty;
+        sp.repeat_last_n = params.repeat_last_n;
+        sp.seed = params.seed;
+        sp.ignore_eos = params.ignore_eos ? 1 : 0;
+        std::vector<const char *> stop;  // points into params.stop, which outlives the call
+        for (const std::string &s : params.stop) stop.push_back(s.c_str());
+        sp.stop = stop.empty() ? nullptr : stop.data();
+        sp.n_stop = static_cast<int32_t>(stop.size());
+
+        Stream stream{&on_piece, {}, nullptr};
+        fastllm_generation_result c{};
+        const fastllm_status st = fastllm_session_generate(session_, prompt_ids.data(), prompt_ids.size(), &sp,
+                                                           &Session::on_text, &stream, &c);
+        // The callback's own exception comes first: it is why the generation ended.
+        if (stream.error) std::rethrow_exception(stream.error);
+        detail::check(st);
+        GenerationResult r;
+        r.text = std::move(stream.text);
+        r.n_prompt_tokens = c.n_prompt_tokens;
+        r.n_generated_tokens = c.n_generated_tokens;
+        r.stop_reason = c.stop_reason;
+        r.prompt_ms = c.prompt_ms;
+        r.generate_ms = c.generate_ms;
+        return r;
+    }
+
+private:
+    struct Stream {
+        const PieceCallback *on_piece;
+        std::string text;
+        std::exception_ptr error;  // what the callback threw, rethrown once the C call is over
+    };
+
+    // The C library calls this; an exception must not unwind through its frames, so it is caught
+    // here, the generation is stopped, and generate() rethrows it.
+    static int on_text(const char *text, size_t len, void *user) noexcept {
+        Stream &s = *static_cast<Stream *>(user);
+        try {
+            s.text.append(text, len);
+            if (*s.on_piece && !(*s.on_piece)(std::string_view(text, len))) return 1;
+            return 0;
+        } catch (...) {
+            s.error = std::current_exception();
+            return 1;
+        }
+    }
+
+    fastllm_session *session_ = nullptr;
+    const fastllm_model *model_ = nullptr;
+};
+
+}  // namespace fastllm
+
+#endif  // FASTLLM_HPP

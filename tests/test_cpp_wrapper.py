@@ -1,0 +1,170 @@
+"""The header-only C++ wrapper (bindings/examples/cpp/fastllm.hpp) and the NPC demo that uses it.
+
+The programs are compiled here with g++ against the in-tree headers and build/libfastllm.so; the
+last test also builds the demo out of tree against `cmake --install` output, with CMake and with
+pkg-config."""
+import json
+import os
+import shutil
+import subprocess
+
+import pytest
+
+from conftest import BUILD, REPO, STORIES
+
+GOLDEN = json.loads((STORIES / "golden_greedy.json").read_text())
+HPP_DIR = REPO / "bindings" / "examples" / "cpp"
+NPC_DIR = REPO / "bindings" / "examples" / "cpp_npc"
+
+pytestmark = [
+    pytest.mark.skipif(shutil.which("g++") is None, reason="needs g++"),
+    pytest.mark.skipif(not (BUILD / "libfastllm.so").exists(), reason="needs build/libfastllm.so"),
+]
+
+
+def compile_cpp(source, out, sanitize=False):
+    cmd = ["g++", "-std=c++17", "-Wall", "-Wextra", "-Werror", "-g", "-O1",
+           "-I", str(REPO / "include"), "-I", str(HPP_DIR), str(source),
+           "-L", str(BUILD), "-lfastllm", f"-Wl,-rpath,{BUILD}", "-o", str(out)]
+    if sanitize:  # a double free or a leaked handle in the wrapper fails the run
+        r = subprocess.run(cmd[:1] + ["-fsanitize=address,undefined", "-fno-sanitize-recover=all"] + cmd[1:],
+                           capture_output=True, text=True, timeout=300)
+        if r.returncode == 0:
+            return out
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    return out
+
+
+def run(*args):
+    return subprocess.run([str(a) for a in args], capture_output=True, text=True, timeout=120)
+
+
+@pytest.fixture(scope="module")
+def hpp_check(stories_flm, tmp_path_factory):
+    """Runs tests/cpp/hpp_check.cpp once; its "key=value" lines as a dict."""
+    tmp = tmp_path_factory.mktemp("hpp")
+    exe = compile_cpp(REPO / "tests" / "cpp" / "hpp_check.cpp", tmp / "hpp_check", sanitize=True)
+    missing = tmp / "no_such_model.flm"
+    r = run(exe, stories_flm, GOLDEN["prompt"], GOLDEN["greedy_max_new_tokens"], missing)
+    assert r.returncode == 0, r.stdout + r.stderr
+    out = dict(line.split("=", 1) for line in r.stdout.splitlines())
+    assert out.get("done") == "1"
+    out["_missing"] = str(missing)
+    return out
+
+
+@pytest.fixture(scope="module")
+def npc_exe(tmp_path_factory):
+    return compile_cpp(NPC_DIR / "npc_dialogue.cpp", tmp_path_factory.mktemp("npc") / "npc_dialogue")
+
+
+def test_tokenizer(hpp_check):
+    assert int(hpp_check["tokenize.n"]) == len(GOLDEN["input_ids"])
+    assert hpp_check["tokenize.bos_first"] == "1"
+    assert int(hpp_check["tokenize.no_bos_n"]) == len(GOLDEN["input_ids"]) - 1
+    assert hpp_check["detokenize"] == GOLDEN["prompt"]
+    assert hpp_check["pieces_joined"].strip() == GOLDEN["prompt"]
+
+
+def test_greedy_matches_golden(hpp_check):
+    n_new = GOLDEN["greedy_max_new_tokens"]
+    assert GOLDEN["prompt"] + hpp_check["greedy.text"] == GOLDEN["greedy_output_text"]
+    assert hpp_check["greedy.streamed_same"] == "1"
+    assert int(hpp_check["greedy.n_prompt"]) == len(GOLDEN["input_ids"])
+    assert int(hpp_check["greedy.n_generated"]) == n_new
+    assert hpp_check["greedy.stop"] == "max_tokens"
+    assert int(hpp_check["greedy.n_tokens"]) == len(GOLDEN["input_ids"]) + n_new
+    assert hpp_check["greedy.tokens_match"] == "1"
+    assert hpp_check["ids.text"] == hpp_check["greedy.text"]  # prompt given as ids
+
+
+def test_callback_returning_false_stops(hpp_check):
+    assert hpp_check["stop3.calls"] == "3"
+    assert hpp_check["stop3.n_generated"] == "3"
+    assert hpp_check["stop3.stop"] == "callback"
+
+
+def test_stop_string(hpp_check):
+    assert hpp_check["stopstr.stop"] == "stop_string"
+    assert GOLDEN["greedy_output_text"].startswith(GOLDEN["prompt"] + hpp_check["stopstr.text"] + "Lily")
+
+
+def test_exception_in_callback_propagates(hpp_check):
+    assert hpp_check["throw.caught"] == "Boom2"  # the lambda's own exception type, out of generate()
+    assert hpp_check["throw.calls"] == "2"  # generation stopped at once
+    assert int(hpp_check["throw.n_tokens"]) == len(GOLDEN["input_ids"]) + 2
+    assert GOLDEN["prompt"] + hpp_check["throw.after_text"] == GOLDEN["greedy_output_text"]
+
+
+def test_errors_carry_status(hpp_check):
+    assert hpp_check["missing.status"] == "FASTLLM_ERR_IO"
+    what = hpp_check["missing.what"]
+    assert what.startswith("FASTLLM_ERR_IO: ") and hpp_check["_missing"] in what
+    assert hpp_check["badtoken.status"] == "FASTLLM_ERR_TOKEN_OUT_OF_RANGE"
+    assert hpp_check["empty.status"] == "FASTLLM_ERR_INVALID_ARGUMENT"
+
+
+def test_eval_truncate_chat(hpp_check):
+    assert hpp_check["eval.n_logits"] == hpp_check["eval.vocab"]
+    assert hpp_check["truncate.n_tokens"] == "1"
+    assert hpp_check["session.n_ctx"] == "256"
+    assert int(hpp_check["chat.text_len"]) == len("<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n")
+
+
+def test_moved_handles(hpp_check):
+    assert hpp_check["moved.model_empty"] == "1"
+    assert hpp_check["moved.session_empty"] == "1"
+    assert GOLDEN["prompt"] + hpp_check["moved.text"] == GOLDEN["greedy_output_text"]
+    assert hpp_check["moved.assign_ok"] == "1"
+
+
+def test_npc_demo_two_turns(npc_exe, stories_flm):
+    r = run(npc_exe, stories_flm, 2, 12)
+    assert r.returncode == 0, r.stderr
+    lines = r.stdout.splitlines()
+    assert [l.split(":")[0] for l in lines[:2]] == ["Guard", "Merchant"]
+    assert lines[2] == "[2 turns, two sessions sharing one model]" and len(lines) == 3
+
+
+def test_npc_demo_reports_a_missing_model(npc_exe, tmp_path):
+    missing = tmp_path / "missing.flm"
+    r = run(npc_exe, missing)
+    assert r.returncode != 0
+    assert "FASTLLM_ERR_IO" in r.stderr and str(missing) in r.stderr
+    r = run(npc_exe)
+    assert r.returncode != 0 and "usage" in r.stderr
+
+
+@pytest.mark.skipif(shutil.which("cmake") is None or shutil.which("pkg-config") is None,
+                    reason="needs cmake and pkg-config")
+def test_npc_demo_builds_out_of_tree(stories_flm, tmp_path):
+    if "fastllm.hpp" not in (BUILD / "cmake_install.cmake").read_text():
+        pytest.skip("this build does not install fastllm.hpp")
+    prefix = tmp_path / "prefix"
+    r = subprocess.run(["cmake", "--install", str(BUILD), "--prefix", str(prefix)],
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    assert (prefix / "include" / "fastllm.hpp").exists()
+    src = tmp_path / "npc"
+    src.mkdir()
+    for name in ("CMakeLists.txt", "Makefile", "npc_dialogue.cpp"):  # the sources only, no stray build
+        shutil.copy(NPC_DIR / name, src)
+    libdir = next(prefix.rglob("libfastllm.so")).parent
+    env = dict(os.environ, LD_LIBRARY_PATH=str(libdir))
+
+    # CMake: find_package(fastllm) -> fastllm::fastllm
+    for cmd in (["cmake", "-S", str(src), "-B", str(src / "build"), f"-DCMAKE_PREFIX_PATH={prefix}"],
+                ["cmake", "--build", str(src / "build")]):
+        r = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+        assert r.returncode == 0, r.stdout + r.stderr
+    # pkg-config: the Makefile
+    r = subprocess.run(["make", "-C", str(src)], capture_output=True, text=True, timeout=300,
+                       env=dict(os.environ, PKG_CONFIG_PATH=str(libdir / "pkgconfig")))
+    assert r.returncode == 0, r.stdout + r.stderr
+
+    for exe in (src / "build" / "npc_dialogue", src / "npc_dialogue"):
+        r = subprocess.run([str(exe), str(stories_flm), "2", "8"], capture_output=True, text=True,
+                           timeout=120, env=env)
+        assert r.returncode == 0, r.stderr
+        assert [l.split(":")[0] for l in r.stdout.splitlines()[:2]] == ["Guard", "Merchant"]
