@@ -1,0 +1,427 @@
+'use strict';
+// fastllm.js: a small Node.js client for libfastllm over its C ABI (include/fastllm.h), through
+// koffi, a foreign function interface with prebuilt binaries: no native compile step.
+//
+//   const { Model } = require('./fastllm');
+//   const model = Model.load('model.flm', { threads: 4 });
+//   const session = model.createSession();
+//   const r = session.generate('Once upon a time', { maxNewTokens: 40, temperature: 0,
+//                                                   onToken: (piece) => { process.stdout.write(piece); } });
+//   session.free(); model.free();
+//
+// Calls are synchronous: a generation blocks the event loop until it returns (the stream callback
+// runs on the calling thread, between tokens). Free what you create: nothing is freed by the
+// garbage collector.
+
+const fs = require('node:fs');
+const path = require('node:path');
+const koffi = require('koffi');
+
+// FASTLLM_ABI_VERSION of the include/fastllm.h this file mirrors. Keep the structs and prototypes
+// below in step with the header, and change this number with them.
+const ABI_VERSION = 2;
+
+// ---------------------------------------------------------------------------------------------
+// The library: FASTLLM_LIBRARY, else a source checkout's build/, else the system loader's search.
+
+function libraryCandidates() {
+    const out = [];
+    if (process.env.FASTLLM_LIBRARY) out.push(process.env.FASTLLM_LIBRARY);
+    const built = path.resolve(__dirname, '..', '..', '..', 'build', 'libfastllm.so');
+    if (fs.existsSync(built)) out.push(built);
+    out.push('libfastllm.so'); // e.g. an installed prefix on the loader's path
+    return out;
+}
+
+function loadLibrary() {
+    const candidates = libraryCandidates();
+    // An explicit FASTLLM_LIBRARY is the only one tried: a wrong path should not silently fall back.
+    const tries = process.env.FASTLLM_LIBRARY ? candidates.slice(0, 1) : candidates;
+    const failures = [];
+    for (const candidate of tries) {
+        try {
+            return { lib: koffi.load(candidate), path: candidate };
+        } catch (e) {
+            failures.push(`${candidate}: ${e.message}`);
+        }
+    }
+    throw new Error('cannot load libfastllm (build it with `cmake -S . -B build && cmake --build build`, '
+        + 'or set FASTLLM_LIBRARY to its path). Tried:\n  ' + failures.join('\n  '));
+}
+
+const { lib, path: libraryPath } = loadLibrary();
+
+// The ABI version first: a library of another version may lack the functions bound below.
+const abiVersion = lib.func('int fastllm_abi_version(void)')();
+if (abiVersion !== ABI_VERSION) {
+    throw new Error(`${libraryPath}: library ABI version ${abiVersion}, but fastllm.js was written for ABI `
+        + `version ${ABI_VERSION}`);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Types, field by field as in include/fastllm.h (koffi applies the platform's C alignment rules).
+
+// C enums are int-sized on the platforms koffi supports.
+koffi.alias('fastllm_status', 'int');
+koffi.alias('fastllm_stop_reason', 'int');
+
+koffi.opaque('fastllm_model');
+koffi.opaque('fastllm_session');
+
+const types = {
+    fastllm_model_params: koffi.struct('fastllm_model_params', {
+        n_threads: 'int32_t',
+        use_mmap: 'int32_t',
+    }),
+    fastllm_model_info: koffi.struct('fastllm_model_info', {
+        architecture: 'const char *',
+        name: 'const char *',
+        vocab_size: 'int32_t',
+        context_length: 'int32_t',
+        hidden_size: 'int32_t',
+        num_layers: 'int32_t',
+        num_heads: 'int32_t',
+        num_kv_heads: 'int32_t',
+        head_dim: 'int32_t',
+        bos_id: 'int32_t',
+        eos_id: 'int32_t',
+        weight_dtype: 'const char *',
+        n_params: 'uint64_t',
+    }),
+    fastllm_session_params: koffi.struct('fastllm_session_params', {
+        n_ctx: 'int32_t',
+        n_batch: 'int32_t',
+        n_threads: 'int32_t',
+    }),
+    fastllm_sampling_params: koffi.struct('fastllm_sampling_params', {
+        max_new_tokens: 'int32_t',
+        temperature: 'float',
+        top_k: 'int32_t',
+        top_p: 'float',
+        min_p: 'float',
+        repetition_penalty: 'float',
+        repeat_last_n: 'int32_t',
+        seed: 'uint64_t',
+        stop: 'const char **', // const char *const *: a JS array of strings, or null
+        n_stop: 'int32_t',
+        ignore_eos: 'int32_t',
+    }),
+    fastllm_generation_result: koffi.struct('fastllm_generation_result', {
+        n_prompt_tokens: 'int32_t',
+        n_generated_tokens: 'int32_t',
+        stop_reason: 'fastllm_stop_reason',
+        prompt_ms: 'double',
+        generate_ms: 'double',
+    }),
+};
+
+// typedef int (*fastllm_stream_callback)(const char *text, size_t text_len, void *user_data);
+// text is declared as a byte pointer: it is not NUL-terminated, so it must not be read as a C string.
+// The callback then receives the address, and reads exactly text_len bytes from it.
+const StreamCallback = koffi.proto('int fastllm_stream_callback(const uint8_t *text, size_t text_len, void *user_data)');
+
+const C = {
+    version: lib.func('const char *fastllm_version(void)'),
+    statusName: lib.func('const char *fastllm_status_name(fastllm_status status)'),
+    lastError: lib.func('const char *fastllm_last_error(void)'),
+    isa: lib.func('const char *fastllm_isa(void)'),
+
+    modelDefaultParams: lib.func('fastllm_model_params fastllm_model_default_params(void)'),
+    modelLoad: lib.func('fastllm_status fastllm_model_load(const char *path, const fastllm_model_params *params, '
+        + '_Out_ fastllm_model **out_model)'),
+    modelFree: lib.func('void fastllm_model_free(fastllm_model *model)'),
+    modelGetInfo: lib.func('fastllm_status fastllm_model_get_info(const fastllm_model *model, '
+        + '_Out_ fastllm_model_info *out_info)'),
+    modelChatTemplate: lib.func('const char *fastllm_model_chat_template(const fastllm_model *model)'),
+
+    // The text and output buffers are passed as Buffers / Int32Arrays (byte counts, not JS string lengths).
+    tokenize: lib.func('fastllm_status fastllm_tokenize(const fastllm_model *model, const uint8_t *text, '
+        + 'size_t text_len, int add_bos, int32_t *out_tokens, size_t out_capacity, _Out_ size_t *out_n_tokens)'),
+    detokenize: lib.func('fastllm_status fastllm_detokenize(const fastllm_model *model, const int32_t *tokens, '
+        + 'size_t n_tokens, uint8_t *out_text, size_t out_capacity, _Out_ size_t *out_len)'),
+
+    sessionDefaultParams: lib.func('fastllm_session_params fastllm_session_default_params(void)'),
+    sessionCreate: lib.func('fastllm_status fastllm_session_create(const fastllm_model *model, '
+        + 'const fastllm_session_params *params, _Out_ fastllm_session **out_session)'),
+    sessionFree: lib.func('void fastllm_session_free(fastllm_session *session)'),
+    sessionReset: lib.func('fastllm_status fastllm_session_reset(fastllm_session *session)'),
+    sessionNTokens: lib.func('int32_t fastllm_session_n_tokens(const fastllm_session *session)'),
+    sessionNCtx: lib.func('int32_t fastllm_session_n_ctx(const fastllm_session *session)'),
+    sessionGetTokens: lib.func('fastllm_status fastllm_session_get_tokens(const fastllm_session *session, '
+        + 'int32_t *out_tokens, size_t out_capacity, _Out_ size_t *out_n_tokens)'),
+
+    samplingDefaultParams: lib.func('fastllm_sampling_params fastllm_sampling_default_params(void)'),
+    sessionGenerate: lib.func('fastllm_status fastllm_session_generate(fastllm_session *session, '
+        + 'const int32_t *prompt_tokens, size_t n_prompt_tokens, const fastllm_sampling_params *params, '
+        + 'fastllm_stream_callback *callback, void *user_data, _Out_ fastllm_generation_result *out_result)'),
+};
+
+// fastllm_status and fastllm_stop_reason values.
+const OK = 0;
+const ERR_INVALID_ARGUMENT = 1;
+const ERR_BUFFER_TOO_SMALL = 7;
+const STOP_REASONS = ['eos', 'max_tokens', 'stop_string', 'callback', 'context_full', 'cancelled'];
+
+// ---------------------------------------------------------------------------------------------
+// Errors
+
+/** A failure reported by libfastllm: .status (the code), .statusName ("FASTLLM_ERR_IO", ...). */
+class FastllmError extends Error {
+    constructor(status, message) {
+        const statusName = C.statusName(status);
+        super(`${message || 'failed'} (${statusName})`);
+        this.name = 'FastllmError';
+        this.status = status;
+        this.statusName = statusName;
+    }
+}
+
+function check(status) {
+    if (status !== OK) throw new FastllmError(status, C.lastError());
+}
+
+// ---------------------------------------------------------------------------------------------
+// Model
+
+class Model {
+    /**
+     * Loads a .flm file. options.threads: default thread count of its sessions (0 = all cores);
+     * options.useMmap (default true): map the weights in place instead of reading them.
+     */
+    static load(file, { threads = 0, useMmap = true } = {}) {
+        const params = C.modelDefaultParams();
+        params.n_threads = threads;
+        params.use_mmap = useMmap ? 1 : 0;
+        const out = [null];
+        check(C.modelLoad(String(file), params, out));
+        return new Model(out[0]);
+    }
+
+    /** Wraps a fastllm_model handle; use Model.load(). */
+    constructor(handle) {
+        this._handle = handle;
+        this._sessions = new Set(); // freed before the model, which must outlive them
+        const info = {};
+        check(C.modelGetInfo(handle, info));
+        this.info = {
+            architecture: info.architecture,
+            name: info.name,
+            vocabSize: info.vocab_size,
+            contextLength: info.context_length,
+            hiddenSize: info.hidden_size,
+            numLayers: info.num_layers,
+            numHeads: info.num_heads,
+            numKvHeads: info.num_kv_heads,
+            headDim: info.head_dim,
+            bosId: info.bos_id,
+            eosId: info.eos_id,
+            weightDtype: info.weight_dtype,
+            nParams: Number(info.n_params),
+        };
+        this.chatTemplate = C.modelChatTemplate(handle); // null if the model has none
+    }
+
+    /** The C handle; throws once the model is freed. */
+    get handle() {
+        if (this._handle === null) throw new FastllmError(ERR_INVALID_ARGUMENT, 'the model has been freed');
+        return this._handle;
+    }
+
+    /** Frees the model and every session still open on it. Freeing twice does nothing. */
+    free() {
+        if (this._handle === null) return;
+        for (const session of this._sessions) session.free();
+        C.modelFree(this._handle);
+        this._handle = null;
+    }
+
+    /** Token ids (Int32Array) of text. addBos: true, false, or undefined for the model's default. */
+    tokenize(text, { addBos } = {}) {
+        const handle = this.handle;
+        const bytes = Buffer.from(String(text), 'utf8');
+        const flag = addBos === undefined ? -1 : (addBos ? 1 : 0);
+        const n = [0];
+        let ids = new Int32Array(bytes.length + 8);
+        let status = C.tokenize(handle, bytes, bytes.length, flag, ids, ids.length, n);
+        if (status === ERR_BUFFER_TOO_SMALL) { // the size query told us the needed length
+            ids = new Int32Array(n[0]);
+            status = C.tokenize(handle, bytes, bytes.length, flag, ids, ids.length, n);
+        }
+        check(status);
+        return ids.slice(0, n[0]);
+    }
+
+    /** UTF-8 text of token ids (an array or Int32Array); control tokens such as BOS give no text. */
+    detokenize(ids) {
+        const handle = this.handle;
+        const tokens = Int32Array.from(ids);
+        const len = [0];
+        let buf = Buffer.alloc(16 * tokens.length + 16);
+        let status = C.detokenize(handle, tokens, tokens.length, buf, buf.length, len);
+        if (status === ERR_BUFFER_TOO_SMALL) {
+            buf = Buffer.alloc(len[0] + 1); // + 1: the NUL
+            status = C.detokenize(handle, tokens, tokens.length, buf, buf.length, len);
+        }
+        check(status);
+        return buf.toString('utf8', 0, len[0]);
+    }
+
+    /** A new session (its own context and KV cache) over this model; see Session. */
+    createSession(options) {
+        return new Session(this, options);
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Session
+
+class Session {
+    /**
+     * options.nCtx: context length in tokens (0 = the model's); options.nBatch: most tokens per
+     * forward pass (0 = the library's default); options.threads (0 = the model's default).
+     */
+    constructor(model, { nCtx = 0, nBatch = 0, threads = 0 } = {}) {
+        const params = C.sessionDefaultParams();
+        params.n_ctx = nCtx;
+        if (nBatch) params.n_batch = nBatch;
+        params.n_threads = threads;
+        const out = [null];
+        check(C.sessionCreate(model.handle, params, out));
+        this._handle = out[0];
+        this.model = model;
+        model._sessions.add(this);
+    }
+
+    get handle() {
+        if (this._handle === null) throw new FastllmError(ERR_INVALID_ARGUMENT, 'the session has been freed');
+        return this._handle;
+    }
+
+    /** Frees the session. Freeing twice does nothing. */
+    free() {
+        if (this._handle === null) return;
+        C.sessionFree(this._handle);
+        this._handle = null;
+        this.model._sessions.delete(this);
+    }
+
+    /** Forgets the context: the next generate() starts afresh. */
+    reset() {
+        check(C.sessionReset(this.handle));
+    }
+
+    /** Number of tokens in the context so far. */
+    get nTokens() {
+        return C.sessionNTokens(this.handle);
+    }
+
+    get nCtx() {
+        return C.sessionNCtx(this.handle);
+    }
+
+    /** Ids of the context (prompts and generated tokens, oldest first), an Int32Array. */
+    get tokens() {
+        const ids = new Int32Array(Math.max(this.nTokens, 1));
+        const n = [0];
+        check(C.sessionGetTokens(this.handle, ids, this.nTokens, n));
+        return ids.slice(0, n[0]);
+    }
+
+    /**
+     * Appends prompt (a string, or token ids) to the context and generates a continuation.
+     *
+     * options: maxNewTokens (default 256), temperature (0 = greedy), topK, topP, minP,
+     * repetitionPenalty, repeatLastN, seed, stop (a string or an array of strings, not included in
+     * the output), ignoreEos, addBos (for a string prompt; by default only an empty session gets
+     * BOS), and onToken(piece): called with each piece of text as it is produced.
+     * **onToken returning `false` stops the generation** (stop reason "callback"); any other return
+     * value, undefined included, continues. Beware of arrow functions that return a value by
+     * accident: `p => process.stdout.write(p)` returns false when stdout's buffer is full.
+     * An exception thrown by onToken stops the generation and is rethrown here.
+     *
+     * Unset sampling options keep the library's defaults (temperature 0.8, topK 40, ...).
+     * Returns { text, nTokens, nPromptTokens, stopReason, promptMs, generateMs }; stopReason is
+     * "eos", "max_tokens", "stop_string", "callback" or "context_full". The generated tokens stay in
+     * the context, so a later call continues the conversation.
+     */
+    generate(prompt, options = {}) {
+        const handle = this.handle;
+        let ids;
+        if (typeof prompt === 'string') {
+            let addBos = options.addBos;
+            if (addBos === undefined && this.nTokens > 0) addBos = false; // BOS opens a context only
+            ids = this.model.tokenize(prompt, { addBos });
+        } else {
+            ids = Int32Array.from(prompt);
+        }
+        const params = samplingParams(options);
+
+        const pieces = [];
+        const decoder = new TextDecoder('utf-8'); // stream mode: no character is split across pieces
+        const onToken = options.onToken;
+        let callbackError = null;
+        const stream = (text, textLen) => {
+            try {
+                // Copy: the bytes are valid only during this call.
+                const n = Number(textLen);
+                const bytes = n ? new Uint8Array(koffi.view(text, n)).slice() : new Uint8Array(0);
+                const piece = decoder.decode(bytes, { stream: true });
+                pieces.push(piece);
+                if (onToken && onToken(piece) === false) return 1;
+                return 0;
+            } catch (e) { // do not let an exception unwind through C frames
+                callbackError = e;
+                return 1;
+            }
+        };
+        const callback = koffi.register(stream, koffi.pointer(StreamCallback));
+        const result = {};
+        let status;
+        try {
+            status = C.sessionGenerate(handle, ids, ids.length, params, callback, null, result);
+        } finally {
+            koffi.unregister(callback);
+        }
+        if (callbackError) throw callbackError;
+        check(status);
+        return {
+            text: pieces.join('') + decoder.decode(),
+            nTokens: result.n_generated_tokens,
+            nPromptTokens: result.n_prompt_tokens,
+            stopReason: STOP_REASONS[result.stop_reason] ?? String(result.stop_reason),
+            promptMs: result.prompt_ms,
+            generateMs: result.generate_ms,
+        };
+    }
+}
+
+// fastllm_sampling_params from generate()'s options: the library's defaults, then what is given.
+function samplingParams(options) {
+    const p = C.samplingDefaultParams();
+    const fields = {
+        maxNewTokens: 'max_new_tokens', temperature: 'temperature', topK: 'top_k', topP: 'top_p', minP: 'min_p',
+        repetitionPenalty: 'repetition_penalty', repeatLastN: 'repeat_last_n', seed: 'seed',
+    };
+    for (const [option, field] of Object.entries(fields)) {
+        if (options[option] !== undefined && options[option] !== null) p[field] = options[option];
+    }
+    p.ignore_eos = options.ignoreEos ? 1 : 0;
+    let stop = options.stop ?? [];
+    if (typeof stop === 'string') stop = [stop];
+    stop = stop.map(String);
+    p.stop = stop.length ? stop : null; // koffi copies the strings for the duration of the call
+    p.n_stop = stop.length;
+    return p;
+}
+
+module.exports = {
+    ABI_VERSION,
+    Model,
+    Session,
+    FastllmError,
+    STOP_REASONS,
+    libraryPath,
+    version: C.version(),
+    isa: () => C.isa(),
+    types, // the koffi struct types, for layout checks
+};
