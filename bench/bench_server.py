@@ -21,7 +21,6 @@ import ipaddress
 import json
 import re
 import signal
-import statistics
 import subprocess
 import sys
 import tempfile
