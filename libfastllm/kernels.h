@@ -42,7 +42,16 @@ struct KernelTable {
     // Indexed by DType (the quantized ones).
     void (*dot_rows_quant[kNumDTypes])(const QuantRows &w, int rows, int n, const QuantActs &x, int n_tok, float *y,
                                        size_t ldy);
+    // The same product for prompt batches, up to kGemmRows rows at a time: the rows are first copied
+    // into `pack` (gemm_pack_bytes(n), 64-byte aligned) in the layout the register tiles want, then
+    // every token reuses that copy. nullptr where the ISA has no such path.
+    void (*gemm_quant[kNumDTypes])(const QuantRows &w, int rows, int n, const QuantActs &x, int n_tok, float *y,
+                                   size_t ldy, void *pack);
 };
+
+constexpr int kGemmRows = 16;
+// The packed codes (one byte per weight) plus a scale and a base per row and block of 32.
+inline size_t gemm_pack_bytes(int n) { return (size_t)kGemmRows * n + 2 * sizeof(float) * kGemmRows * (n / kActBlock); }
 
 // The tables this build and CPU can run; nullptr for an ISA the CPU (or build) lacks.
 const KernelTable *kernels_for(Isa isa);

@@ -152,7 +152,8 @@ const KernelTable kTable = {Isa::Scalar,
                             axpy,
                             quantize_acts,
                             {nullptr, nullptr, nullptr, dot_rows_quant<false>, dot_rows_quant<true>,
-                             dot_rows_quant<true>, dot_rows_quant<true>, dot_rows_quant<true>}};
+                             dot_rows_quant<true>, dot_rows_quant<true>, dot_rows_quant<true>},
+    {}};
 
 }  // namespace
 

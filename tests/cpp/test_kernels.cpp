@@ -120,7 +120,11 @@ static void test_matmul(const KernelTable &k) {
     const DType dtypes[] = {DType::F32, DType::F16, DType::BF16, DType::Q8, DType::Q4_32, DType::Q4_64, DType::Q4_128,
                             DType::Q4M_32};
     const int shapes[][3] = {{1, 37, 67}, {1, 64, 128}, {3, 37, 67}, {5, 33, 256}, {20, 70, 96}, {40, 300, 64},
-                             {1, 21, 384}, {9, 40, 1024}, {2, 17, 160}, {1, 33, 576}, {5, 20, 576}, {3, 17, 1536}};
+                             {1, 21, 384}, {9, 40, 1024}, {2, 17, 160}, {1, 33, 576}, {5, 20, 576}, {3, 17, 1536},
+                             // prompt batches (packed GEMM tiles where the ISA has them): token counts
+                             // around the tile width, rows that do not fill the last tile, q8 rows with
+                             // an odd number of blocks
+                             {8, 16, 64}, {15, 37, 96}, {16, 48, 256}, {29, 33, 1536}, {64, 20, 128}};
     for (DType dt : dtypes)
         for (auto &s : shapes) {
             int T = s[0], N = s[1], K = s[2];
