@@ -192,28 +192,74 @@ void dot_rows_quant(const QuantRows &w, int rows, int n, const QuantActs &x, int
 // advances 16 rows at once, the int32 sums of a block of 32 need no horizontal add, and the scale
 // is applied once per block, 16 rows wide. Packing costs one gather per 64 bytes, once per tile,
 // against n_tok x 8 vpdpbusd per block that reuse it.
+// 16 x 16 transpose of 32-bit elements: afterwards r[j] lane i holds what r[i] lane j held.
+void transpose16x16(__m512i r[16]) {
+    __m512i a[16], c[16];
+    for (int p = 0; p < 8; p++) {  // pairs of rows, interleaved by dwords
+        a[2 * p] = _mm512_unpacklo_epi32(r[2 * p], r[2 * p + 1]);
+        a[2 * p + 1] = _mm512_unpackhi_epi32(r[2 * p], r[2 * p + 1]);
+    }
+    for (int q = 0; q < 4; q++) {  // c[4q + m], 128-bit lane L: rows 4q..4q+3 of column 4L + m
+        const __m512i lo0 = a[4 * q], hi0 = a[4 * q + 1], lo1 = a[4 * q + 2], hi1 = a[4 * q + 3];
+        c[4 * q + 0] = _mm512_unpacklo_epi64(lo0, lo1);
+        c[4 * q + 1] = _mm512_unpackhi_epi64(lo0, lo1);
+        c[4 * q + 2] = _mm512_unpacklo_epi64(hi0, hi1);
+        c[4 * q + 3] = _mm512_unpackhi_epi64(hi0, hi1);
+    }
+    for (int m = 0; m < 4; m++) {  // a 4 x 4 transpose of 128-bit lanes
+        const __m512i d0 = _mm512_shuffle_i32x4(c[m], c[4 + m], 0x88), d1 = _mm512_shuffle_i32x4(c[m], c[4 + m], 0xDD);
+        const __m512i d2 = _mm512_shuffle_i32x4(c[8 + m], c[12 + m], 0x88);
+        const __m512i d3 = _mm512_shuffle_i32x4(c[8 + m], c[12 + m], 0xDD);
+        r[m] = _mm512_shuffle_i32x4(d0, d2, 0x88);
+        r[8 + m] = _mm512_shuffle_i32x4(d0, d2, 0xDD);
+        r[4 + m] = _mm512_shuffle_i32x4(d1, d3, 0x88);
+        r[12 + m] = _mm512_shuffle_i32x4(d1, d3, 0xDD);
+    }
+}
+
+// Packs 16 rows x 64 bytes from `src` (row stride row_bytes): out[j] lane i = dword j of row i.
+// Rows past `rows` read as zeros (and are never touched in memory).
+inline void load_transposed(const uint8_t *src, size_t row_bytes, int rows, __m512i out[16]) {
+    for (int i = 0; i < 16; i++)
+        out[i] = i < rows ? _mm512_loadu_si512((const void *)(src + i * row_bytes)) : _mm512_setzero_si512();
+    transpose16x16(out);
+}
+
+// The same for one dword column j of 16 rows (the tails that do not fill 64 bytes).
+inline __m512i gather_column(const uint8_t *src, int row_bytes, int rows) {
+    const __m512i row_off = _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
+                                               _mm512_set1_epi32(row_bytes));
+    return _mm512_mask_i32gather_epi32(_mm512_setzero_si512(), (__mmask16)((1u << rows) - 1), row_off,
+                                       (const void *)src, 1);
+}
+
 template <bool kQ4>
 void pack_rows(const QuantRows &w, int rows, int n, uint8_t *codes, float *ws, float *base) {
     const int n_blocks = n / kActBlock, groups = n / w.group, row_bytes = kQ4 ? n / 2 : n;
-    const __mmask16 rm = (__mmask16)((1u << rows) - 1);
-    const __m512i row_off = _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
-                                               _mm512_set1_epi32(row_bytes));
-    const __m512i low4 = _mm512_set1_epi8(0x0F);
-    if (!kQ4) {
-        for (int b = 0; b < n_blocks; b++)
-            for (int j = 0; j < 8; j++)
-                _mm512_storeu_si512((void *)(codes + (b * 8 + j) * 64),
-                                   _mm512_mask_i32gather_epi32(_mm512_setzero_si512(), rm, row_off,
-                                                               (const void *)(w.quants + b * 32 + 4 * j), 1));
-    } else {
-        for (int b = 0; b < n_blocks; b += 2)  // 32 bytes hold blocks b (low nibbles) and b + 1 (high)
-            for (int j = 0; j < 8; j++) {
-                const __m512i g = _mm512_mask_i32gather_epi32(_mm512_setzero_si512(), rm, row_off,
-                                                              (const void *)(w.quants + b * 16 + 4 * j), 1);
-                _mm512_storeu_si512((void *)(codes + (b * 8 + j) * 64), _mm512_and_si512(g, low4));
-                _mm512_storeu_si512((void *)(codes + ((b + 1) * 8 + j) * 64),
-                                   _mm512_and_si512(_mm512_srli_epi16(g, 4), low4));
-            }
+    auto put = [&](int block, int j, __m512i v) { _mm512_storeu_si512((void *)(codes + (block * 8 + j) * 64), v); };
+    if (!kQ4) {  // 64 bytes of a row = blocks b and b + 1
+        int b = 0;
+        for (; b + 2 <= n_blocks; b += 2) {
+            __m512i t[16];
+            load_transposed(w.quants + b * 32, row_bytes, rows, t);
+            for (int j = 0; j < 16; j++) put(b, j, t[j]);
+        }
+        for (; b < n_blocks; b++)
+            for (int j = 0; j < 8; j++) put(b, j, gather_column(w.quants + b * 32 + 4 * j, row_bytes, rows));
+    } else {  // 32 bytes of a row = blocks b (low nibbles) and b + 1 (high nibbles)
+        const __m512i low4 = _mm512_set1_epi8(0x0F);
+        auto put_pair = [&](int b, int j, __m512i v) {
+            put(b, j, _mm512_and_si512(v, low4));
+            put(b + 1, j, _mm512_and_si512(_mm512_srli_epi16(v, 4), low4));
+        };
+        int b = 0;
+        for (; b + 4 <= n_blocks; b += 4) {
+            __m512i t[16];
+            load_transposed(w.quants + b * 16, row_bytes, rows, t);
+            for (int j = 0; j < 8; j++) put_pair(b, j, t[j]), put_pair(b + 2, j, t[8 + j]);
+        }
+        for (; b < n_blocks; b += 2)
+            for (int j = 0; j < 8; j++) put_pair(b, j, gather_column(w.quants + b * 16 + 4 * j, row_bytes, rows));
     }
     const float zero = w.mins ? 0.0f : (kQ4 ? 8.0f : 128.0f);
     const int blocks_per_group = w.group / kActBlock;

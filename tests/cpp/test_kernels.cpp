@@ -124,7 +124,7 @@ static void test_matmul(const KernelTable &k) {
                              // prompt batches (packed GEMM tiles where the ISA has them): token counts
                              // around the tile width, rows that do not fill the last tile, q8 rows with
                              // an odd number of blocks
-                             {8, 16, 64}, {15, 37, 96}, {16, 48, 256}, {29, 33, 1536}, {64, 20, 128}};
+                             {8, 16, 64}, {15, 37, 96}, {12, 20, 192}, {16, 48, 256}, {29, 33, 1536}, {64, 20, 128}};
     for (DType dt : dtypes)
         for (auto &s : shapes) {
             int T = s[0], N = s[1], K = s[2];
@@ -143,7 +143,9 @@ static void test_matmul(const KernelTable &k) {
                 std::vector<float> yf((size_t)T * N);
                 ref::matmul(exact.t, bias.data(), x.data(), T, yf.data());
                 double q = rel_err(y.data(), yf.data(), y.size());
-                double bound = dt == DType::Q8 ? 0.03 : 0.2;
+                // 4-bit codes over random Gaussian rows: about 0.1-0.2 relative error, more with
+                // larger groups (one scale spans a wider range)
+                double bound = dt == DType::Q8 ? 0.03 : dtype_group(dt) >= 128 ? 0.25 : 0.2;
                 CHECK(q < bound, "matmul %s %s vs f32 rel err %g (bound %g)", isa_name(k.isa), dtype_name(dt), q, bound);
             }
         }
