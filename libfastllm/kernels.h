@@ -35,6 +35,10 @@ struct KernelTable {
     void (*to_f32[3])(const void *src, float *dst, int n);
     // y[i] += a * x[i]
     void (*axpy)(float a, const float *x, float *y, int n);
+    // out[i] = silu(gate[i]) * up[i], with gate = gate_up[0, n) and up = gate_up[n, 2n).
+    void (*swiglu)(const float *gate_up, int n, float *out);
+    // x[i] = exp(x[i] - shift) for n elements; returns their sum (softmax).
+    float (*exp_shift_sum)(float *x, int n, float shift);
     // Quantizes n (a multiple of 32) activations.
     void (*quantize_acts)(const float *x, int n, const QuantActs &out);
     // y[t * ldy + r] = dot(row r of w, activations of token t) for quantized rows of length n and

@@ -4,6 +4,7 @@
 #include <immintrin.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 
 #include "kernels.h"
@@ -81,6 +82,46 @@ void axpy(float a, const float *x, float *y, int n) {
     for (; i < n; i++) y[i] += a * x[i];
 }
 
+
+// exp as in kernels_avx2.cpp (2^k * Taylor series of exp(r) to r^7); vscalefps applies 2^k and
+// handles overflow to inf and underflow to 0 itself.
+inline __m512 exp16(__m512 x) {
+    const __m512 k = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504f)), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m512 r = _mm512_fnmadd_ps(k, _mm512_set1_ps(0.693145752f), x);
+    r = _mm512_fnmadd_ps(k, _mm512_set1_ps(1.42860677e-6f), r);
+    __m512 p = _mm512_set1_ps(1.0f / 5040);
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 720));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 120));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 24));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 6));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(0.5f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
+    return _mm512_scalef_ps(p, k);
+}
+
+void swiglu(const float *gate_up, int n, float *out) {
+    int i = 0;
+    for (; i + 16 <= n; i += 16) {
+        const __m512 g = _mm512_loadu_ps(gate_up + i);
+        const __m512 silu = _mm512_div_ps(g, _mm512_add_ps(_mm512_set1_ps(1.0f), exp16(_mm512_sub_ps(_mm512_setzero_ps(), g))));
+        _mm512_storeu_ps(out + i, _mm512_mul_ps(silu, _mm512_loadu_ps(gate_up + n + i)));
+    }
+    for (; i < n; i++) out[i] = gate_up[i] / (1.0f + std::exp(-gate_up[i])) * gate_up[n + i];
+}
+
+float exp_shift_sum(float *x, int n, float shift) {
+    __m512 acc = _mm512_setzero_ps();
+    int i = 0;
+    for (; i + 16 <= n; i += 16) {
+        const __m512 e = exp16(_mm512_sub_ps(_mm512_loadu_ps(x + i), _mm512_set1_ps(shift)));
+        _mm512_storeu_ps(x + i, e);
+        acc = _mm512_add_ps(acc, e);
+    }
+    float sum = hsum(acc);
+    for (; i < n; i++) sum += (x[i] = std::exp(x[i] - shift));
+    return sum;
+}
 
 inline float f16s(uint16_t h) { return _cvtsh_ss(h); }
 
@@ -337,6 +378,8 @@ const KernelTable kTable = {
     {dot_rows<load16_f32, load1_f32>, dot_rows<load16_f16, load1_f16>, dot_rows<load16_bf16, load1_bf16>},
     {to_f32<load16_f32, load1_f32>, to_f32<load16_f16, load1_f16>, to_f32<load16_bf16, load1_bf16>},
     axpy,
+    swiglu,
+    exp_shift_sum,
     quantize_acts,
     {nullptr, nullptr, nullptr, dot_rows_quant<false>, dot_rows_quant<true>, dot_rows_quant<true>, dot_rows_quant<true>,
      dot_rows_quant<true>},

@@ -120,6 +120,19 @@ inline int q4_code(const uint8_t *row, int i) {
     return (i % 64) < 32 ? (byte & 15) : (byte >> 4);
 }
 
+void swiglu(const float *gate_up, int n, float *out) {
+    for (int i = 0; i < n; i++) {
+        const float g = gate_up[i];
+        out[i] = g / (1.0f + std::exp(-g)) * gate_up[n + i];
+    }
+}
+
+float exp_shift_sum(float *x, int n, float shift) {
+    float sum = 0;
+    for (int i = 0; i < n; i++) sum += (x[i] = std::exp(x[i] - shift));
+    return sum;
+}
+
 template <bool kQ4>
 void dot_rows_quant1(const QuantRows &w, int rows, int n, const QuantActs &x, float *y) {
     const int groups = n / w.group, row_bytes = kQ4 ? n / 2 : n;
@@ -150,6 +163,8 @@ const KernelTable kTable = {Isa::Scalar,
                             {dot_rows_f32, dot_rows_f16, dot_rows_bf16},
                             {to_f32_f32, to_f32_f16, to_f32_bf16},
                             axpy,
+                            swiglu,
+                            exp_shift_sum,
                             quantize_acts,
                             {nullptr, nullptr, nullptr, dot_rows_quant<false>, dot_rows_quant<true>,
                              dot_rows_quant<true>, dot_rows_quant<true>, dot_rows_quant<true>},

@@ -134,6 +134,12 @@ void LlamaModel::forward(const KernelTable &k, LlamaState &s, const int32_t *tok
     const LlamaConfig &c = cfg_;
     const int H = c.hidden_size, I = c.intermediate_size, hd = c.head_dim, half = hd / 2;
     ThreadPool &pool = *s.pool;
+    // The small per-token steps between the matmuls, split over the threads by tokens (a prompt).
+    auto per_token = [&](auto &&fn) {
+        pool.parallel_for(T, [&](int64_t first, int64_t last, int) {
+            for (int64_t t = first; t < last; t++) fn((int)t);
+        });
+    };
 
     for (int t = 0; t < T; t++) ops::dequantize_row(k, embedding_, tokens[t], s.x + (size_t)t * H);
 
@@ -142,9 +148,11 @@ void LlamaModel::forward(const KernelTable &k, LlamaState &s, const int32_t *tok
         const size_t layer_off = (size_t)l * c.kv_dim();  // times n_ctx of the row's own cache
 
         // Attention block: norm, fused QKV projection, RoPE, cache write, attention, output projection.
-        for (int t = 0; t < T; t++) ops::rmsnorm(s.x + (size_t)t * H, L.attn_norm.f32(), H, c.rms_norm_eps, s.xb + (size_t)t * H);
+        per_token([&](int t) {
+            ops::rmsnorm(s.x + (size_t)t * H, L.attn_norm.f32(), H, c.rms_norm_eps, s.xb + (size_t)t * H);
+        });
         ops::matmul(k, L.qkv, L.qkv_bias.empty() ? nullptr : L.qkv_bias.f32(), s.xb, T, s.qkv, s.scratch, pool);
-        for (int t = 0; t < T; t++) {
+        per_token([&](int t) {  // each token writes its own cache rows
             const ForwardRow &r = rows[t];
             float *row = s.qkv + (size_t)t * c.qkv_dim();
             float *q = s.q + (size_t)t * c.q_dim();
@@ -156,7 +164,7 @@ void LlamaModel::forward(const KernelTable &k, LlamaState &s, const int32_t *tok
             const float *cos = rope_cos_.data() + (size_t)r.pos * half, *sin = rope_sin_.data() + (size_t)r.pos * half;
             ops::rope(q, c.num_heads, hd, cos, sin);
             ops::rope(kk, c.num_kv_heads, hd, cos, sin);
-        }
+        });
         // Rows of the same cache at consecutive positions (a prompt) attend as one batch.
         for (int t = 0; t < T;) {
             int g = 1;
@@ -169,14 +177,18 @@ void LlamaModel::forward(const KernelTable &k, LlamaState &s, const int32_t *tok
         }
         ops::matmul(k, L.attn_output, L.attn_output_bias.empty() ? nullptr : L.attn_output_bias.f32(), s.attn, T, s.xb,
                     s.scratch, pool);
-        for (size_t i = 0; i < (size_t)T * H; i++) s.x[i] += s.xb[i];
-
-        // MLP block: norm, fused gate/up projection, SwiGLU, down projection.
-        for (int t = 0; t < T; t++) ops::rmsnorm(s.x + (size_t)t * H, L.ffn_norm.f32(), H, c.rms_norm_eps, s.xb + (size_t)t * H);
+        // MLP block: residual add, norm, fused gate/up projection, SwiGLU, down projection.
+        per_token([&](int t) {
+            float *x = s.x + (size_t)t * H, *xb = s.xb + (size_t)t * H;
+            for (int i = 0; i < H; i++) x[i] += xb[i];
+            ops::rmsnorm(x, L.ffn_norm.f32(), H, c.rms_norm_eps, xb);
+        });
         ops::matmul(k, L.gate_up, L.gate_up_bias.empty() ? nullptr : L.gate_up_bias.f32(), s.xb, T, s.gate_up, s.scratch, pool);
-        for (int t = 0; t < T; t++) ops::swiglu(s.gate_up + (size_t)t * 2 * I, I, s.act + (size_t)t * I);
+        per_token([&](int t) { ops::swiglu(k, s.gate_up + (size_t)t * 2 * I, I, s.act + (size_t)t * I); });
         ops::matmul(k, L.down, L.down_bias.empty() ? nullptr : L.down_bias.f32(), s.act, T, s.xb, s.scratch, pool);
-        for (size_t i = 0; i < (size_t)T * H; i++) s.x[i] += s.xb[i];
+        per_token([&](int t) {
+            for (size_t i = (size_t)t * H; i < (size_t)(t + 1) * H; i++) s.x[i] += s.xb[i];
+        });
     }
 
     // Output head, for the rows that want logits, kLogitRows at a time.

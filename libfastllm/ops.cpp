@@ -64,7 +64,9 @@ void matmul_quant(const KernelTable &k, const Tensor &W, const float *x, int T, 
                   ThreadPool &pool) {
     static_assert(kRowBlock == kGemmRows, "a row block is one GEMM tile");
     const int64_t N = W.rows(), K = W.cols();
-    for (int t = 0; t < T; t++) k.quantize_acts(x + (size_t)t * K, (int)K, token_acts(sc.acts, (int)K, t));
+    pool.parallel_for(T, [&](int64_t first, int64_t last, int) {
+        for (int64_t t = first; t < last; t++) k.quantize_acts(x + t * K, (int)K, token_acts(sc.acts, (int)K, (int)t));
+    });
     const auto dot = k.dot_rows_quant[(int)W.dtype];
     const auto gemm = T >= kGemmMinTokens ? k.gemm_quant[(int)W.dtype] : nullptr;
     const int64_t n_blocks = (N + kRowBlock - 1) / kRowBlock;
@@ -162,19 +164,12 @@ void rope(float *v, int n_heads, int head_dim, const float *cos, const float *si
     }
 }
 
-void swiglu(const float *gate_up, int n, float *out) {
-    for (int i = 0; i < n; i++) {
-        float g = gate_up[i];
-        out[i] = g / (1.0f + std::exp(-g)) * gate_up[n + i];
-    }
-}
+void swiglu(const KernelTable &k, const float *gate_up, int n, float *out) { k.swiglu(gate_up, n, out); }
 
-void softmax(float *x, int n) {
+void softmax(const KernelTable &k, float *x, int n) {
     float mx = x[0];
     for (int i = 1; i < n; i++) mx = std::max(mx, x[i]);
-    float sum = 0;
-    for (int i = 0; i < n; i++) sum += (x[i] = std::exp(x[i] - mx));
-    float inv = 1.0f / sum;
+    const float inv = 1.0f / k.exp_shift_sum(x, n, mx);
     for (int i = 0; i < n; i++) x[i] *= inv;
 }
 
@@ -192,7 +187,7 @@ void attention(const KernelTable &k, const float *q, int T, int pos0, const floa
             const float *qh = q + (size_t)t * n_heads * head_dim + (size_t)h * head_dim;
             k.dot_rows[(int)DType::F32](k_cache + kv_off, kv_stride, n, qh, head_dim, s);
             for (int j = 0; j < n; j++) s[j] *= scale;
-            softmax(s, n);
+            softmax(k, s, n);
             float *o = out + (size_t)t * n_heads * head_dim + (size_t)h * head_dim;
             std::memset(o, 0, (size_t)head_dim * sizeof(float));
             for (int j = 0; j < n; j++) k.axpy(s[j], v_cache + (size_t)j * kv_dim + kv_off, o, head_dim);

@@ -38,9 +38,9 @@ void rmsnorm(const float *x, const float *w, int n, float eps, float *out);
 void rope(float *v, int n_heads, int head_dim, const float *cos, const float *sin);
 
 // out[i] = silu(gate[i]) * up[i], with gate_up = [gate (n) | up (n)] per row.
-void swiglu(const float *gate_up, int n, float *out);
+void swiglu(const KernelTable &k, const float *gate_up, int n, float *out);
 
-void softmax(float *x, int n);
+void softmax(const KernelTable &k, float *x, int n);
 
 // Causal attention for T query tokens at positions pos0..pos0+T-1. q and out are [T, n_heads*head_dim];
 // k_cache and v_cache are [positions, n_kv_heads*head_dim] and already hold positions up to pos0+T-1.

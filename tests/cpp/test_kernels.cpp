@@ -198,6 +198,34 @@ static void test_attention(const KernelTable &k) {
     CHECK(e < 1e-5, "attention %s rel err %g", isa_name(k.isa), e);
 }
 
+// swiglu and softmax use each ISA's own exp: ordinary values, and ones where exp over- or underflows.
+static void test_exp_ops(const KernelTable &k) {
+    const int n = 203;
+    std::vector<float> gu = randn(2 * n, 4.0f), a(n), b(n);
+    const float extremes[] = {-200.0f, -104.0f, -88.0f, -87.0f, -30.0f, -1e-8f, 0.0f, 1e-8f, 30.0f, 88.0f, 100.0f};
+    for (size_t i = 0; i < sizeof extremes / sizeof *extremes; i++) gu[7 * i] = extremes[i];
+    ops::swiglu(k, gu.data(), n, a.data());
+    ref::swiglu(gu.data(), n, b.data());
+    double e = rel_err(a.data(), b.data(), n);
+    CHECK(e < 1e-6, "swiglu %s rel err %g", isa_name(k.isa), e);
+    for (float spread : {1.0f, 10.0f, 60.0f}) {
+        std::vector<float> x = randn(n, spread);
+        a = x, b = x;
+        ops::softmax(k, a.data(), n);
+        ref::softmax(b.data(), n);
+        e = rel_err(a.data(), b.data(), n);
+        CHECK(e < 1e-6, "softmax %s spread %g rel err %g", isa_name(k.isa), spread, e);
+    }
+    // exp itself, over the whole range where floats are normal
+    std::vector<float> x(n), y(n);
+    double worst = 0;
+    for (int i = 0; i < n; i++) x[i] = -87.0f + 175.0f * i / (n - 1);
+    y = x;
+    k.exp_shift_sum(y.data(), n, 0.0f);
+    for (int i = 0; i < n; i++) worst = std::max(worst, std::fabs(y[i] / std::exp((double)x[i]) - 1));
+    CHECK(worst < 1e-6, "exp %s max rel err %g", isa_name(k.isa), worst);
+}
+
 static void test_elementwise() {
     const int n = 83;
     std::vector<float> x = randn(n, 3.0f), w = randn(n), a(n), b(n);
@@ -205,15 +233,6 @@ static void test_elementwise() {
     ref::rmsnorm(x.data(), w.data(), n, 1e-5f, b.data());
     CHECK(rel_err(a.data(), b.data(), n) < 1e-6, "rmsnorm");
 
-    std::vector<float> gu = randn(2 * n, 4.0f);
-    ops::swiglu(gu.data(), n, a.data());
-    ref::swiglu(gu.data(), n, b.data());
-    CHECK(rel_err(a.data(), b.data(), n) < 1e-6, "swiglu");
-
-    a = x, b = x;
-    ops::softmax(a.data(), n);
-    ref::softmax(b.data(), n);
-    CHECK(rel_err(a.data(), b.data(), n) < 1e-6, "softmax");
 
     const int heads = 3, hd = 10;
     std::vector<float> v = randn(heads * hd), cs = randn(hd / 2), sn = randn(hd / 2);
@@ -341,6 +360,7 @@ int main() {
         test_quantize_acts(*k);
         test_conversions(*k);
         test_attention(*k);
+        test_exp_ops(*k);
     }
     test_elementwise();
     test_f16_rounding();
