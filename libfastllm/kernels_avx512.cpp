@@ -175,6 +175,32 @@ void dot_rows_quant_nt(const QuantRows &w, int rows, int n, const QuantActs &x0,
                 corr[t] = _mm512_fmadd_ps(base, _mm512_maskz_loadu_ps(bm, x[t].ds + b0), corr[t]);
             }
             int j = 0;
+            if (kQ4) {
+                // 4 blocks per 64-byte load: low nibbles hold blocks j and j + 2, high nibbles j + 1
+                // and j + 3; the activations are paired to match (two 32-byte halves each).
+                const __m512i low4z = _mm512_set1_epi8(0x0F), pair0x2 = _mm512_add_epi32(pair0, pair0);
+                for (; j + 4 <= cnt; j += 4) {
+                    const int b = b0 + j;
+                    const __m512i bytes = _mm512_loadu_si512((const void *)(qr + (b / 2) * 32));
+                    const __m512i lo = _mm512_and_si512(bytes, low4z);
+                    const __m512i hi = _mm512_and_si512(_mm512_srli_epi16(bytes, 4), low4z);
+                    const __m512i idx_lo = _mm512_add_epi32(pair0x2, _mm512_set1_epi32(j));
+                    const __m512i idx_hi = _mm512_add_epi32(pair0x2, _mm512_set1_epi32(j + 1));
+                    for (int t = 0; t < NT; t++) {
+                        const int8_t *xq = x[t].q + b * kActBlock;
+                        const __m512i xlo = _mm512_inserti64x4(
+                            _mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)xq)),
+                            _mm256_loadu_si256((const __m256i *)(xq + 2 * kActBlock)), 1);
+                        const __m512i xhi = _mm512_inserti64x4(
+                            _mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)(xq + kActBlock))),
+                            _mm256_loadu_si256((const __m256i *)(xq + 3 * kActBlock)), 1);
+                        const __m512i plo = _mm512_dpbusd_epi32(_mm512_setzero_si512(), lo, xlo);
+                        const __m512i phi = _mm512_dpbusd_epi32(_mm512_setzero_si512(), hi, xhi);
+                        acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(plo), _mm512_permutexvar_ps(idx_lo, scale[t]), acc[t]);
+                        acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(phi), _mm512_permutexvar_ps(idx_hi, scale[t]), acc[t]);
+                    }
+                }
+            }
             for (; j + 2 <= cnt; j += 2) {
                 const int b = b0 + j;
                 __m512i codes;
