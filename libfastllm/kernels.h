@@ -33,8 +33,8 @@ struct KernelTable {
     void (*dot_rows[3])(const void *w, size_t stride, int rows, const float *x, int n, float *y);
     // dst[i] = float(src[i]) for n elements. Plain dtypes.
     void (*to_f32[3])(const void *src, float *dst, int n);
-    // y[i] += a * x[i]
-    void (*axpy)(float a, const float *x, float *y, int n);
+    // y[i] = sum over j < n of a[j] * rows[j * stride + i], for i < dim (attention's weighted values).
+    void (*weighted_rows)(const float *a, int n, const float *rows, size_t stride, int dim, float *y);
     // out[i] = silu(gate[i]) * up[i], with gate = gate_up[0, n) and up = gate_up[n, 2n).
     void (*swiglu)(const float *gate_up, int n, float *out);
     // x[i] = exp(x[i] - shift) for n elements; returns their sum (softmax).

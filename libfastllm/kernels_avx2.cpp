@@ -126,11 +126,32 @@ void to_f32(const void *src, float *dst, int n) {
     for (; i < n; i++) dst[i] = Load1(src, i);
 }
 
-void axpy(float a, const float *x, float *y, int n) {
-    __m256 av = _mm256_set1_ps(a);
+// 32 outputs at a time stay in registers while all n rows pass.
+void weighted_rows(const float *a, int n, const float *rows, size_t stride, int dim, float *y) {
     int i = 0;
-    for (; i + 8 <= n; i += 8) _mm256_storeu_ps(y + i, _mm256_fmadd_ps(av, _mm256_loadu_ps(x + i), _mm256_loadu_ps(y + i)));
-    for (; i < n; i++) y[i] += a * x[i];
+    for (; i + 32 <= dim; i += 32) {
+        __m256 y0 = _mm256_setzero_ps(), y1 = _mm256_setzero_ps(), y2 = _mm256_setzero_ps(), y3 = _mm256_setzero_ps();
+        for (int j = 0; j < n; j++) {
+            const float *r = rows + j * stride + i;
+            const __m256 aj = _mm256_set1_ps(a[j]);
+            y0 = _mm256_fmadd_ps(aj, _mm256_loadu_ps(r), y0);
+            y1 = _mm256_fmadd_ps(aj, _mm256_loadu_ps(r + 8), y1);
+            y2 = _mm256_fmadd_ps(aj, _mm256_loadu_ps(r + 16), y2);
+            y3 = _mm256_fmadd_ps(aj, _mm256_loadu_ps(r + 24), y3);
+        }
+        _mm256_storeu_ps(y + i, y0), _mm256_storeu_ps(y + i + 8, y1);
+        _mm256_storeu_ps(y + i + 16, y2), _mm256_storeu_ps(y + i + 24, y3);
+    }
+    for (; i + 8 <= dim; i += 8) {
+        __m256 acc = _mm256_setzero_ps();
+        for (int j = 0; j < n; j++) acc = _mm256_fmadd_ps(_mm256_set1_ps(a[j]), _mm256_loadu_ps(rows + j * stride + i), acc);
+        _mm256_storeu_ps(y + i, acc);
+    }
+    for (; i < dim; i++) {
+        float acc = 0;
+        for (int j = 0; j < n; j++) acc += a[j] * rows[j * stride + i];
+        y[i] = acc;
+    }
 }
 
 
@@ -250,7 +271,7 @@ const KernelTable kTable = {
     Isa::Avx2,
     {dot_rows<load8_f32, load1_f32>, dot_rows<load8_f16, load1_f16>, dot_rows<load8_bf16, load1_bf16>},
     {to_f32<load8_f32, load1_f32>, to_f32<load8_f16, load1_f16>, to_f32<load8_bf16, load1_bf16>},
-    axpy,
+    weighted_rows,
     swiglu,
     exp_shift_sum,
     quantize_acts,

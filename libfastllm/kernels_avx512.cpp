@@ -75,11 +75,32 @@ void to_f32(const void *src, float *dst, int n) {
     for (; i < n; i++) dst[i] = Load1(src, i);
 }
 
-void axpy(float a, const float *x, float *y, int n) {
-    __m512 av = _mm512_set1_ps(a);
+// 64 outputs at a time stay in registers while all n rows pass.
+void weighted_rows(const float *a, int n, const float *rows, size_t stride, int dim, float *y) {
     int i = 0;
-    for (; i + 16 <= n; i += 16) _mm512_storeu_ps(y + i, _mm512_fmadd_ps(av, _mm512_loadu_ps(x + i), _mm512_loadu_ps(y + i)));
-    for (; i < n; i++) y[i] += a * x[i];
+    for (; i + 64 <= dim; i += 64) {
+        __m512 y0 = _mm512_setzero_ps(), y1 = _mm512_setzero_ps(), y2 = _mm512_setzero_ps(), y3 = _mm512_setzero_ps();
+        for (int j = 0; j < n; j++) {
+            const float *r = rows + j * stride + i;
+            const __m512 aj = _mm512_set1_ps(a[j]);
+            y0 = _mm512_fmadd_ps(aj, _mm512_loadu_ps(r), y0);
+            y1 = _mm512_fmadd_ps(aj, _mm512_loadu_ps(r + 16), y1);
+            y2 = _mm512_fmadd_ps(aj, _mm512_loadu_ps(r + 32), y2);
+            y3 = _mm512_fmadd_ps(aj, _mm512_loadu_ps(r + 48), y3);
+        }
+        _mm512_storeu_ps(y + i, y0), _mm512_storeu_ps(y + i + 16, y1);
+        _mm512_storeu_ps(y + i + 32, y2), _mm512_storeu_ps(y + i + 48, y3);
+    }
+    for (; i + 16 <= dim; i += 16) {
+        __m512 acc = _mm512_setzero_ps();
+        for (int j = 0; j < n; j++) acc = _mm512_fmadd_ps(_mm512_set1_ps(a[j]), _mm512_loadu_ps(rows + j * stride + i), acc);
+        _mm512_storeu_ps(y + i, acc);
+    }
+    for (; i < dim; i++) {
+        float acc = 0;
+        for (int j = 0; j < n; j++) acc += a[j] * rows[j * stride + i];
+        y[i] = acc;
+    }
 }
 
 
@@ -403,7 +424,7 @@ const KernelTable kTable = {
     Isa::Avx512,
     {dot_rows<load16_f32, load1_f32>, dot_rows<load16_f16, load1_f16>, dot_rows<load16_bf16, load1_bf16>},
     {to_f32<load16_f32, load1_f32>, to_f32<load16_f16, load1_f16>, to_f32<load16_bf16, load1_bf16>},
-    axpy,
+    weighted_rows,
     swiglu,
     exp_shift_sum,
     quantize_acts,

@@ -92,8 +92,10 @@ void to_f32_bf16(const void *src, float *dst, int n) {
     for (int i = 0; i < n; i++) dst[i] = bf16_to_f32(((const uint16_t *)src)[i]);
 }
 
-void axpy(float a, const float *x, float *y, int n) {
-    for (int i = 0; i < n; i++) y[i] += a * x[i];
+void weighted_rows(const float *a, int n, const float *rows, size_t stride, int dim, float *y) {
+    for (int i = 0; i < dim; i++) y[i] = 0;
+    for (int j = 0; j < n; j++)
+        for (int i = 0; i < dim; i++) y[i] += a[j] * rows[j * stride + i];
 }
 
 void quantize_acts(const float *x, int n, const QuantActs &out) {
@@ -162,7 +164,7 @@ void dot_rows_quant(const QuantRows &w, int rows, int n, const QuantActs &x, int
 const KernelTable kTable = {Isa::Scalar,
                             {dot_rows_f32, dot_rows_f16, dot_rows_bf16},
                             {to_f32_f32, to_f32_f16, to_f32_bf16},
-                            axpy,
+                            weighted_rows,
                             swiglu,
                             exp_shift_sum,
                             quantize_acts,

@@ -189,8 +189,7 @@ void attention(const KernelTable &k, const float *q, int T, int pos0, const floa
             for (int j = 0; j < n; j++) s[j] *= scale;
             softmax(k, s, n);
             float *o = out + (size_t)t * n_heads * head_dim + (size_t)h * head_dim;
-            std::memset(o, 0, (size_t)head_dim * sizeof(float));
-            for (int j = 0; j < n; j++) k.axpy(s[j], v_cache + (size_t)j * kv_dim + kv_off, o, head_dim);
+            k.weighted_rows(s, n, v_cache + kv_off, (size_t)kv_dim, head_dim, o);
         }
     });
 }

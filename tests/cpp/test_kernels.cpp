@@ -199,6 +199,18 @@ static void test_attention(const KernelTable &k) {
 }
 
 // swiglu and softmax use each ISA's own exp: ordinary values, and ones where exp over- or underflows.
+static void test_weighted_rows(const KernelTable &k) {
+    for (int dim : {8, 24, 64, 100, 128}) {
+        const int n = 37, stride = dim + 5;
+        std::vector<float> a = randn(n), rows = randn((size_t)n * stride), y(dim), yr(dim, 0.0f);
+        k.weighted_rows(a.data(), n, rows.data(), stride, dim, y.data());
+        for (int j = 0; j < n; j++)
+            for (int i = 0; i < dim; i++) yr[i] += a[j] * rows[(size_t)j * stride + i];
+        double e = rel_err(y.data(), yr.data(), dim);
+        CHECK(e < 1e-6, "weighted_rows %s dim %d rel err %g", isa_name(k.isa), dim, e);
+    }
+}
+
 static void test_exp_ops(const KernelTable &k) {
     const int n = 203;
     std::vector<float> gu = randn(2 * n, 4.0f), a(n), b(n);
@@ -361,6 +373,7 @@ int main() {
         test_conversions(*k);
         test_attention(*k);
         test_exp_ops(*k);
+        test_weighted_rows(*k);
     }
     test_elementwise();
     test_f16_rounding();
