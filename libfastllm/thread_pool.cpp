@@ -1,5 +1,7 @@
 #include "thread_pool.h"
 
+#include <algorithm>
+
 #if defined(__x86_64__) || defined(__i386__)
 #include <immintrin.h>
 #define FASTLLM_PAUSE() _mm_pause()
@@ -11,7 +13,10 @@ namespace fastllm {
 
 namespace {
 constexpr int kSpinsBeforeSleep = 4000;  // roughly tens of microseconds of pause instructions
-}
+constexpr int kIndexBits = 40;
+constexpr uint64_t kIndexMask = (uint64_t(1) << kIndexBits) - 1;
+constexpr int kChunksPerThread = 2;  // small enough to even out, large enough to keep rows together
+}  // namespace
 
 ThreadPool::ThreadPool(int n_threads) {
     for (int t = 1; t < n_threads; t++) workers_.emplace_back([this, t] { work(t); });
@@ -27,10 +32,16 @@ ThreadPool::~ThreadPool() {
     for (auto &w : workers_) w.join();
 }
 
-void ThreadPool::slice(int thread) const {
-    const int64_t nt = n_threads();
-    const int64_t begin = n_ * thread / nt, end = n_ * (thread + 1) / nt;
-    if (begin < end) call_(ctx_, begin, end, thread);
+void ThreadPool::claim(uint64_t job, int thread) {
+    const int64_t n = n_.load(std::memory_order_relaxed), chunk = chunk_.load(std::memory_order_relaxed);
+    uint64_t c = claim_.load();
+    for (;;) {  // n and chunk may belong to a newer job: then the job number below no longer matches
+        const uint64_t index = c & kIndexMask;
+        if ((c >> kIndexBits) != job || index >= (uint64_t)n) return;
+        if (!claim_.compare_exchange_weak(c, c + (uint64_t)chunk)) continue;  // c now holds the fresh value
+        call_(ctx_, (int64_t)index, std::min(n, (int64_t)index + chunk), thread);
+        c = claim_.load();
+    }
 }
 
 void ThreadPool::run(int64_t n, Call call, void *ctx) {
@@ -38,17 +49,23 @@ void ThreadPool::run(int64_t n, Call call, void *ctx) {
         if (n > 0) call(ctx, 0, n, 0);
         return;
     }
-    call_ = call, ctx_ = ctx, n_ = n;
-    remaining_.store((int)workers_.size(), std::memory_order_relaxed);
-    generation_.fetch_add(1);  // publishes the job (seq_cst: ordered before reading sleepers_)
+    const uint64_t job = ((claim_.load() >> kIndexBits) + 1) & (~uint64_t(0) >> kIndexBits);
+    call_ = call, ctx_ = ctx;
+    n_.store(n, std::memory_order_relaxed);
+    chunk_.store(std::max<int64_t>(1, n / (n_threads() * kChunksPerThread)), std::memory_order_relaxed);
+    claim_.store(job << kIndexBits);  // publishes the job (seq_cst, like everything below)
+    generation_.fetch_add(1);
     if (sleepers_.load() > 0) {
         std::lock_guard<std::mutex> lock(mutex_);
         wake_.notify_all();
     }
-    slice(0);
-    for (int spins = 0; remaining_.load(std::memory_order_acquire) != 0; spins++) {
+    claim(job, 0);
+    // Every index is taken; close the job so that no late worker looks at it again, then wait for
+    // the workers still computing their chunks.
+    claim_.store((job << kIndexBits) | kIndexMask);
+    for (int spins = 0; active_.load() != 0; spins++) {
         if (spins < kSpinsBeforeSleep) FASTLLM_PAUSE();
-        else std::this_thread::yield();  // a worker was descheduled: give the core back
+        else std::this_thread::yield();  // a worker was descheduled mid-chunk: give the core back
     }
 }
 
@@ -56,7 +73,7 @@ void ThreadPool::work(int thread) {
     uint64_t seen = 0;
     for (;;) {
         int spins = 0;
-        while (generation_.load(std::memory_order_acquire) == seen) {
+        while (generation_.load() == seen) {
             if (++spins < kSpinsBeforeSleep) {
                 FASTLLM_PAUSE();
                 continue;
@@ -66,10 +83,12 @@ void ThreadPool::work(int thread) {
             wake_.wait(lock, [&] { return generation_.load() != seen; });
             sleepers_.fetch_sub(1);
         }
-        seen = generation_.load(std::memory_order_acquire);
+        seen = generation_.load();
         if (stop_.load()) return;
-        slice(thread);
-        remaining_.fetch_sub(1, std::memory_order_acq_rel);
+        // Registered before the first claim: the caller cannot return while this thread may run a chunk.
+        active_.fetch_add(1);
+        claim(claim_.load() >> kIndexBits, thread);
+        active_.fetch_sub(1);
     }
 }
 

@@ -22,8 +22,10 @@ public:
 
     int n_threads() const { return (int)workers_.size() + 1; }
 
-    // Splits [0, n) into one contiguous slice per thread and calls fn(begin, end, thread_index)
-    // for each (thread 0 is the caller); returns when every slice is done.
+    // Calls fn(begin, end, thread_index) over chunks that cover [0, n) exactly once (thread 0 is the
+    // caller); returns when every chunk is done. Threads claim chunks as they come, so a worker that
+    // is slow to wake (another program has its core) leaves its share to the others instead of
+    // holding up the job.
     template <typename F>
     void parallel_for(int64_t n, F &&fn) {
         run(n, [](void *ctx, int64_t b, int64_t e, int t) { (*static_cast<F *>(ctx))(b, e, t); }, &fn);
@@ -33,15 +35,18 @@ private:
     using Call = void (*)(void *ctx, int64_t begin, int64_t end, int thread);
     void run(int64_t n, Call call, void *ctx);
     void work(int thread);
-    void slice(int thread) const;
+    void claim(uint64_t job, int thread);
 
     std::vector<std::thread> workers_;
-    // The current job, published by bumping generation_.
+    // The current job. claim_ packs (job number << kIndexBits) | next unclaimed index; a claim is a
+    // compare-and-swap that also checks the job number, so a late worker can never take an index
+    // of another job.
     Call call_ = nullptr;
     void *ctx_ = nullptr;
-    int64_t n_ = 0;
-    std::atomic<uint64_t> generation_{0};
-    std::atomic<int> remaining_{0};  // workers still busy with the current job
+    std::atomic<int64_t> n_{0}, chunk_{1};  // read by late workers while the next job is set up
+    std::atomic<uint64_t> claim_{0};
+    std::atomic<uint64_t> generation_{0};  // bumped per job: wakes the workers
+    std::atomic<int> active_{0};           // workers inside claim(): the caller waits for them
     std::atomic<int> sleepers_{0};
     std::atomic<bool> stop_{false};
     std::mutex mutex_;
