@@ -158,7 +158,8 @@ def dequantize(data: np.ndarray, dtype: str, shape) -> np.ndarray:
 
 class DtypePolicy:
     """Chooses each tensor's dtype. Vectors (norms, biases) stay f32. With a quantized request,
-    matrices get it where their row length allows (else q8, else f16); the output head and the
+    matrices get it where their row length allows (else the nearest format that fits: a smaller
+    q4 group, q8, f16); the output head and the
     embedding (often the same tensor) get one step more precision: f16 with int8, q8 with int4.
     --dtype_config PATTERN=DTYPE overrides by tensor-name glob; the last matching pattern wins."""
 
@@ -200,7 +201,8 @@ class DtypePolicy:
                 raise ConversionError(f"--dtype_config: {name} has rows of {shape[1]} weights, {forced} needs a "
                                       f"multiple of {row_multiple(forced)}")
             return forced
-        # Rows whose length the format cannot take fall back: q4 -> q8 -> f16.
-        if dtype in QUANT and shape[1] % row_multiple(dtype):
-            dtype = "q8" if shape[1] % row_multiple("q8") == 0 else "f16"
+        # Rows whose length the format cannot take fall back to the nearest format that can:
+        # q4_g128 -> q4_g64 -> q8 -> f16 (q4 and q4m -> q8).
+        while dtype in QUANT and shape[1] % row_multiple(dtype):
+            dtype = {"q4_g128": "q4_g64", "q8": "f16"}.get(dtype, "q8")
         return dtype

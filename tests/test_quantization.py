@@ -122,7 +122,8 @@ def test_dtype_policy_rules_and_overrides():
     assert p("blk.0.attn_qkv.weight", (64, 256)) == "f16"
     assert p("blk.1.attn_qkv.weight", (64, 256)) == "q8"
     assert p("blk.2.attn_qkv.weight", (64, 256)) == "q4_g128"
-    assert p("blk.2.attn_qkv.weight", (64, 192)) == "q8"  # 192 is not a multiple of 128
+    assert p("blk.2.attn_qkv.weight", (64, 192)) == "q4_g64"  # 192 is not a multiple of 128, but of 64
+    assert p("blk.2.attn_qkv.weight", (64, 96)) == "q8"  # nor of 64
     assert p("blk.2.ffn_down.weight", (64, 172)) == "f16"
     assert p("output.weight", (512, 256)) == "q8" and p("blk.2.attn_norm.weight", (256,)) == "f32"
     assert quantize.DtypePolicy("int8")("token_embd.weight", (512, 64)) == "f16"
