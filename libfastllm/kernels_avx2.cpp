@@ -267,6 +267,146 @@ void dot_rows_quant(const QuantRows &w, int rows, int n, const QuantActs &x, int
     for (int t = 0; t < n_tok; t++) dot_rows_quant1<kQ4>(w, rows, n, token_acts(x, n, t), y + t * ldy);
 }
 
+// Prompt batches, in the packed layout of the AVX-512 tiles (kernels_avx512.cpp): per block and
+// 4 columns, 64 bytes = 16 rows x 4 codes. Here a 32-byte half holds 8 rows, one int32 lane each,
+// and vpmaddubsw + vpmaddwd with 4 bytes of a token's activations broadcast advance 8 rows. q8
+// codes are packed signed (code - 128) for the sign trick; q4 codes (< 16) let the int16 pair sums
+// of a whole block of 32 add up without saturating (8 x 2 x 15 x 127 < 32768).
+
+// 8 x 8 transpose of 32-bit elements: afterwards r[j] lane i holds what r[i] lane j held.
+void transpose8x8(__m256i r[8]) {
+    __m256i t[8], u[8];
+    for (int p = 0; p < 4; p++) {
+        t[2 * p] = _mm256_unpacklo_epi32(r[2 * p], r[2 * p + 1]);
+        t[2 * p + 1] = _mm256_unpackhi_epi32(r[2 * p], r[2 * p + 1]);
+    }
+    for (int q = 0; q < 2; q++) {  // u[4q + m], 128-bit lane L: rows 4q..4q+3 of column 4L + m
+        u[4 * q + 0] = _mm256_unpacklo_epi64(t[4 * q], t[4 * q + 2]);
+        u[4 * q + 1] = _mm256_unpackhi_epi64(t[4 * q], t[4 * q + 2]);
+        u[4 * q + 2] = _mm256_unpacklo_epi64(t[4 * q + 1], t[4 * q + 3]);
+        u[4 * q + 3] = _mm256_unpackhi_epi64(t[4 * q + 1], t[4 * q + 3]);
+    }
+    for (int m = 0; m < 4; m++) {
+        r[m] = _mm256_permute2x128_si256(u[m], u[4 + m], 0x20);
+        r[4 + m] = _mm256_permute2x128_si256(u[m], u[4 + m], 0x31);
+    }
+}
+
+template <bool kQ4>
+void pack_rows(const QuantRows &w, int rows, int n, uint8_t *codes, float *ws, float *base) {
+    const int n_blocks = n / kActBlock, groups = n / w.group, row_bytes = kQ4 ? n / 2 : n;
+    const __m256i low4 = _mm256_set1_epi8(0x0F), flip = _mm256_set1_epi8((char)0x80);
+    auto put = [&](int block, int j, int half, __m256i v) {
+        _mm256_storeu_si256((__m256i *)(codes + (block * 8 + j) * 64 + half * 32), v);
+    };
+    for (int half = 0; half < 2; half++) {
+        for (int b = 0; b < n_blocks; b += kQ4 ? 2 : 1) {  // 32 bytes: one q8 block or a q4 pair
+            __m256i r[8];
+            for (int i = 0; i < 8; i++) {
+                const int row = half * 8 + i;
+                if (row >= rows) {
+                    r[i] = _mm256_setzero_si256();
+                    continue;
+                }
+                r[i] = _mm256_loadu_si256((const __m256i *)(w.quants + (size_t)row * row_bytes + b * (kQ4 ? 16 : 32)));
+                if (!kQ4) r[i] = _mm256_xor_si256(r[i], flip);
+            }
+            transpose8x8(r);
+            for (int j = 0; j < 8; j++) {
+                if (kQ4) {
+                    put(b, j, half, _mm256_and_si256(r[j], low4));
+                    put(b + 1, j, half, _mm256_and_si256(_mm256_srli_epi16(r[j], 4), low4));
+                } else {
+                    put(b, j, half, r[j]);
+                }
+            }
+        }
+    }
+    const float zero = kQ4 && !w.mins ? 8.0f : 0.0f;  // q8 was made signed
+    const int blocks_per_group = w.group / kActBlock;
+    for (int r = 0; r < kGemmRows; r++)
+        for (int g = 0; g < groups; g++) {
+            const float sc = r < rows ? f16_to_f32(w.scales[(size_t)r * groups + g]) : 0.0f;
+            const float m = r < rows && w.mins ? f16_to_f32(w.mins[(size_t)r * groups + g]) : 0.0f;
+            for (int b = g * blocks_per_group; b < (g + 1) * blocks_per_group; b++) {
+                ws[b * kGemmRows + r] = sc;
+                base[b * kGemmRows + r] = m - zero * sc;
+            }
+        }
+}
+
+// NT tokens x 8 rows (one half of the packed tile).
+template <bool kQ4, int NT>
+void gemm_tile(const uint8_t *codes, int half, const float *ws, const float *base, int n, const QuantActs &x0,
+               float *y, size_t ldy, int n_rows) {
+    const int n_blocks = n / kActBlock;
+    const __m256i ones = _mm256_set1_epi16(1);
+    const int8_t *q[NT];
+    const float *d[NT], *ds[NT];
+    for (int t = 0; t < NT; t++) {
+        const QuantActs a = token_acts(x0, n, t);
+        q[t] = a.q, d[t] = a.d, ds[t] = a.ds;
+    }
+    __m256 acc[NT];
+    for (int t = 0; t < NT; t++) acc[t] = _mm256_setzero_ps();
+    for (int b = 0; b < n_blocks; b++) {
+        __m256i sum[NT];
+        for (int t = 0; t < NT; t++) sum[t] = _mm256_setzero_si256();
+        const uint8_t *cb = codes + b * 512 + half * 32;
+        for (int j = 0; j < 8; j++) {
+            const __m256i wv = _mm256_loadu_si256((const __m256i *)(cb + j * 64));
+            for (int t = 0; t < NT; t++) {
+                int32_t four;
+                std::memcpy(&four, q[t] + b * kActBlock + 4 * j, 4);
+                const __m256i xv = _mm256_set1_epi32(four);
+                if (kQ4)  // int16 sums: 8 of them stay below 32768
+                    sum[t] = _mm256_add_epi16(sum[t], _mm256_maddubs_epi16(wv, xv));
+                else
+                    sum[t] = _mm256_add_epi32(sum[t], _mm256_madd_epi16(
+                        _mm256_maddubs_epi16(_mm256_sign_epi8(xv, xv), _mm256_sign_epi8(wv, xv)), ones));
+            }
+        }
+        const __m256 wsb = _mm256_loadu_ps(ws + b * kGemmRows + half * 8);
+        const __m256 bb = _mm256_loadu_ps(base + b * kGemmRows + half * 8);
+        for (int t = 0; t < NT; t++) {
+            const __m256i s32 = kQ4 ? _mm256_madd_epi16(sum[t], ones) : sum[t];
+            const __m256 f = _mm256_mul_ps(_mm256_cvtepi32_ps(s32), _mm256_set1_ps(d[t][b]));
+            acc[t] = _mm256_fmadd_ps(f, wsb, acc[t]);
+            if (kQ4) acc[t] = _mm256_fmadd_ps(bb, _mm256_set1_ps(ds[t][b]), acc[t]);
+        }
+    }
+    for (int t = 0; t < NT; t++) {
+        if (n_rows == 8) {
+            _mm256_storeu_ps(y + t * ldy, acc[t]);
+        } else {
+            alignas(32) float tmp[8];
+            _mm256_store_ps(tmp, acc[t]);
+            std::memcpy(y + t * ldy, tmp, sizeof(float) * (size_t)n_rows);
+        }
+    }
+}
+
+template <bool kQ4>
+void gemm_quant(const QuantRows &w, int rows, int n, const QuantActs &x, int n_tok, float *y, size_t ldy, void *pack) {
+    uint8_t *codes = (uint8_t *)pack;
+    float *ws = (float *)(codes + (size_t)kGemmRows * n), *base = ws + (size_t)kGemmRows * (n / kActBlock);
+    pack_rows<kQ4>(w, rows, n, codes, ws, base);
+    for (int half = 0; half * 8 < rows; half++) {
+        const int n_rows = std::min(8, rows - half * 8);
+        float *yh = y + half * 8;
+        int t = 0;
+        for (; t + 4 <= n_tok; t += 4)
+            gemm_tile<kQ4, 4>(codes, half, ws, base, n, token_acts(x, n, t), yh + t * ldy, ldy, n_rows);
+        const QuantActs rest = token_acts(x, n, t);
+        switch (n_tok - t) {
+        case 3: gemm_tile<kQ4, 3>(codes, half, ws, base, n, rest, yh + t * ldy, ldy, n_rows); break;
+        case 2: gemm_tile<kQ4, 2>(codes, half, ws, base, n, rest, yh + t * ldy, ldy, n_rows); break;
+        case 1: gemm_tile<kQ4, 1>(codes, half, ws, base, n, rest, yh + t * ldy, ldy, n_rows); break;
+        default: break;
+        }
+    }
+}
+
 const KernelTable kTable = {
     Isa::Avx2,
     {dot_rows<load8_f32, load1_f32>, dot_rows<load8_f16, load1_f16>, dot_rows<load8_bf16, load1_bf16>},
@@ -277,7 +417,7 @@ const KernelTable kTable = {
     quantize_acts,
     {nullptr, nullptr, nullptr, dot_rows_quant<false>, dot_rows_quant<true>, dot_rows_quant<true>, dot_rows_quant<true>,
      dot_rows_quant<true>},
-    {}};
+    {nullptr, nullptr, nullptr, gemm_quant<false>, gemm_quant<true>, gemm_quant<true>, gemm_quant<true>, gemm_quant<true>}};
 
 }  // namespace
 
