@@ -1,4 +1,4 @@
-"""Reads `.flm` files (docs/flm_format.md, version 1) with numpy only.
+"""Reads `.flm` files (docs/flm_format.md, versions 1 and 2) with numpy only.
 
     meta, tensors = read_flm("model.flm")
     dtype, shape, data = tensors["token_embd.weight"]
@@ -27,7 +27,7 @@ import numpy as np
 import quantize
 
 MAGIC = b"FASTLLM\0"
-SUPPORTED_VERSIONS = (1,)
+SUPPORTED_VERSIONS = (1, 2)  # 1 differs only in the layout of quantized tensors, which it may not hold here
 ALIGNMENT = 64
 HEADER_SIZE = 40
 MAX_DIMS = 4
@@ -209,6 +209,8 @@ def load_flm(path) -> FlmFile:
             raise ValueError(f"{path}: {what}: zero dim in {dims}")
         if dtype_code in QUANT_CODES:  # quantized: the raw bytes (quantize.dequantize decodes them)
             dname, np_dtype = QUANT_CODES[dtype_code], np.dtype(np.uint8)
+            if version < 2:
+                raise ValueError(f"{path}: {what}: quantized in the .flm version 1 layout; convert the model again")
             if n_dims != 2 or dims[1] % quantize.row_multiple(dname):
                 raise ValueError(f"{path}: {what}: {dname} needs a matrix with rows of a multiple of "
                                  f"{quantize.row_multiple(dname)}, got {list(dims)}")

@@ -1,4 +1,4 @@
-"""Writes `.flm` files (docs/flm_format.md, version 1).
+"""Writes `.flm` files (docs/flm_format.md, version 2).
 
 Usage:
 
@@ -35,7 +35,7 @@ import numpy as np
 import quantize
 
 MAGIC = b"FASTLLM\0"
-VERSION = 1
+VERSION = 2  # 2: quantized rows in tiles of 16 (version 1 stored them row by row)
 ALIGNMENT = 64
 HEADER_SIZE = 40
 

@@ -43,11 +43,19 @@ def _align64(n: int) -> int:
     return (n + 63) // 64 * 64
 
 
+TILE_ROWS = 16  # rows are stored in tiles of 16 (docs/flm_format.md); the last one is padded
+
+
+def _tiles(n: int) -> int:
+    return -(-n // TILE_ROWS)
+
+
 def tensor_bytes(dtype: str, shape) -> int:
     n, k = shape
     _, group, bits, has_min = QUANT[dtype]
-    scales = n * (k // group) * 2 * (2 if has_min else 1)
-    return _align64(scales) + n * k * bits // 8
+    rows = _tiles(n) * TILE_ROWS
+    scales = rows * (k // group) * 2 * (2 if has_min else 1)
+    return _align64(scales) + rows * k * bits // 8
 
 
 def _codes(g, d, offset, lo, hi):
@@ -124,11 +132,19 @@ def quantize(w: np.ndarray, dtype: str) -> np.ndarray:
         mins = None
     else:  # scale and minimum: w = d * q + m, q in [0, 15]
         scale, mins, codes = _search_q4m(g)
-    codes = codes.astype(np.uint8).reshape(n, k)
-    if bits == 4:  # 64 weights per 32 bytes: byte j = weight j (low nibble) | weight 32 + j (high)
-        c = codes.reshape(n, k // 64, 2, 32)
-        codes = (c[:, :, 0, :] | (c[:, :, 1, :] << 4)).reshape(n, k // 2)
-    head = scale.tobytes() + (mins.tobytes() if mins is not None else b"")
+    # Tiles of 16 rows, laid out for the kernels: per group, the 16 rows' scales side by side; per
+    # block of 32 columns, 8 chunks of 64 bytes, each 4 consecutive codes of the 16 rows (q8), or,
+    # for q4, the chunks of blocks 2p and 2p + 1 in the low and high nibbles of the same bytes.
+    t, ng = _tiles(n), k // group
+    pad = t * TILE_ROWS - n
+    codes = np.pad(codes.astype(np.uint8).reshape(n, k), ((0, pad), (0, 0)))
+    tiled = lambda a: np.pad(a.reshape(n, ng), ((0, pad), (0, 0))).reshape(t, TILE_ROWS, ng).transpose(0, 2, 1)
+    if bits == 8:
+        codes = codes.reshape(t, TILE_ROWS, k // 32, 8, 4).transpose(0, 2, 3, 1, 4)
+    else:
+        c = codes.reshape(t, TILE_ROWS, k // 64, 2, 8, 4)
+        codes = (c[:, :, :, 0] | (c[:, :, :, 1] << 4)).transpose(0, 2, 3, 1, 4)
+    head = tiled(scale).tobytes() + (tiled(mins).tobytes() if mins is not None else b"")
     out = np.zeros(tensor_bytes(dtype, (n, k)), dtype=np.uint8)
     out[: len(head)] = np.frombuffer(head, dtype=np.uint8)
     out[_align64(len(head)):] = codes.reshape(-1)
@@ -139,14 +155,18 @@ def dequantize(data: np.ndarray, dtype: str, shape) -> np.ndarray:
     """The inverse view of quantize (for tests and inspection): [N, K] float32."""
     _, group, bits, has_min = QUANT[dtype]
     n, k = shape
-    ng = n * (k // group)
-    scale = data[: ng * 2].view(np.float16).astype(np.float32).reshape(n, k // group)
-    mins = data[ng * 2: ng * 4].view(np.float16).astype(np.float32).reshape(n, k // group) if has_min else None
-    q = data[_align64(ng * 2 * (2 if has_min else 1)):]
-    if bits == 4:
-        b = q.reshape(n, k // 64, 1, 32)
-        q = np.concatenate([b & 15, b >> 4], axis=2).reshape(n, k)
-    codes = q.reshape(n, k // group, group).astype(np.float32)
+    t, ng = _tiles(n), k // group
+    rows = t * TILE_ROWS
+    untile = lambda a: a.reshape(t, ng, TILE_ROWS).transpose(0, 2, 1).reshape(rows, ng)[:n]
+    scale = untile(data[: rows * ng * 2].view(np.float16).astype(np.float32))
+    mins = untile(data[rows * ng * 2: rows * ng * 4].view(np.float16).astype(np.float32)) if has_min else None
+    q = data[_align64(rows * ng * 2 * (2 if has_min else 1)):][: rows * k * bits // 8]
+    if bits == 8:
+        q = q.reshape(t, k // 32, 8, TILE_ROWS, 4).transpose(0, 3, 1, 2, 4).reshape(rows, k)
+    else:
+        b = q.reshape(t, k // 64, 8, TILE_ROWS, 4).transpose(0, 3, 1, 2, 4)  # [tile, row, pair, chunk, 4]
+        q = np.stack([b & 15, b >> 4], axis=3).reshape(rows, k)  # [.., pair, block in pair, chunk, 4]
+    codes = q[:n].reshape(n, ng, group).astype(np.float32)
     if bits == 8:
         w = (codes - 128) * scale[..., None]
     elif has_min:

@@ -139,10 +139,10 @@ void FlmFile::parse() {
     c.need(8, "magic");
     if (std::memcmp(bytes_, kMagic, 8) != 0) fail(FASTLLM_ERR_BAD_FORMAT, "%s: not a .flm file (bad magic)", p);
     c.read<uint64_t>("magic");
-    uint32_t version = c.read<uint32_t>("version");
-    if (version != kVersion)
-        fail(FASTLLM_ERR_BAD_FORMAT, "%s: unsupported .flm version %u (this library reads version %u)", p, version,
-             kVersion);
+    const uint32_t version = c.read<uint32_t>("version");
+    if (version < 1 || version > kVersion)
+        fail(FASTLLM_ERR_BAD_FORMAT, "%s: unsupported .flm version %u (this library reads versions 1 to %u)", p,
+             version, kVersion);
     c.read<uint32_t>("reserved");
     uint64_t n_meta = c.count("metadata count");
     uint64_t n_tensors = c.count("tensor count");
@@ -209,6 +209,9 @@ void FlmFile::parse() {
         }
         uint64_t offset = c.read<uint64_t>("tensor offset");
         uint64_t n_bytes = c.read<uint64_t>("tensor size");
+        if (dtype_is_quantized(t.dtype) && version < 2)  // version 1 stored quantized rows one after another
+            fail(FASTLLM_ERR_UNSUPPORTED, "%s: tensor '%s' is quantized in the .flm version 1 layout; convert the model "
+                 "again", p, tn);
         if (dtype_is_quantized(t.dtype) && (n_dims != 2 || t.dims[1] % dtype_row_multiple(t.dtype) != 0))
             fail(FASTLLM_ERR_BAD_FORMAT, "%s: quantized tensor '%s' (%s) must be a matrix whose rows are a multiple of %d long",
                  p, tn, dtype_name(t.dtype), dtype_row_multiple(t.dtype));

@@ -24,7 +24,7 @@ struct MetaValue {
 
 class FlmFile {
 public:
-    static constexpr uint32_t kVersion = 1;
+    static constexpr uint32_t kVersion = 2;  // 2: quantized rows in tiles of 16 (1: row by row)
     static constexpr uint64_t kAlignment = 64;
 
     // Throws Error (FASTLLM_ERR_IO / FASTLLM_ERR_BAD_FORMAT) naming the check that failed.

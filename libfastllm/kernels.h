@@ -41,21 +41,12 @@ struct KernelTable {
     float (*exp_shift_sum)(float *x, int n, float shift);
     // Quantizes n (a multiple of 32) activations.
     void (*quantize_acts)(const float *x, int n, const QuantActs &out);
-    // y[t * ldy + r] = dot(row r of w, activations of token t) for quantized rows of length n and
-    // n_tok tokens, whose activations follow each other in x (q by n, d and ds by n / 32).
-    // Indexed by DType (the quantized ones).
-    void (*dot_rows_quant[kNumDTypes])(const QuantRows &w, int rows, int n, const QuantActs &x, int n_tok, float *y,
+    // y[t * ldy + r] = dot(row r of the tile w, activations of token t) for r < rows (<= 16), rows of
+    // length n, and n_tok tokens whose activations follow each other in x (q by n, d and ds by
+    // n / 32). Indexed by DType (the quantized ones).
+    void (*dot_rows_quant[kNumDTypes])(const QuantTile &w, int rows, int n, const QuantActs &x, int n_tok, float *y,
                                        size_t ldy);
-    // The same product for prompt batches, up to kGemmRows rows at a time: the rows are first copied
-    // into `pack` (gemm_pack_bytes(n), 64-byte aligned) in the layout the register tiles want, then
-    // every token reuses that copy. nullptr where the ISA has no such path.
-    void (*gemm_quant[kNumDTypes])(const QuantRows &w, int rows, int n, const QuantActs &x, int n_tok, float *y,
-                                   size_t ldy, void *pack);
 };
-
-constexpr int kGemmRows = 16;
-// The packed codes (one byte per weight) plus a scale and a base per row and block of 32.
-inline size_t gemm_pack_bytes(int n) { return (size_t)kGemmRows * n + 2 * sizeof(float) * kGemmRows * (n / kActBlock); }
 
 // The tables this build and CPU can run; nullptr for an ISA the CPU (or build) lacks.
 const KernelTable *kernels_for(Isa isa);

@@ -186,161 +186,17 @@ void quantize_acts(const float *x, int n, const QuantActs &out) {
     }
 }
 
-// count (1..8) f16 values widened to floats; lanes past count are 0. Never reads past p + count.
-inline __m256 load_f16(const uint16_t *p, int count) {
-    __m128i h;
-    if (count == 8) {
-        h = _mm_loadu_si128((const __m128i *)p);
-    } else if (count == 4) {
-        h = _mm_loadl_epi64((const __m128i *)p);
-    } else if (count == 2) {
-        uint32_t two;
-        std::memcpy(&two, p, 4);
-        h = _mm_cvtsi32_si128((int)two);
-    } else {
-        alignas(16) uint16_t tmp[8] = {0};
-        std::memcpy(tmp, p, (size_t)count * 2);
-        h = _mm_load_si128((const __m128i *)tmp);
-    }
-    return _mm256_cvtph_ps(h);
-}
-
-// int8 x int8 products of one block of 32, summed in 8 int32 lanes. u: unsigned codes (< 128
-// after the sign trick, or 4-bit), s: signed.
-inline __m256i dot32(__m256i u, __m256i s) {
-    return _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1));
-}
-
-// Blocks are taken 8 at a time: their weight scales (and minimums) are widened into a vector once,
-// multiplied by the activation scales in one go, and the zero-point / minimum corrections become
-// 8-wide dot products with the activations' block sums.
-template <bool kQ4>
-void dot_rows_quant1(const QuantRows &w, int rows, int n, const QuantActs &x, float *y) {
-    const int groups = n / w.group, row_bytes = kQ4 ? n / 2 : n, n_blocks = n / kActBlock;
-    const int shift = w.group == 128 ? 2 : w.group == 64 ? 1 : 0;  // block -> group: b >> shift
-    const float zero = kQ4 && !w.mins ? 8.0f : 0.0f;  // q8 is made signed below: no correction
-    const __m256i low4 = _mm256_set1_epi8(0x0F), flip = _mm256_set1_epi8((char)0x80);
-    const __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
-    const __m256i group_of = _mm256_srli_epi32(lane, shift);
-    for (int r = 0; r < rows; r++) {
-        const uint8_t *qr = w.quants + (size_t)r * row_bytes;
-        const uint16_t *sc = w.scales + (size_t)r * groups;
-        const uint16_t *mn = w.mins ? w.mins + (size_t)r * groups : nullptr;
-        __m256 acc = _mm256_setzero_ps(), corr = _mm256_setzero_ps();
-        for (int b0 = 0; b0 < n_blocks; b0 += 8) {
-            const int cnt = std::min(8, n_blocks - b0), n_g = (cnt + (1 << shift) - 1) >> shift;
-            const __m256i in = _mm256_cmpgt_epi32(_mm256_set1_epi32(cnt), lane);
-            const __m256 wsv = _mm256_permutevar8x32_ps(load_f16(sc + (b0 >> shift), n_g), group_of);
-            __m256 base = _mm256_mul_ps(_mm256_set1_ps(-zero), wsv);  // per block: min - zero * scale
-            if (mn) base = _mm256_add_ps(base, _mm256_permutevar8x32_ps(load_f16(mn + (b0 >> shift), n_g), group_of));
-            const __m256 scale = _mm256_mul_ps(wsv, _mm256_maskload_ps(x.d + b0, in));
-            corr = _mm256_fmadd_ps(base, _mm256_maskload_ps(x.ds + b0, in), corr);
-            if (kQ4) {  // a 32-byte chunk holds two blocks: low nibbles, then high nibbles
-                for (int j = 0; j < cnt; j += 2) {
-                    const int b = b0 + j;
-                    const __m256i bytes = _mm256_loadu_si256((const __m256i *)(qr + (b / 2) * 32));
-                    const __m256i p0 = dot32(_mm256_and_si256(bytes, low4),
-                                             _mm256_loadu_si256((const __m256i *)(x.q + b * kActBlock)));
-                    const __m256i p1 = dot32(_mm256_and_si256(_mm256_srli_epi16(bytes, 4), low4),
-                                             _mm256_loadu_si256((const __m256i *)(x.q + (b + 1) * kActBlock)));
-                    acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p0), _mm256_permutevar8x32_ps(scale, _mm256_set1_epi32(j)), acc);
-                    acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p1), _mm256_permutevar8x32_ps(scale, _mm256_set1_epi32(j + 1)),
-                                          acc);
-                }
-            } else {  // |x| times w carrying x's sign keeps maddubs' pairs inside int16
-                for (int j = 0; j < cnt; j++) {
-                    const int b = b0 + j;
-                    const __m256i xv = _mm256_loadu_si256((const __m256i *)(x.q + b * kActBlock));
-                    const __m256i wv =
-                        _mm256_xor_si256(_mm256_loadu_si256((const __m256i *)(qr + b * kActBlock)), flip);
-                    const __m256i p = dot32(_mm256_sign_epi8(xv, xv), _mm256_sign_epi8(wv, xv));
-                    acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_permutevar8x32_ps(scale, _mm256_set1_epi32(j)), acc);
-                }
-            }
-        }
-        y[r] = hsum(acc) + hsum(corr);
-    }
-}
-
-template <bool kQ4>
-void dot_rows_quant(const QuantRows &w, int rows, int n, const QuantActs &x, int n_tok, float *y, size_t ldy) {
-    for (int t = 0; t < n_tok; t++) dot_rows_quant1<kQ4>(w, rows, n, token_acts(x, n, t), y + t * ldy);
-}
-
-// Prompt batches, in the packed layout of the AVX-512 tiles (kernels_avx512.cpp): per block and
-// 4 columns, 64 bytes = 16 rows x 4 codes. Here a 32-byte half holds 8 rows, one int32 lane each,
-// and vpmaddubsw + vpmaddwd with 4 bytes of a token's activations broadcast advance 8 rows. q8
-// codes are packed signed (code - 128) for the sign trick; q4 codes (< 16) let the int16 pair sums
-// of a whole block of 32 add up without saturating (8 x 2 x 15 x 127 < 32768).
-
-// 8 x 8 transpose of 32-bit elements: afterwards r[j] lane i holds what r[i] lane j held.
-void transpose8x8(__m256i r[8]) {
-    __m256i t[8], u[8];
-    for (int p = 0; p < 4; p++) {
-        t[2 * p] = _mm256_unpacklo_epi32(r[2 * p], r[2 * p + 1]);
-        t[2 * p + 1] = _mm256_unpackhi_epi32(r[2 * p], r[2 * p + 1]);
-    }
-    for (int q = 0; q < 2; q++) {  // u[4q + m], 128-bit lane L: rows 4q..4q+3 of column 4L + m
-        u[4 * q + 0] = _mm256_unpacklo_epi64(t[4 * q], t[4 * q + 2]);
-        u[4 * q + 1] = _mm256_unpackhi_epi64(t[4 * q], t[4 * q + 2]);
-        u[4 * q + 2] = _mm256_unpacklo_epi64(t[4 * q + 1], t[4 * q + 3]);
-        u[4 * q + 3] = _mm256_unpackhi_epi64(t[4 * q + 1], t[4 * q + 3]);
-    }
-    for (int m = 0; m < 4; m++) {
-        r[m] = _mm256_permute2x128_si256(u[m], u[4 + m], 0x20);
-        r[4 + m] = _mm256_permute2x128_si256(u[m], u[4 + m], 0x31);
-    }
-}
-
-template <bool kQ4>
-void pack_rows(const QuantRows &w, int rows, int n, uint8_t *codes, float *ws, float *base) {
-    const int n_blocks = n / kActBlock, groups = n / w.group, row_bytes = kQ4 ? n / 2 : n;
-    const __m256i low4 = _mm256_set1_epi8(0x0F), flip = _mm256_set1_epi8((char)0x80);
-    auto put = [&](int block, int j, int half, __m256i v) {
-        _mm256_storeu_si256((__m256i *)(codes + (block * 8 + j) * 64 + half * 32), v);
-    };
-    for (int half = 0; half < 2; half++) {
-        for (int b = 0; b < n_blocks; b += kQ4 ? 2 : 1) {  // 32 bytes: one q8 block or a q4 pair
-            __m256i r[8];
-            for (int i = 0; i < 8; i++) {
-                const int row = half * 8 + i;
-                if (row >= rows) {
-                    r[i] = _mm256_setzero_si256();
-                    continue;
-                }
-                r[i] = _mm256_loadu_si256((const __m256i *)(w.quants + (size_t)row * row_bytes + b * (kQ4 ? 16 : 32)));
-                if (!kQ4) r[i] = _mm256_xor_si256(r[i], flip);
-            }
-            transpose8x8(r);
-            for (int j = 0; j < 8; j++) {
-                if (kQ4) {
-                    put(b, j, half, _mm256_and_si256(r[j], low4));
-                    put(b + 1, j, half, _mm256_and_si256(_mm256_srli_epi16(r[j], 4), low4));
-                } else {
-                    put(b, j, half, r[j]);
-                }
-            }
-        }
-    }
-    const float zero = kQ4 && !w.mins ? 8.0f : 0.0f;  // q8 was made signed
-    const int blocks_per_group = w.group / kActBlock;
-    for (int r = 0; r < kGemmRows; r++)
-        for (int g = 0; g < groups; g++) {
-            const float sc = r < rows ? f16_to_f32(w.scales[(size_t)r * groups + g]) : 0.0f;
-            const float m = r < rows && w.mins ? f16_to_f32(w.mins[(size_t)r * groups + g]) : 0.0f;
-            for (int b = g * blocks_per_group; b < (g + 1) * blocks_per_group; b++) {
-                ws[b * kGemmRows + r] = sc;
-                base[b * kGemmRows + r] = m - zero * sc;
-            }
-        }
-}
-
-// NT tokens x 8 rows (one half of the packed tile).
+// Quantized tiles (tensor.h), 8 rows at a time: a 32-byte half of a 64-byte chunk holds 4 codes of
+// each of 8 rows (one int32 lane each); vpmaddubsw + vpmaddwd with 4 bytes of a token's activations
+// broadcast advance the 8 rows. q8 codes are made signed (code - 128) for the sign trick (|x| times
+// w carrying x's sign keeps the int16 pairs from saturating); q4 codes (< 16) let the int16 pair
+// sums of a whole block add up without saturating (8 x 2 x 15 x 127 < 32768).
 template <bool kQ4, int NT>
-void gemm_tile(const uint8_t *codes, int half, const float *ws, const float *base, int n, const QuantActs &x0,
-               float *y, size_t ldy, int n_rows) {
+void tile_dot(const QuantTile &w, int half, int n, const QuantActs &x0, float *y, size_t ldy, int n_rows) {
     const int n_blocks = n / kActBlock;
-    const __m256i ones = _mm256_set1_epi16(1);
+    const float zero = kQ4 && !w.mins ? 8.0f : 0.0f;  // q8 is made signed below: no correction
+    const int group_shift = w.group == 128 ? 2 : w.group == 64 ? 1 : 0;  // block -> group, without a division
+    const __m256i ones = _mm256_set1_epi16(1), low4 = _mm256_set1_epi8(0x0F), flip = _mm256_set1_epi8((char)0x80);
     const int8_t *q[NT];
     const float *d[NT], *ds[NT];
     for (int t = 0; t < NT; t++) {
@@ -349,30 +205,54 @@ void gemm_tile(const uint8_t *codes, int half, const float *ws, const float *bas
     }
     __m256 acc[NT];
     for (int t = 0; t < NT; t++) acc[t] = _mm256_setzero_ps();
-    for (int b = 0; b < n_blocks; b++) {
-        __m256i sum[NT];
-        for (int t = 0; t < NT; t++) sum[t] = _mm256_setzero_si256();
-        const uint8_t *cb = codes + b * 512 + half * 32;
-        for (int j = 0; j < 8; j++) {
-            const __m256i wv = _mm256_loadu_si256((const __m256i *)(cb + j * 64));
-            for (int t = 0; t < NT; t++) {
-                int32_t four;
-                std::memcpy(&four, q[t] + b * kActBlock + 4 * j, 4);
-                const __m256i xv = _mm256_set1_epi32(four);
-                if (kQ4)  // int16 sums: 8 of them stay below 32768
-                    sum[t] = _mm256_add_epi16(sum[t], _mm256_maddubs_epi16(wv, xv));
-                else
+    auto bcast = [](const int8_t *p) {
+        int32_t four;
+        std::memcpy(&four, p, 4);
+        return _mm256_set1_epi32(four);
+    };
+    auto finish_block = [&](int b, const __m256i *sum32) {
+        const int g = b >> group_shift;
+        const __m256 ws = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(w.scales + g * kTileRows + half * 8)));
+        __m256 base = _mm256_mul_ps(_mm256_set1_ps(-zero), ws);
+        if (w.mins)
+            base = _mm256_add_ps(base, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(w.mins + g * kTileRows + half * 8))));
+        for (int t = 0; t < NT; t++) {
+            const __m256 f = _mm256_mul_ps(_mm256_cvtepi32_ps(sum32[t]), _mm256_set1_ps(d[t][b]));
+            acc[t] = _mm256_fmadd_ps(f, ws, acc[t]);
+            if (kQ4) acc[t] = _mm256_fmadd_ps(base, _mm256_set1_ps(ds[t][b]), acc[t]);
+        }
+    };
+    if (!kQ4) {
+        for (int b = 0; b < n_blocks; b++) {
+            __m256i sum[NT];
+            for (int t = 0; t < NT; t++) sum[t] = _mm256_setzero_si256();
+            const uint8_t *cb = w.codes + b * 512 + half * 32;
+            for (int j = 0; j < 8; j++) {
+                const __m256i wv = _mm256_xor_si256(_mm256_loadu_si256((const __m256i *)(cb + j * 64)), flip);
+                for (int t = 0; t < NT; t++) {
+                    const __m256i xv = bcast(q[t] + b * kActBlock + 4 * j);
                     sum[t] = _mm256_add_epi32(sum[t], _mm256_madd_epi16(
                         _mm256_maddubs_epi16(_mm256_sign_epi8(xv, xv), _mm256_sign_epi8(wv, xv)), ones));
+                }
             }
+            finish_block(b, sum);
         }
-        const __m256 wsb = _mm256_loadu_ps(ws + b * kGemmRows + half * 8);
-        const __m256 bb = _mm256_loadu_ps(base + b * kGemmRows + half * 8);
-        for (int t = 0; t < NT; t++) {
-            const __m256i s32 = kQ4 ? _mm256_madd_epi16(sum[t], ones) : sum[t];
-            const __m256 f = _mm256_mul_ps(_mm256_cvtepi32_ps(s32), _mm256_set1_ps(d[t][b]));
-            acc[t] = _mm256_fmadd_ps(f, wsb, acc[t]);
-            if (kQ4) acc[t] = _mm256_fmadd_ps(bb, _mm256_set1_ps(ds[t][b]), acc[t]);
+    } else {
+        for (int b = 0; b < n_blocks; b += 2) {
+            __m256i lo16[NT], hi16[NT];
+            for (int t = 0; t < NT; t++) lo16[t] = _mm256_setzero_si256(), hi16[t] = _mm256_setzero_si256();
+            const uint8_t *cb = w.codes + (b / 2) * 512 + half * 32;
+            for (int j = 0; j < 8; j++) {
+                const __m256i v = _mm256_loadu_si256((const __m256i *)(cb + j * 64));
+                const __m256i lo = _mm256_and_si256(v, low4), hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), low4);
+                for (int t = 0; t < NT; t++) {
+                    lo16[t] = _mm256_add_epi16(lo16[t], _mm256_maddubs_epi16(lo, bcast(q[t] + b * kActBlock + 4 * j)));
+                    hi16[t] = _mm256_add_epi16(hi16[t], _mm256_maddubs_epi16(hi, bcast(q[t] + (b + 1) * kActBlock + 4 * j)));
+                }
+            }
+            for (int t = 0; t < NT; t++) lo16[t] = _mm256_madd_epi16(lo16[t], ones), hi16[t] = _mm256_madd_epi16(hi16[t], ones);
+            finish_block(b, lo16);
+            finish_block(b + 1, hi16);
         }
     }
     for (int t = 0; t < NT; t++) {
@@ -387,21 +267,18 @@ void gemm_tile(const uint8_t *codes, int half, const float *ws, const float *bas
 }
 
 template <bool kQ4>
-void gemm_quant(const QuantRows &w, int rows, int n, const QuantActs &x, int n_tok, float *y, size_t ldy, void *pack) {
-    uint8_t *codes = (uint8_t *)pack;
-    float *ws = (float *)(codes + (size_t)kGemmRows * n), *base = ws + (size_t)kGemmRows * (n / kActBlock);
-    pack_rows<kQ4>(w, rows, n, codes, ws, base);
+void dot_rows_quant(const QuantTile &w, int rows, int n, const QuantActs &x, int n_tok, float *y, size_t ldy) {
+    constexpr int NT = kQ4 ? 3 : 4;  // what 16 ymm registers hold
     for (int half = 0; half * 8 < rows; half++) {
         const int n_rows = std::min(8, rows - half * 8);
         float *yh = y + half * 8;
         int t = 0;
-        for (; t + 4 <= n_tok; t += 4)
-            gemm_tile<kQ4, 4>(codes, half, ws, base, n, token_acts(x, n, t), yh + t * ldy, ldy, n_rows);
+        for (; t + NT <= n_tok; t += NT) tile_dot<kQ4, NT>(w, half, n, token_acts(x, n, t), yh + t * ldy, ldy, n_rows);
         const QuantActs rest = token_acts(x, n, t);
         switch (n_tok - t) {
-        case 3: gemm_tile<kQ4, 3>(codes, half, ws, base, n, rest, yh + t * ldy, ldy, n_rows); break;
-        case 2: gemm_tile<kQ4, 2>(codes, half, ws, base, n, rest, yh + t * ldy, ldy, n_rows); break;
-        case 1: gemm_tile<kQ4, 1>(codes, half, ws, base, n, rest, yh + t * ldy, ldy, n_rows); break;
+        case 3: tile_dot<kQ4, 3>(w, half, n, rest, yh + t * ldy, ldy, n_rows); break;
+        case 2: tile_dot<kQ4, 2>(w, half, n, rest, yh + t * ldy, ldy, n_rows); break;
+        case 1: tile_dot<kQ4, 1>(w, half, n, rest, yh + t * ldy, ldy, n_rows); break;
         default: break;
         }
     }
@@ -416,8 +293,7 @@ const KernelTable kTable = {
     exp_shift_sum,
     quantize_acts,
     {nullptr, nullptr, nullptr, dot_rows_quant<false>, dot_rows_quant<true>, dot_rows_quant<true>, dot_rows_quant<true>,
-     dot_rows_quant<true>},
-    {nullptr, nullptr, nullptr, gemm_quant<false>, gemm_quant<true>, gemm_quant<true>, gemm_quant<true>, gemm_quant<true>}};
+     dot_rows_quant<true>}};
 
 }  // namespace
 

@@ -115,11 +115,13 @@ void quantize_acts(const float *x, int n, const QuantActs &out) {
     }
 }
 
-// The code of weight i of a row: q8 bytes are plain; q4 chunks of 32 bytes hold weights 0..31 of
-// their 64 in the low nibbles and 32..63 in the high nibbles.
-inline int q4_code(const uint8_t *row, int i) {
-    const uint8_t byte = row[(i / 64) * 32 + (i % 32)];
-    return (i % 64) < 32 ? (byte & 15) : (byte >> 4);
+// The code of weight i of tile row r (the tile layout of tensor.h).
+template <bool kQ4>
+inline int tile_code(const uint8_t *codes, int r, int i) {
+    const int b = i / kActBlock, chunk = (i % kActBlock) / 4, at = r * 4 + i % 4;
+    if (!kQ4) return codes[(b * 8 + chunk) * 64 + at];
+    const uint8_t byte = codes[((b / 2) * 8 + chunk) * 64 + at];
+    return b % 2 == 0 ? (byte & 15) : (byte >> 4);
 }
 
 void swiglu(const float *gate_up, int n, float *out) {
@@ -136,28 +138,25 @@ float exp_shift_sum(float *x, int n, float shift) {
 }
 
 template <bool kQ4>
-void dot_rows_quant1(const QuantRows &w, int rows, int n, const QuantActs &x, float *y) {
-    const int groups = n / w.group, row_bytes = kQ4 ? n / 2 : n;
+void dot_rows_quant1(const QuantTile &w, int rows, int n, const QuantActs &x, float *y) {
     const float zero = w.mins ? 0.0f : (kQ4 ? 8.0f : 128.0f);
     for (int r = 0; r < rows; r++) {
-        const uint8_t *qr = w.quants + (size_t)r * row_bytes;
         float acc = 0, corr = 0, mins = 0;
         for (int b = 0; b < n / kActBlock; b++) {
             const int g = b * kActBlock / w.group;
             int32_t dot = 0;
-            for (int i = b * kActBlock; i < (b + 1) * kActBlock; i++)
-                dot += (kQ4 ? q4_code(qr, i) : qr[i]) * x.q[i];
-            const float dw = f16_to_f32(w.scales[(size_t)r * groups + g]);
+            for (int i = b * kActBlock; i < (b + 1) * kActBlock; i++) dot += tile_code<kQ4>(w.codes, r, i) * x.q[i];
+            const float dw = f16_to_f32(w.scales[g * kTileRows + r]);
             acc += dw * x.d[b] * (float)dot;
             corr += dw * x.ds[b];
-            if (w.mins) mins += f16_to_f32(w.mins[(size_t)r * groups + g]) * x.ds[b];
+            if (w.mins) mins += f16_to_f32(w.mins[g * kTileRows + r]) * x.ds[b];
         }
         y[r] = acc - zero * corr + mins;
     }
 }
 
 template <bool kQ4>
-void dot_rows_quant(const QuantRows &w, int rows, int n, const QuantActs &x, int n_tok, float *y, size_t ldy) {
+void dot_rows_quant(const QuantTile &w, int rows, int n, const QuantActs &x, int n_tok, float *y, size_t ldy) {
     for (int t = 0; t < n_tok; t++) dot_rows_quant1<kQ4>(w, rows, n, token_acts(x, n, t), y + t * ldy);
 }
 
@@ -169,8 +168,7 @@ const KernelTable kTable = {Isa::Scalar,
                             exp_shift_sum,
                             quantize_acts,
                             {nullptr, nullptr, nullptr, dot_rows_quant<false>, dot_rows_quant<true>,
-                             dot_rows_quant<true>, dot_rows_quant<true>, dot_rows_quant<true>},
-    {}};
+                             dot_rows_quant<true>, dot_rows_quant<true>, dot_rows_quant<true>}};
 
 }  // namespace
 

@@ -18,7 +18,6 @@ namespace {
 constexpr int kRowBlock = 16;      // weight rows a thread takes at a time
 constexpr int kBlasRowBlock = 256;  // rows converted to f32 per sgemm call (f16/bf16 weights)
 constexpr int kBlasMinTokens = 8;  // below this, our own tiles beat the sgemm call overhead
-constexpr int kGemmMinTokens = 8;  // below this, packing quantized rows costs more than it saves
 
 #ifdef FASTLLM_USE_BLAS
 // OpenBLAS would otherwise start its own thread pool, whose threads spin while waiting and starve
@@ -57,28 +56,21 @@ void dequantize_row(const KernelTable &k, const Tensor &W, int64_t r, float *out
 
 namespace {
 
-// Quantized weights: activations are quantized to int8 once, then each thread takes blocks of rows
-// and applies them to every token while they are in cache (prompt batches through the ISA's packed
-// GEMM tiles where it has them, with a per-thread packing buffer in the f32 scratch).
+// Quantized weights: activations are quantized to int8 once, then each thread takes tiles of 16
+// rows and applies them to every token while they are in cache.
 void matmul_quant(const KernelTable &k, const Tensor &W, const float *x, int T, float *y, const MatmulScratch &sc,
                   ThreadPool &pool) {
-    static_assert(kRowBlock == kGemmRows, "a row block is one GEMM tile");
+    static_assert(kRowBlock == kTileRows, "a row block is one tile of the quantized layout");
     const int64_t N = W.rows(), K = W.cols();
     pool.parallel_for(T, [&](int64_t first, int64_t last, int) {
         for (int64_t t = first; t < last; t++) k.quantize_acts(x + t * K, (int)K, token_acts(sc.acts, (int)K, (int)t));
     });
     const auto dot = k.dot_rows_quant[(int)W.dtype];
-    const auto gemm = T >= kGemmMinTokens ? k.gemm_quant[(int)W.dtype] : nullptr;
     const int64_t n_blocks = (N + kRowBlock - 1) / kRowBlock;
-    pool.parallel_for(n_blocks, [&](int64_t first, int64_t last, int tid) {
-        void *pack = sc.f32 + (size_t)tid * kBlasRowBlock * K;
+    pool.parallel_for(n_blocks, [&](int64_t first, int64_t last, int) {
         for (int64_t b = first; b < last; b++) {
             const int64_t r0 = b * kRowBlock;
-            const int rows = (int)std::min<int64_t>(kRowBlock, N - r0);
-            if (gemm)
-                gemm(W.quant_rows(r0), rows, (int)K, sc.acts, T, y + r0, (size_t)N, pack);
-            else
-                dot(W.quant_rows(r0), rows, (int)K, sc.acts, T, y + r0, (size_t)N);
+            dot(W.quant_tile(r0), (int)std::min<int64_t>(kRowBlock, N - r0), (int)K, sc.acts, T, y + r0, (size_t)N);
         }
     });
 }

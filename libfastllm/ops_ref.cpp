@@ -10,14 +10,14 @@ namespace fastllm {
 namespace ref {
 
 float weight(const Tensor &W, int64_t r, int64_t c) {
-    if (dtype_is_quantized(W.dtype)) {
-        const QuantRows q = W.quant_rows(r);
-        const int64_t g = c / q.group;
-        const float scale = f16_to_f32(q.scales[g]);
-        if (!dtype_is_q4(W.dtype)) return scale * (float)((int)q.quants[c] - 128);
-        const uint8_t byte = q.quants[(c / 64) * 32 + (c % 32)];
-        const int code = (c % 64) < 32 ? (byte & 15) : (byte >> 4);
-        return q.mins ? scale * (float)code + f16_to_f32(q.mins[g]) : scale * (float)(code - 8);
+    if (dtype_is_quantized(W.dtype)) {  // the tile layout of tensor.h, spelled out
+        const QuantTile q = W.quant_tile(r / kTileRows * kTileRows);
+        const int64_t lane = r % kTileRows, g = c / q.group, b = c / kActBlock, chunk = (c % kActBlock) / 4;
+        const float scale = f16_to_f32(q.scales[g * kTileRows + lane]);
+        if (!dtype_is_q4(W.dtype)) return scale * (float)((int)q.codes[(b * 8 + chunk) * 64 + lane * 4 + c % 4] - 128);
+        const uint8_t byte = q.codes[((b / 2) * 8 + chunk) * 64 + lane * 4 + c % 4];
+        const int code = b % 2 == 0 ? (byte & 15) : (byte >> 4);
+        return q.mins ? scale * (float)code + f16_to_f32(q.mins[g * kTileRows + lane]) : scale * (float)(code - 8);
     }
     const void *row = W.row(r);
     switch (W.dtype) {

@@ -47,22 +47,31 @@ inline const char *dtype_name(DType t) {
 }
 
 inline uint64_t align64(uint64_t n) { return (n + 63) / 64 * 64; }
+
+// Quantized matrices are stored in tiles of 16 rows (the last one padded with zero rows), laid out
+// for the kernels (docs/flm_format.md): per group, the 16 rows' f16 scales side by side; per block
+// of 32 columns, 8 chunks of 64 bytes holding 4 consecutive codes of each of the 16 rows (q8), or
+// for q4 the chunks of blocks 2p and 2p + 1 in the low and high nibbles of the same 64 bytes.
+constexpr int kTileRows = 16;
+inline uint64_t quant_tiles(uint64_t rows) { return (rows + kTileRows - 1) / kTileRows; }
 // Bytes of the scales (+ minimums) region of a quantized [rows, cols] matrix, padded to 64.
 inline uint64_t quant_scales_bytes(DType t, uint64_t rows, uint64_t cols) {
-    uint64_t n = rows * (cols / dtype_group(t)) * 2;
+    uint64_t n = quant_tiles(rows) * kTileRows * (cols / dtype_group(t)) * 2;
     return align64(dtype_has_min(t) ? 2 * n : n);
 }
+// Bytes of one tile's codes.
+inline uint64_t quant_tile_bytes(DType t, uint64_t cols) { return kTileRows * (dtype_is_q4(t) ? cols / 2 : cols); }
 // Bytes a tensor of this dtype and shape occupies in the file.
 inline uint64_t tensor_bytes(DType t, uint64_t rows, uint64_t cols) {
     if (!dtype_is_quantized(t)) return rows * cols * dtype_size(t);
-    return quant_scales_bytes(t, rows, cols) + rows * (dtype_is_q4(t) ? cols / 2 : cols);
+    return quant_scales_bytes(t, rows, cols) + quant_tiles(rows) * quant_tile_bytes(t, cols);
 }
 
-// A quantized matrix's rows, as the kernels see them (see docs/flm_format.md).
-struct QuantRows {
-    const uint16_t *scales;  // f16, K/G per row
-    const uint16_t *mins;    // f16, K/G per row; nullptr unless q4m
-    const uint8_t *quants;   // K (q8) or K/2 (q4) bytes per row
+// One tile of a quantized matrix, as the kernels see it.
+struct QuantTile {
+    const uint16_t *scales;  // f16, [K/G][16]
+    const uint16_t *mins;    // f16, [K/G][16]; nullptr unless q4m
+    const uint8_t *codes;    // K * 16 (q8) or K * 8 (q4) bytes, in chunks of 64
     int group;               // G
 };
 
@@ -86,14 +95,14 @@ struct Tensor {
     const void *row(int64_t r) const { return (const char *)data + (size_t)r * row_bytes(); }
     const float *f32() const { return (const float *)data; }
     // Quantized types: the rows from r on.
-    QuantRows quant_rows(int64_t r) const {
-        const int64_t K = cols(), G = dtype_group(dtype), per_row = K / G;
+    // The tile holding rows [r0, r0 + 16); r0 must be a multiple of 16.
+    QuantTile quant_tile(int64_t r0) const {
+        const int64_t K = cols(), G = dtype_group(dtype), per_tile = (K / G) * kTileRows, tile = r0 / kTileRows;
         const uint16_t *scales = (const uint16_t *)data;
-        const uint8_t *quants = (const uint8_t *)data + quant_scales_bytes(dtype, rows(), K);
-        QuantRows q;
-        q.scales = scales + r * per_row;
-        q.mins = dtype_has_min(dtype) ? scales + rows() * per_row + r * per_row : nullptr;
-        q.quants = quants + r * (dtype_is_q4(dtype) ? K / 2 : K);
+        QuantTile q;
+        q.scales = scales + tile * per_tile;
+        q.mins = dtype_has_min(dtype) ? scales + (int64_t)quant_tiles(rows()) * per_tile + tile * per_tile : nullptr;
+        q.codes = (const uint8_t *)data + quant_scales_bytes(dtype, rows(), K) + tile * quant_tile_bytes(dtype, K);
         q.group = (int)G;
         return q;
     }

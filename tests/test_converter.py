@@ -496,7 +496,7 @@ def test_writer_reader_roundtrip(tmp_path):
     assert f.tensors["x4"].shape == (1, 1, 3, 4)
     raw = (tmp_path / "t.flm").read_bytes()
     assert raw[:8] == b"FASTLLM\0"
-    assert struct.unpack_from("<IIQQQ", raw, 8) == (1, 0, 7, 4, f.data_offset)
+    assert struct.unpack_from("<IIQQQ", raw, 8) == (2, 0, 7, 4, f.data_offset)
     assert all(loc.offset % 64 == 0 for loc in f.locations.values())
     assert f.file_size == f.data_offset + f.locations["x4"].offset + 48
 
@@ -530,7 +530,7 @@ def test_reader_rejects_malformed(tmp_path):
 
     check(b"", "shorter than")
     check(b"GGUF" + good[4:], "bad magic")
-    check(good[:8] + struct.pack("<I", 2) + good[12:], "unsupported .flm version 2")
+    check(good[:8] + struct.pack("<I", 3) + good[12:], "unsupported .flm version 3")
     check(good[:32] + struct.pack("<Q", f.data_offset + 1) + good[40:], "not a multiple of 64")
     check(good[:-4], "run past the end")
     # the second tensor's table entry: make its offset equal the first's -> overlap

@@ -134,3 +134,18 @@ def test_dtype_policy_rules_and_overrides():
             quantize.DtypePolicy(*bad)
     with pytest.raises(quantize.ConversionError, match="multiple of 64"):
         quantize.DtypePolicy("f32", 32, ["*=q4"])("blk.0.ffn_down.weight", (64, 172))
+
+
+def test_version1_quantized_files_are_refused(stories_models, tmp_path):
+    """.flm version 1 stored quantized rows one after another; reading them as tiles would be garbage."""
+    import struct
+    data = bytearray(stories_models["int8"].read_bytes())
+    assert struct.unpack_from("<I", data, 8)[0] == 2
+    struct.pack_into("<I", data, 8, 1)
+    old = tmp_path / "v1.flm"
+    old.write_bytes(bytes(data))
+    with pytest.raises(fastllm.FastLLMError, match="version 1 layout; convert the model again") as e:
+        fastllm.Model(old)
+    assert e.value.status_name == "FASTLLM_ERR_UNSUPPORTED"
+    with pytest.raises(ValueError, match="version 1 layout"):
+        read_flm(old)

@@ -64,9 +64,12 @@ struct Weights {  // a matrix stored in one dtype, with its Tensor view
 static void quantize_weights(Weights &w, DType dt, int N, int K) {
     const int G = dtype_group(dt), groups = K / G;
     w.bytes.assign(tensor_bytes(dt, N, K), 0);
+    const size_t tiles = quant_tiles(N);
     uint16_t *scales = (uint16_t *)w.bytes.data();
-    uint16_t *mins = scales + (size_t)N * groups;
+    uint16_t *mins = scales + tiles * kTileRows * groups;
     uint8_t *quants = w.bytes.data() + quant_scales_bytes(dt, N, K);
+    // Tiles of 16 rows: scales [tile][group][row], codes [tile][block (q8) or block pair (q4)][4 columns][row][4]
+    auto at = [&](int r, int g) { return (size_t)(r / kTileRows) * groups * kTileRows + (size_t)g * kTileRows + r % kTileRows; };
     for (int r = 0; r < N; r++)
         for (int g = 0; g < groups; g++) {
             const float *v = &w.full[(size_t)r * K + g * G];
@@ -76,20 +79,22 @@ static void quantize_weights(Weights &w, DType dt, int N, int K) {
             if (dt == DType::Q8) scale = amax / 127;
             else if (dtype_has_min(dt)) scale = (hi - lo) / 15, mn = lo;
             else scale = amax / 8;
-            scales[(size_t)r * groups + g] = f32_to_f16(scale);
-            if (dtype_has_min(dt)) mins[(size_t)r * groups + g] = f32_to_f16(mn);
-            const float s = f16_to_f32(scales[(size_t)r * groups + g]), m = f16_to_f32(f32_to_f16(mn));
+            scales[at(r, g)] = f32_to_f16(scale);
+            if (dtype_has_min(dt)) mins[at(r, g)] = f32_to_f16(mn);
+            const float s = f16_to_f32(scales[at(r, g)]), m = f16_to_f32(f32_to_f16(mn));
             for (int i = 0; i < G; i++) {
                 const int c = g * G + i;
                 int q;
                 if (dt == DType::Q8) q = std::clamp((int)std::lround(v[i] / s), -127, 127) + 128;
                 else if (dtype_has_min(dt)) q = std::clamp((int)std::lround((v[i] - m) / s), 0, 15);
                 else q = std::clamp((int)std::lround(v[i] / s) + 8, 0, 15);
+                const size_t tile = (size_t)(r / kTileRows) * quant_tile_bytes(dt, K);
+                const size_t in_chunk = (size_t)(r % kTileRows) * 4 + c % 4, chunk = (c % 32) / 4;
                 if (dt == DType::Q8) {
-                    quants[(size_t)r * K + c] = (uint8_t)q;
+                    quants[tile + ((size_t)(c / 32) * 8 + chunk) * 64 + in_chunk] = (uint8_t)q;
                 } else {
-                    uint8_t &byte = quants[(size_t)r * K / 2 + (c / 64) * 32 + (c % 32)];
-                    byte |= (c % 64) < 32 ? q : q << 4;
+                    uint8_t &byte = quants[tile + ((size_t)(c / 64) * 8 + chunk) * 64 + in_chunk];
+                    byte |= (c / 32) % 2 == 0 ? q : q << 4;
                 }
             }
         }
