@@ -170,8 +170,8 @@ template <bool kQ4, int NT>
 void tile_dot(const QuantTile &w, int n, const QuantActs &x0, float *y, size_t ldy, __mmask16 rm) {
     const int n_blocks = n / kActBlock;
     const float zero = w.mins ? 0.0f : (kQ4 ? 8.0f : 128.0f);
-    const int8_t *q[NT];
     const int group_shift = w.group == 128 ? 2 : w.group == 64 ? 1 : 0;  // block -> group, without a division
+    const int8_t *q[NT];
     const float *d[NT], *ds[NT];
     for (int t = 0; t < NT; t++) {
         const QuantActs a = token_acts(x0, n, t);
