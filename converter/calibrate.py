@@ -1,12 +1,14 @@
-"""Activation-aware int4 rounding (`convert.py --calib FILE`): input channels scaled by their
-activations, then weights clipped where the activations say it pays.
+"""Calibrated rounding (`convert.py --calib FILE`, int8 / int4 / int4m): input channels scaled by
+their activations, then every quantized matrix rounded by GPTQ on the activations' statistics.
 
-An int4 group shares one scale, so a group's few large weights decide how coarsely its small ones
-are rounded. The input channels that carry large activations matter most for the output; scaling
-them up in the weight matrix (W[:, c] *= s_c) lets them be rounded more finely, at the cost of
-the others. The layer computes the same function when the operation feeding the matrix divides
-channel c by s_c, so the scales are folded into neighbouring weights and the .flm format does not
-change:
+The model is run (transformers, float32) on sample text; two things use what it sees.
+
+Scaling (AWQ-style). A group of weights shares one scale, so its few large weights decide how
+coarsely its small ones are rounded. The input channels that carry large activations matter most
+for the output; scaling them up in the weight matrix (W[:, c] *= s_c) lets them be rounded more
+finely, at the cost of the others. The layer computes the same function when the operation
+feeding the matrix divides channel c by s_c, so the scales are folded into neighbouring weights and
+the .flm format does not change:
 
     matrices (sharing an input)    their input is the output of       which absorbs 1/s
     q, k, v                        the attention RMSNorm              input_layernorm.weight
@@ -14,30 +16,29 @@ change:
     gate, up                       the MLP RMSNorm                    post_attention_layernorm.weight
     down                           silu(gate) * up                    up_proj rows (and bias)
 
-With grouped-query attention several query heads read one value head, so the o channels of
-those heads get one common scale per (kv head, dim).
+With grouped-query attention several query heads read one value head, so the o channels of those
+heads get one common scale per (kv head, dim). Per decoder layer and matrix group, s =
+mean|x|^alpha (normalised so that max(s) * min(s) = 1), alpha picked from a grid that includes 0
+(no scaling) as the one with the least squared output error || X W^T - X diag(1/s) Q(W diag(s))^T ||^2
+over a sample of the calibration rows X, Q being the real quantize + dequantize of the dtype the
+DtypePolicy gives the (fused) .flm tensor.
 
-The scales come from running the HF model (transformers, float32) on sample text: per decoder
-layer and group, s = mean|x|^alpha (normalised so that max(s) * min(s) = 1), alpha picked from a
-grid that includes 0 (no scaling) as the one with the least squared output error
-|| X W^T - X diag(1/s) Q(W diag(s))^T ||^2 over a sample of the calibration rows X, Q being the
-real quantize + dequantize of the dtype the DtypePolicy gives the (fused) .flm tensor. Only q4
-types are searched; q8, f16 and f32 matrices are left as they are.
+Rounding (GPTQ, Frantar et al. 2022). Rounding each weight to its nearest code ignores that the
+errors of one row add up in the output x . (w - q). GPTQ rounds a row's columns one at a time and
+moves each one's error onto the columns not rounded yet, in the proportions that cancel it best for
+the inputs seen (through the inverse of their Gram matrix X^T X), so the whole row's output error
+is what is minimised. A group's scales are chosen by the quantizer's usual search when its first
+column is reached. Layers are rounded in order, each on the inputs that the layers before it give
+once rounded. The rounded weights go to the writer with their grid (quantize.OnGrid), so it stores
+exactly those codes.
 
-Then clipping: per row and group of G weights, the (scaled) weights are clipped to a fraction of
-their range (1 = not clipped, down to 0.7) where that gives the group's part of the output the
-least squared error over the same rows, x_g^T C x_g with C the group's input covariance. The
-quantizer's own scale search minimises the error of the weights; this one weights it by the
-activations. The clipped float weights go to the writer, whose quantizer is per group and
-deterministic, so it rounds them exactly as they were judged here. Clipping changes the function
-(a little, by design); the scaling alone does not.
-
-Cost: one float32 forward pass of the HF model over the text (it is loaded whole), and per q4
-matrix one quantize per alpha and clip ratio (SmolLM2-135M: about 5 minutes on 2 cores). Memory:
-the model, plus N_SAMPLE input rows per matrix group.
+Cost: one float32 forward pass of the HF model over the text for the statistics, two more, a layer
+at a time, for GPTQ, and per matrix one quantize per alpha (SmolLM2-135M, 2048 tokens: about 2
+minutes on 2 cores). Memory: the model, N_SAMPLE input rows per matrix group, and one layer's Gram
+matrices.
 
     ckpt, report = calibrate(ckpt, hp, policy, "sample.txt", n_tokens=2048)
-    llama.add_tensors(writer, ckpt, hp, "f32")     # the scaled tensors replace the originals
+    llama.add_tensors(writer, ckpt, hp, "f32")     # the scaled, rounded tensors replace the originals
 """
 from __future__ import annotations
 
@@ -55,7 +56,9 @@ DEFAULT_TOKENS = 2048
 SEQ_LEN = 512            # tokens per calibration sequence (at most the context length)
 N_SAMPLE = 512           # input rows kept per matrix group for the error search
 ALPHAS = tuple(float(a) for a in np.linspace(0.0, 1.0, 11))
-CLIP_RATIOS = tuple(1.0 - 0.025 * i for i in range(13))   # 1.0 .. 0.7
+# GPTQ adds damp x mean(diag(X^T X)) to the diagonal (regularises the inverse: the corrections fit
+# the sample less closely). Per bits per code, measured on stories260K (tests/test_calibration.py).
+GPTQ_DAMP = {8: 0.03, 4: 0.1}
 
 
 @dataclass
@@ -66,7 +69,6 @@ class GroupResult:
     alpha: float         # 0: left unscaled
     error: float         # squared output error on the sample rows with the chosen alpha
     error_unscaled: float
-    clipped: float = 0.0  # fraction of the groups of weights that were clipped
 
 
 @dataclass
@@ -79,21 +81,21 @@ class CalibrationReport:
         searched = [g for g in self.groups if g.error_unscaled > 0]
         scaled = [g for g in searched if g.alpha > 0]
         if not searched:
-            return f"calibration: {self.n_tokens} tokens; no int4 matrix to scale"
+            return f"calibration: {self.n_tokens} tokens; no quantized matrix to scale"
         gain = np.mean([1 - g.error / g.error_unscaled for g in searched])
-        clipped = np.mean([g.clipped for g in searched])
         return (f"calibration: {self.n_tokens} tokens in {self.n_sequences} sequences; "
-                f"{len(scaled)} of {len(searched)} int4 matrices scaled (output error on the "
-                f"sample {100 * gain:.1f}% lower on average), {100 * clipped:.1f}% of the weight "
-                f"groups clipped")
+                f"{len(scaled)} of {len(searched)} quantized matrices scaled (output error on the "
+                f"sample {100 * gain:.1f}% lower on average); all rounded by GPTQ")
 
 
 class ScaledCheckpoint:
-    """A Checkpoint whose get() returns the scaled tensors where there are some."""
+    """A Checkpoint whose get() returns the scaled (and rounded) tensors where there are some, and
+    whose grid() gives the scales the rounded ones lie on."""
 
-    def __init__(self, ckpt, overrides: dict):
+    def __init__(self, ckpt, overrides: dict, grids: dict | None = None):
         self._ckpt = ckpt
         self.overrides = overrides
+        self.grids = grids or {}
 
     def __getattr__(self, name):
         return getattr(self._ckpt, name)
@@ -102,9 +104,12 @@ class ScaledCheckpoint:
         t = self.overrides.get(name)
         return t if t is not None else self._ckpt.get(name)
 
+    def grid(self, name: str):
+        return self.grids.get(name)
+
 
 def check_request(calib_path, policy, model_path) -> None:
-    """The errors found before any work: not an HF folder, no int4 dtype, no text file."""
+    """The errors found before any work: not an HF folder, no quantized dtype, no text file."""
     model_path = Path(model_path)
     is_gguf = model_path.suffix.lower() == ".gguf"
     if not is_gguf and model_path.is_file():
@@ -113,8 +118,8 @@ def check_request(calib_path, policy, model_path) -> None:
     if is_gguf:
         raise ConversionError("calibration needs an HF checkpoint (it runs the model with "
                               "transformers); --calib cannot be used with a GGUF file")
-    if not policy.default.startswith("q4"):
-        raise ConversionError(f"--calib chooses scales for int4 rounding; it needs --dtype int4 or "
+    if policy.default not in quantize.QUANT:
+        raise ConversionError(f"--calib rounds quantized weights; it needs --dtype int8, int4 or "
                               f"int4m, not {policy.default}")
     if not Path(calib_path).is_file():
         raise ConversionError(f"calibration text {calib_path} does not exist")
@@ -227,43 +232,64 @@ def _search(stat, x, w, dtype, alphas, tie=None):
     return best + (err0,)
 
 
-def _clip_search(w, x, dtype, ratios):
-    """Per (row, group), the clipping of the weights to ratio * their range that gives the least
-    output error sum((x_g . (w_g - Q(w_g)))^2) over the rows x (1.0, no clipping, is always a
-    candidate). Returns (the clipped weights, the fraction of groups clipped)."""
-    _, group, _, has_min = quantize.QUANT[dtype]
+def gptq(w: np.ndarray, xtx: np.ndarray, dtype: str, damp: float | None = None, block: int = 128):
+    """GPTQ rounding of w [N, K] for inputs with Gram matrix xtx = X^T X [K, K]: columns are
+    rounded left to right, and each one's rounding error is spread over the columns not rounded
+    yet, weighted by the inverse of xtx, so that X W^T changes as little as it can (Frantar et
+    al., 2022; the columns of a block are updated one by one, the rest once per block). A group's
+    scales come from the quantizer's own search when its first column is reached, on the weights
+    as updated by then. Returns (weights on the grid [N, K] float32, quantize.Grid)."""
+    _, group, bits, has_min = quantize.QUANT[dtype]
+    damp = GPTQ_DAMP[bits] if damp is None else damp
     n, k = w.shape
-    xg = x.reshape(x.shape[0], k // group, group).astype(np.float64)
-    cov = np.einsum("sgi,sgj->gij", xg, xg)
-    g = w.reshape(n, k // group, group)
-    if has_min:
-        lo, hi = g.min(axis=2, keepdims=True), g.max(axis=2, keepdims=True)
-        mid, half = (lo + hi) / 2, (hi - lo) / 2
-    else:
-        mid, half = 0.0, np.abs(g).max(axis=2, keepdims=True)
-    best = best_err = None
-    for r in sorted(set(ratios) | {1.0}, reverse=True):
-        gc = np.clip(g, mid - r * half, mid + r * half).astype(np.float32)
-        ratio = np.full(g.shape[:2], r)
-        e = (g - quantize.dequantize(quantize.quantize(gc.reshape(n, k), dtype), dtype, (n, k))
-             .reshape(g.shape)).astype(np.float64)
-        err = np.einsum("rgi,gij,rgj->rg", e, cov, e)
-        if best is None:
-            best, best_err, best_ratio = gc, err, ratio
-        else:
-            better = err < best_err
-            best = np.where(better[..., None], gc, best)
-            best_err = np.where(better, err, best_err)
-            best_ratio = np.where(better, ratio, best_ratio)
-    return best.reshape(n, k), float((best_ratio < 1).mean())
+    W = torch.from_numpy(np.array(w, dtype=np.float64))
+    H = torch.from_numpy(np.array(xtx, dtype=np.float64))
+    dead = torch.diagonal(H) == 0  # inputs that were always 0: their weights do not matter
+    H[dead, dead] = 1
+    W[:, dead] = 0
+    H += damp * torch.diagonal(H).mean() * torch.eye(k, dtype=H.dtype)
+    Hinv = torch.linalg.cholesky(torch.cholesky_inverse(torch.linalg.cholesky(H)), upper=True)
+    Q = torch.zeros_like(W)
+    scale = np.zeros((n, k // group), dtype=np.float16)
+    mins = np.zeros_like(scale) if has_min else None
+    for b0 in range(0, k, block):
+        b1 = min(b0 + block, k)
+        Wb, Eb, Hb = W[:, b0:b1].clone(), torch.zeros(n, b1 - b0, dtype=W.dtype), Hinv[b0:b1, b0:b1]
+        for j in range(b1 - b0):
+            c = b0 + j
+            if c % group == 0:  # this group's grid, from its (partly updated) weights
+                cur = torch.cat([Wb[:, j:], W[:, b1:]], dim=1)[:, :group].to(torch.float32).numpy()
+                gr = quantize.choose_grid(cur[:, None, :], dtype)
+                scale[:, c // group] = gr.scale[:, 0]
+                if has_min:
+                    mins[:, c // group] = gr.mins[:, 0]
+                d = torch.from_numpy(gr.scale[:, 0].astype(np.float64))
+                m = torch.from_numpy(gr.mins[:, 0].astype(np.float64)) if has_min else None
+            col = Wb[:, j]
+            code = quantize.round_to_grid(col.to(torch.float32).numpy()[:, None, None],
+                                          quantize.Grid(d.numpy()[:, None], None if m is None else m.numpy()[:, None]),
+                                          dtype)[:, 0, 0]
+            q = _dequant_codes(torch.from_numpy(code.astype(np.float64)), d, m, dtype)
+            Q[:, c] = q
+            err = (col - q) / Hb[j, j]
+            Wb[:, j:] -= torch.outer(err, Hb[j, j:])
+            Eb[:, j] = err
+        W[:, b1:] -= Eb @ Hinv[b0:b1, b1:]
+    return Q.to(torch.float32).numpy(), quantize.Grid(scale, mins)
+
+
+def _dequant_codes(code, d, m, dtype):
+    """The weights of stored codes (see quantize.round_to_grid)."""
+    if m is not None:
+        return code * d + m
+    return (code - (128 if quantize.QUANT[dtype][2] == 8 else 8)) * d
 
 
 def calibrate(ckpt, hp, policy, text_path, n_tokens: int = DEFAULT_TOKENS, alphas=ALPHAS,
-              n_sample: int = N_SAMPLE, seq_len: int = SEQ_LEN, progress: bool = False,
-              clip_ratios=CLIP_RATIOS):
+              n_sample: int = N_SAMPLE, seq_len: int = SEQ_LEN, progress: bool = False):
     """Returns (a ScaledCheckpoint over ckpt, CalibrationReport). policy: the quantize.DtypePolicy
-    the writer will use (it decides which matrices are q4 and how they are rounded); alphas: the
-    scaling exponents tried (0 is always added); clip_ratios: () for no clipping."""
+    the writer will use (it decides which matrices are quantized, and to what); alphas: the
+    scaling exponents tried (0 is always added)."""
     import llama  # here, not at the top: llama imports nothing from this module, keep it so
 
     if n_tokens < 2:
@@ -279,11 +305,11 @@ def calibrate(ckpt, hp, policy, text_path, n_tokens: int = DEFAULT_TOKENS, alpha
                                   ("gate_up", "ffn_gate_up", (2 * I, H)),
                                   ("down", "ffn_down", (H, I))):
             dtype = policy(f"blk.{i}.{name}.weight", shape)
-            if dtype.startswith("q4"):
+            if dtype in quantize.QUANT:
                 groups.append((i, kind, f"blk.{i}.{name}.weight", dtype))
     if not groups:
-        raise ConversionError("--calib: no matrix of this model gets an int4 dtype, nothing to "
-                              "calibrate")
+        raise ConversionError("--calib: no matrix of this model gets a quantized dtype, nothing "
+                              "to calibrate")
 
     model, tok = _load_hf(ckpt.path)
     seqs = _sequences(tok, docs, n_tokens, min(seq_len, hp.context_length))
@@ -317,25 +343,22 @@ def calibrate(ckpt, hp, policy, text_path, n_tokens: int = DEFAULT_TOKENS, alpha
             work[name] = model.get_parameter("model." + name).detach().to(torch.float32).clone()
         return work[name]
 
-    searched = []
     bar = None
     if progress:
         from tqdm import tqdm
-        bar = tqdm(total=len(groups) * (2 if clip_ratios else 1), desc="calibration search",
+        bar = tqdm(total=len(groups), desc="calibration: scaling",
                    unit="matrix", file=sys.stderr)
     try:
         for i, kind, flm_name, dtype in groups:
             p = f"layers.{i}."
             a, m = p + "self_attn.", p + "mlp."
-            mats = {"qkv": [a + "q_proj", a + "k_proj", a + "v_proj"], "o": [a + "o_proj"],
-                    "gate_up": [m + "gate_proj", m + "up_proj"], "down": [m + "down_proj"]}[kind]
+            mats = _matrices(i, kind)
             w = torch.cat([model.get_parameter("model." + n + ".weight").detach().to(torch.float32)
                            for n in mats], dim=0).numpy()
             stat, x = probes[i, kind].stats()
             tie = (nkv, nh // nkv, hd) if kind == "o" else None
             alpha, s, err, err0 = _search(stat, x, w, dtype, alphas, tie)
             report.groups.append(GroupResult(i, flm_name, dtype, alpha, err, err0))
-            searched.append((mats, x / s, dtype, report.groups[-1]))
             if bar is not None:
                 bar.update(1)
             if alpha == 0:
@@ -352,18 +375,103 @@ def calibrate(ckpt, hp, policy, text_path, n_tokens: int = DEFAULT_TOKENS, alpha
                 param(src + ".weight").div_(rows[:, None])
                 if names.has(src + ".bias"):
                     param(src + ".bias").div_(rows)
-        # clipping, on the final weights (v and up rows have their 1/s by now) and inputs
-        for mats, x, dtype, result in searched if clip_ratios else ():
-            ws = [param(n + ".weight") for n in mats]
-            wc, result.clipped = _clip_search(torch.cat(ws, dim=0).numpy(), x, dtype, clip_ratios)
-            for n, part in zip(mats, torch.split(torch.from_numpy(wc), [t.shape[0] for t in ws])):
-                work[n + ".weight"] = part.clone()
-            if bar is not None:
-                bar.update(1)
     finally:
         if bar is not None:
             bar.close()
+    grids = {}
+    _gptq_layers(model, seqs, groups, work, grids, progress)
     if progress:
         print(report.summary(), file=sys.stderr)
     overrides = {names.full(n): t for n, t in work.items()}
-    return ScaledCheckpoint(ckpt, overrides), report
+    return ScaledCheckpoint(ckpt, overrides, {names.full(n): g for n, g in grids.items()}), report
+
+
+class _Stop(Exception):
+    pass
+
+
+def _matrices(i: int, kind: str) -> list:
+    """The HF matrices (names without the model. prefix) fused into one .flm matrix."""
+    a, m = f"layers.{i}.self_attn.", f"layers.{i}.mlp."
+    return {"qkv": [a + "q_proj", a + "k_proj", a + "v_proj"], "o": [a + "o_proj"],
+            "gate_up": [m + "gate_proj", m + "up_proj"], "down": [m + "down_proj"]}[kind]
+
+
+def _gptq_layers(model, seqs, groups, work, grids, progress):
+    """GPTQ-rounds the matrices of groups, layer after layer: each layer's inputs come from the
+    layers before it as rounded (so it corrects their error too). The model's weights are the
+    scaled ones of work; the rounded ones replace them there and in work, and their grids go to
+    grids (HF name -> quantize.Grid)."""
+    layers = model.model.layers
+    with torch.no_grad():
+        for name, t in work.items():
+            model.get_parameter("model." + name).copy_(t)
+        inputs = []  # per sequence, the (args, kwargs) the first layer is called with
+
+        def grab(module, args, kwargs):
+            inputs.append((args, kwargs))
+            raise _Stop
+
+        hook = layers[0].register_forward_pre_hook(grab, with_kwargs=True)
+        try:
+            for seq in seqs:
+                try:
+                    model(input_ids=torch.tensor([seq]), use_cache=False)
+                except _Stop:
+                    pass
+        finally:
+            hook.remove()
+        by_layer = {}
+        for i, kind, _, dtype in groups:
+            by_layer.setdefault(i, []).append((kind, dtype))
+        bar = None
+        if progress:
+            from tqdm import tqdm
+            bar = tqdm(total=len(groups), desc="GPTQ rounding", unit="matrix", file=sys.stderr)
+        try:
+            for i in range(max(by_layer) + 1):
+                layer = layers[i]
+                attn, mlp = layer.self_attn, layer.mlp
+                xtx, hooks = {}, []
+                for kind, _ in by_layer.get(i, ()):
+                    module = {"qkv": attn.q_proj, "o": attn.o_proj, "gate_up": mlp.gate_proj,
+                              "down": mlp.down_proj}[kind]
+
+                    def gram(module, args, kind=kind):
+                        x = args[0].reshape(-1, args[0].shape[-1]).to(torch.float64)
+                        xtx[kind] = xtx.get(kind, 0) + x.T @ x
+
+                    hooks.append(module.register_forward_pre_hook(gram))
+                try:
+                    for args, kwargs in inputs:
+                        layer(*args, **kwargs)
+                finally:
+                    for h in hooks:
+                        h.remove()
+                for kind, dtype in by_layer.get(i, ()):
+                    mats = _matrices(i, kind)
+                    params = [model.get_parameter("model." + n + ".weight") for n in mats]
+                    q, grid = gptq(torch.cat(list(params), dim=0).numpy(), xtx[kind].numpy(), dtype)
+                    r0 = 0
+                    for n, p in zip(mats, params):
+                        r1 = r0 + p.shape[0]
+                        p.copy_(torch.from_numpy(q[r0:r1]))
+                        work[n + ".weight"] = p.detach().clone()
+                        grids[n + ".weight"] = quantize.Grid(
+                            grid.scale[r0:r1], None if grid.mins is None else grid.mins[r0:r1])
+                        r0 = r1
+                    if bar is not None:
+                        bar.update(1)
+                inputs = [_next_inputs(layer, args, kwargs) for args, kwargs in inputs]
+        finally:
+            if bar is not None:
+                bar.close()
+
+
+def _next_inputs(layer, args, kwargs):
+    """The call of the next layer: this one's output in place of its hidden states."""
+    out = layer(*args, **kwargs)
+    h = out[0] if isinstance(out, tuple) else out
+    if args:
+        return (h,) + tuple(args[1:]), kwargs
+    return args, {**kwargs, "hidden_states": h}

@@ -97,13 +97,13 @@ def convert(model_path, out_path, dtype: str = "f32", model_type: str | None = N
     """Converts the HF folder `model_path` to `out_path`; returns out_path.
     dtype: f32, f16, bf16, int8, int4 (int4m: with minimums) or a .flm quantized type name;
     group_size: int4 group (32, 64, 128); dtype_config: ["PATTERN=DTYPE", ...] per-tensor overrides
-    (see quantize.DtypePolicy); calib: a text file to choose int4 scales on, calib_tokens of it
-    (see calibrate.py). Raises ConversionError for anything wrong with the input."""
+    (see quantize.DtypePolicy); calib: a text file to calibrate int8 / int4 rounding on,
+    calib_tokens of it (see calibrate.py). Raises ConversionError for anything wrong with the input."""
     policy = quantize.DtypePolicy(dtype, group_size, dtype_config)
     model_path = Path(model_path)
     out_path = Path(out_path)
     _check_out_path(out_path)
-    if calib is not None:  # before any work: an HF folder, an int4 dtype, the text file
+    if calib is not None:  # before any work: an HF folder, a quantized dtype, the text file
         calibrate.check_request(calib, policy, model_path)
     if model_path.suffix.lower() == ".gguf" or gguf_import.is_gguf(model_path):
         return _convert_gguf(model_path, out_path, dtype, policy, model_type, progress)
@@ -113,7 +113,7 @@ def convert(model_path, out_path, dtype: str = "f32", model_type: str | None = N
 
     hp = llama.read_hparams(ckpt.config)
     tok = hf_tokenizer.read_tokenizer(ckpt, hp.vocab_size, llama.ADD_BOS_DEFAULT)
-    if calib is not None:  # the scaled tensors replace the checkpoint's
+    if calib is not None:  # the scaled, rounded tensors replace the checkpoint's
         ckpt, _ = calibrate.calibrate(ckpt, hp, policy, calib, calib_tokens, progress=progress)
 
     writer = FlmWriter(out_path, dtype_policy=policy)
@@ -153,8 +153,8 @@ def main(argv=None, prog: str = "convert.py") -> int:
                     help="dtype for tensors whose .flm name matches the glob, e.g. 'blk.0.*=f16' "
                          "(repeatable; the last match wins)")
     ap.add_argument("--calib", default=None, metavar="FILE",
-                    help="int4 only: run the model on this text and round with its activations in "
-                         "mind (input channels scaled, weights clipped; needs transformers; see "
+                    help="int8 / int4: run the model on this text and round with its activations "
+                         "in mind (input channels scaled, GPTQ rounding; needs transformers; see "
                          "calibrate.py)")
     ap.add_argument("--calib_tokens", type=int, default=calibrate.DEFAULT_TOKENS, metavar="N",
                     help="tokens of the --calib text to run (default %(default)s)")

@@ -225,6 +225,11 @@ class FlmWriter:
         return prefix + b"\0" * (data_offset - len(prefix)), data_offset
 
     def _check_data(self, t: _TensorDecl, arr) -> np.ndarray:
+        if isinstance(arr, quantize.OnGrid):  # weights rounded by calibration, on their own grid
+            if t.dtype not in quantize.QUANT or tuple(arr.weights.shape) != t.shape:
+                raise ValueError(f"tensor {t.name!r}: weights on a grid need a quantized dtype and "
+                                 f"shape {t.shape}, not {t.dtype} {tuple(arr.weights.shape)}")
+            return quantize.quantize(arr.weights.astype(np.float32), t.dtype, arr.grid)
         if not isinstance(arr, np.ndarray):
             raise TypeError(f"tensor {t.name!r}: producer returned {type(arr).__name__}, "
                             f"expected a numpy array")

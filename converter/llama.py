@@ -13,6 +13,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+import quantize
 from checkpoint import Checkpoint
 from errors import ConversionError
 from rope import RopeConfig, compute_inv_freq, read_rope_config
@@ -173,7 +174,12 @@ def add_tensors(writer, ckpt: Checkpoint, hp: LlamaHParams, dtype: str) -> bool:
         def produce():
             tensors = [ckpt.get(n) for n in full]
             t = tensors[0] if len(tensors) == 1 else torch.cat(tensors, dim=0)
-            return to_numpy(t, out_dtype, out_name)
+            arr = to_numpy(t, out_dtype, out_name)
+            grids = [ckpt.grid(n) if hasattr(ckpt, "grid") else None for n in full]
+            if all(g is not None for g in grids):  # rounded by calibration (calibrate.py)
+                mins = None if grids[0].mins is None else np.concatenate([g.mins for g in grids])
+                return quantize.OnGrid(arr, quantize.Grid(np.concatenate([g.scale for g in grids]), mins))
+            return arr
 
         writer.add_tensor(out_name, out_dtype, tuple(shape), produce)
 

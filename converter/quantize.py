@@ -4,17 +4,17 @@ pick each tensor's dtype when a quantized --dtype is asked for.
     python convert.py ... --dtype int4                       # q4 (groups of 32), embeddings/head q8
     python convert.py ... --dtype int4 --group_size 128      # q4_g128: ~4.1 bits per weight
     python convert.py ... --dtype int8 --dtype_config 'blk.0.*=f16' --dtype_config 'output.weight=f32'
-    python convert.py ... --dtype int4 --calib sample.txt     # activation-aware (calibrate.py)
+    python convert.py ... --dtype int4 --calib sample.txt     # calibrated rounding (calibrate.py)
 
---calib (int4 / int4m only, HF folders): calibrate.py runs the model on the text and, per decoder
-layer, scales the input channels of each q4 matrix group by mean|x|^alpha (alpha searched, 0
-included, folded into the previous RMSNorm weight or v / up rows), then clips weight groups where
-that lowers the output error; it hands the writer float weights, and quantize() rounds them as
-usual: the scale search here does not change.
+--calib (int8 / int4 / int4m, HF folders): calibrate.py runs the model on the text, scales input
+channels by their activations (folded into neighbouring weights) and rounds every quantized matrix
+with GPTQ; it hands the writer the rounded weights with their grid (OnGrid), which quantize() then
+stores as they are instead of searching scales again.
 """
 from __future__ import annotations
 
 import fnmatch
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -65,7 +65,7 @@ def _codes(g, d, offset, lo, hi):
 def _search_symmetric(g: np.ndarray, neg: int, pos: int):
     """Per group, the scale d with the least squared error for codes in [-neg, pos]: candidates
     around extreme / -neg (the largest magnitude on the code -neg), each refined by a least-squares
-    refit of d to its codes. Returns (f16 scales, signed codes)."""
+    refit of d to its codes. Returns the f16 scales [N, n_groups]."""
     idx = np.abs(g).argmax(axis=2)[..., None]
     extreme = np.take_along_axis(g, idx, axis=2)
     best_err = np.full(g.shape[:2], np.inf, dtype=np.float32)
@@ -81,13 +81,12 @@ def _search_symmetric(g: np.ndarray, neg: int, pos: int):
         better = err < best_err
         best_err = np.where(better, err, best_err)
         best_d = np.where(better, d[..., 0], best_d)
-    scale = best_d.astype(np.float16)
-    return scale, _codes(g, scale.astype(np.float32)[..., None], 0, -neg, pos)
+    return best_d.astype(np.float16)
 
 
 def _search_q4m(g: np.ndarray):
     """Per group, (scale, minimum) with the least squared error among ranges shrunk from
-    [min, max], each refined by a least-squares refit. Returns (f16 scales, f16 minimums, codes)."""
+    [min, max], each refined by a least-squares refit. Returns (f16 scales, f16 minimums)."""
     lo0, hi0 = g.min(axis=2, keepdims=True), g.max(axis=2, keepdims=True)
     best_err = np.full(g.shape[:2], np.inf, dtype=np.float32)
     best_d = np.zeros(g.shape[:2], dtype=np.float32)
@@ -111,27 +110,57 @@ def _search_q4m(g: np.ndarray):
             best_err = np.where(better, err, best_err)
             best_d = np.where(better, d16[..., 0], best_d)
             best_m = np.where(better, m16[..., 0], best_m)
-    scale, mins = best_d.astype(np.float16), best_m.astype(np.float16)
-    return scale, mins, _codes(g - mins.astype(np.float32)[..., None], scale.astype(np.float32)[..., None], 0, 0, 15)
+    return best_d.astype(np.float16), best_m.astype(np.float16)
 
 
-def quantize(w: np.ndarray, dtype: str) -> np.ndarray:
-    """[N, K] float32 -> the dtype's bytes (uint8), round to nearest with f16 scales."""
+@dataclass
+class Grid:
+    """Per-group f16 scales (and minimums, q4m) of a matrix: [N, K // G] each."""
+    scale: np.ndarray
+    mins: np.ndarray | None = None
+
+
+@dataclass
+class OnGrid:
+    """Float weights already rounded onto a grid chosen elsewhere (calibrate.py's GPTQ): the
+    writer stores their codes on that grid instead of searching scales again."""
+    weights: np.ndarray  # [N, K] float32
+    grid: Grid
+
+
+def choose_grid(g: np.ndarray, dtype: str) -> Grid:
+    """The scale search for groups g [N, n_groups, G] (least squared weight error per group)."""
+    _, _, bits, has_min = QUANT[dtype]
+    if has_min:
+        return Grid(*_search_q4m(g))
+    return Grid(_search_symmetric(g, 127, 127) if bits == 8 else _search_symmetric(g, 8, 7))
+
+
+def round_to_grid(g: np.ndarray, grid: Grid, dtype: str) -> np.ndarray:
+    """Codes (as stored: unsigned) of groups g [N, n_groups, G] on the grid, round to nearest."""
+    bits = QUANT[dtype][2]
+    d = grid.scale.astype(np.float32)[..., None]
+    if grid.mins is not None:
+        return _codes(g - grid.mins.astype(np.float32)[..., None], d, 0, 0, 15)
+    return _codes(g, d, 0, -127, 127) + 128 if bits == 8 else _codes(g, d, 0, -8, 7) + 8
+
+
+def quantize(w: np.ndarray, dtype: str, grid: Grid | None = None) -> np.ndarray:
+    """[N, K] float32 -> the dtype's bytes (uint8), round to nearest with f16 scales (searched per
+    group, or those of grid)."""
     _, group, bits, has_min = QUANT[dtype]
     n, k = w.shape
     if k % row_multiple(dtype):
         raise ConversionError(f"{dtype} needs rows of a multiple of {row_multiple(dtype)} weights, not {k}")
     g = w.astype(np.float32).reshape(n, k // group, group)
-    if bits == 8:  # symmetric, codes w/d + 128 in [1, 255]
-        scale, codes = _search_symmetric(g, 127, 127)
-        codes = codes + 128
-        mins = None
-    elif not has_min:  # symmetric int4: w = d * (q - 8)
-        scale, codes = _search_symmetric(g, 8, 7)
-        codes = codes + 8
-        mins = None
-    else:  # scale and minimum: w = d * q + m, q in [0, 15]
-        scale, mins, codes = _search_q4m(g)
+    if grid is None:
+        grid = choose_grid(g, dtype)
+    grid = Grid(grid.scale.astype(np.float16), None if grid.mins is None else grid.mins.astype(np.float16))
+    if grid.scale.shape != g.shape[:2] or (grid.mins is None) == has_min:
+        raise ConversionError(f"a {dtype} grid for [{n}, {k}] needs scales of shape {list(g.shape[:2])}"
+                              f"{' and minimums' if has_min else ''}")
+    # codes: q8 w/d + 128 in [1, 255]; q4 w/d + 8 in [0, 15]; q4m (w - m)/d in [0, 15]
+    scale, mins, codes = grid.scale, grid.mins, round_to_grid(g, grid, dtype)
     # Tiles of 16 rows, laid out for the kernels: per group, the 16 rows' scales side by side; per
     # block of 32 columns, 8 chunks of 64 bytes, each 4 consecutive codes of the 16 rows (q8), or,
     # for q4, the chunks of blocks 2p and 2p + 1 in the low and high nibbles of the same bytes.

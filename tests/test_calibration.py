@@ -1,4 +1,4 @@
-"""convert.py --calib: activation-aware scaling of input channels before int4 rounding
+"""convert.py --calib: activation-aware scaling of input channels and GPTQ rounding
 (converter/calibrate.py)."""
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ import llama  # noqa: E402
 import quantize  # noqa: E402
 from checkpoint import Checkpoint  # noqa: E402
 from convert import ConversionError, convert, main  # noqa: E402
+from flm_reader import read_flm  # noqa: E402
 from flm_writer import FlmWriter  # noqa: E402
 from hf_models import load_model, make_llama  # noqa: E402
 
@@ -44,16 +45,17 @@ def _write_f32(ckpt, hp, out):
 
 @pytest.mark.parametrize("bias", [False, True], ids=["plain", "bias"])
 def test_folding_keeps_the_function(tmp_path, monkeypatch, bias):
-    """Scales chosen for int4 (forced to alpha 0.5 everywhere), written at f32: the model is the
-    same function (GQA: 4 query heads on 2 KV heads; intermediate 128 so down_proj is int4 too)."""
+    """Scales chosen for int4 (forced to alpha 0.5 everywhere), not rounded, written at f32: the
+    model is the same function (GQA: 4 query heads on 2 KV heads; intermediate 128 so down_proj is int4 too)."""
     import fastllm
     path = make_llama(tmp_path, num_attention_heads=4, num_key_value_heads=2, hidden_size=64,
                       intermediate_size=128, attention_bias=bias, mlp_bias=bias)
     ckpt = Checkpoint(path)
     hp = llama.read_hparams(ckpt.config)
     _force_alpha(monkeypatch)
+    monkeypatch.setattr(calibrate, "_gptq_layers", lambda *args: None)  # rounding changes it
     scaled, report = calibrate.calibrate(ckpt, hp, quantize.DtypePolicy("int4"), CALIB_TEXT,
-                                         n_tokens=300, clip_ratios=())  # clipping changes it
+                                         n_tokens=300)
     assert report.n_tokens == 300
     assert [g.name for g in report.groups] == [f"blk.{i}.{n}.weight" for i in range(2) for n in
                                                ("attn_qkv", "attn_output", "ffn_gate_up", "ffn_down")]
@@ -97,23 +99,43 @@ def test_alpha_zero_is_a_candidate():
     assert abs(np.sqrt(s.max() * s.min()) - 1) < 1e-5
 
 
-@pytest.mark.parametrize("dtype", ["q4", "q4m"])
-def test_clipping_is_judged_as_the_writer_rounds(dtype):
-    """The clipped weights: per group, not worse than unclipped on the rows they were chosen on,
-    and quantize() rounds them to what was judged."""
-    rng = np.random.default_rng(2)
-    x = rng.standard_normal((128, 128)).astype(np.float32) * np.linspace(0.1, 3, 128, dtype=np.float32)
-    w = rng.standard_normal((16, 128)).astype(np.float32) ** 3  # heavy tails: clipping pays
-    wc, clipped = calibrate._clip_search(w, x, dtype, calibrate.CLIP_RATIOS)
-    assert 0 < clipped < 1
-    assert np.all(np.abs(wc) <= np.abs(w) + 1e-6)
+@pytest.mark.parametrize("dtype", ["q8", "q4", "q4_g64", "q4_g128", "q4m"])
+def test_gptq_rounds_onto_its_grid_and_beats_nearest(dtype):
+    """GPTQ's weights are exactly representable on the grid it returns (quantize() stores them
+    unchanged), and on the inputs it was given the output error is well below rounding each
+    weight to its nearest code with the usual scale search."""
+    rng = np.random.default_rng(3)
+    mix = rng.standard_normal((128, 128)) * 0.3 + np.eye(128)  # correlated input channels
+    x = (rng.standard_normal((512, 128)) @ mix).astype(np.float32) * np.linspace(0.2, 2, 128, dtype=np.float32)
+    w = rng.standard_normal((40, 128)).astype(np.float32)
+    q, grid = calibrate.gptq(w, x.T.astype(np.float64) @ x, dtype)
+    np.testing.assert_array_equal(quantize.dequantize(quantize.quantize(q, dtype, grid), dtype, w.shape), q)
+    nearest = quantize.dequantize(quantize.quantize(w, dtype), dtype, w.shape)
+    err = lambda v: float(np.square(x @ (w - v).T, dtype=np.float64).sum())
+    assert err(q) < 0.85 * err(nearest), (err(q), err(nearest))
+    with pytest.raises(ConversionError, match="grid"):
+        quantize.quantize(q, dtype, quantize.Grid(grid.scale[:-1], grid.mins))
 
-    def group_errors(v):
-        e = (w - quantize.dequantize(quantize.quantize(v, dtype), dtype, w.shape)).reshape(16, 4, 32)
-        return np.einsum("sgi,rgi->srg", x.reshape(128, 4, 32), e) ** 2
 
-    assert np.all(group_errors(wc).sum(0) <= group_errors(w).sum(0) * (1 + 1e-5) + 1e-9)
-    assert group_errors(wc).sum() < group_errors(w).sum()
+def test_calibrated_file_holds_the_rounded_weights(tmp_path):
+    """convert --calib stores exactly the weights calibrate() rounded (the writer does not search
+    scales again), for int4 and int8."""
+    path = make_llama(tmp_path / "hf", num_attention_heads=4, num_key_value_heads=2, hidden_size=64,
+                      intermediate_size=128)
+    ckpt = Checkpoint(path)
+    hp = llama.read_hparams(ckpt.config)
+    for dtype, stored in (("int4", "q4"), ("int8", "q8")):
+        out = convert(path, tmp_path / f"{dtype}.flm", dtype=dtype, progress=False, calib=CALIB_TEXT,
+                      calib_tokens=300)
+        scaled, _ = calibrate.calibrate(ckpt, hp, quantize.DtypePolicy(dtype), CALIB_TEXT, n_tokens=300)
+        _, tensors = read_flm(out)
+        for flm_name, parts in (("blk.1.attn_qkv.weight", ("q", "k", "v")), ("blk.0.attn_output.weight", ("o",))):
+            got_dtype, shape, data = tensors[flm_name]
+            assert got_dtype == stored
+            rounded = torch.cat([scaled.get(f"model.layers.{flm_name[4]}.self_attn.{p}_proj.weight")
+                                 for p in parts]).numpy()
+            assert scaled.grid(f"model.layers.{flm_name[4]}.self_attn.{parts[0]}_proj.weight") is not None
+            np.testing.assert_array_equal(quantize.dequantize(np.asarray(data), stored, shape), rounded)
 
 
 def _log_softmax(x):
@@ -122,37 +144,39 @@ def _log_softmax(x):
     return x - m - np.log(np.exp(x - m).sum(axis=1, keepdims=True))
 
 
-def test_stories260k_int4(tmp_path):
-    """stories260K at int4 (groups of 32), calibrated on tinystories_sample.txt (1882 tokens).
+def test_stories260k_calibrated(tmp_path):
+    """stories260K calibrated on tinystories_sample.txt (1882 tokens; not in the evaluation text).
     Perplexity on the first 300 documents of tinystories_valid_head.txt (29302 scored tokens;
-    f32 4.2047), mean KL from the f32 model over the positions of the first 40 (4099):
+    f32 4.2047), top-1 agreement and mean KL from the f32 model over the positions of the first
+    40 (4099):
 
-                     perplexity        KL
-        int4         4.4827 (+6.6%)    0.069
-        int4 + calib 4.4418 (+5.6%)    0.056
+                     perplexity        top-1     KL
+        int8         4.2099 (+0.12%)   98.98%    4.1e-4
+        int8 + calib 4.2093 (+0.11%)   99.15%    3.5e-4
+        int4         4.4832 (+6.6%)    87.2%     0.069
+        int4 + calib 4.3329 (+3.0%)    90.0%     0.040
 
-    (int4m: 4.3944 -> 4.3957, KL 0.046 -> 0.044.) The gain is small on this model: its
-    activations have no outlier channels (the largest channel mean is 1.4x to 3.3x the median),
-    which is where the scaling helps; on SmolLM2-135M int4 KL drops from 0.37 to 0.15."""
+    (Scaling with clipping and no GPTQ gave int4 4.4418, +5.6%.) The issue's bounds are int8
+    top-1 >= 99% and int4 within 5% of f32; only calibrated rounding meets them on this model."""
     import fastllm
     from fastllm.perplexity import perplexity
     text = EVAL_TEXT.read_text(encoding="utf-8")
     docs = [d for d in text.split("\n\n") if d.strip()][:40]
     ppl, logits = {}, {}
     for name, dtype, calib in (("f32", "f32", None), ("int4", "int4", None),
-                               ("int4+calib", "int4", CALIB_TEXT)):
+                               ("int4+calib", "int4", CALIB_TEXT), ("int8+calib", "int8", CALIB_TEXT)):
         out = convert(STORIES / "hf", tmp_path / f"{name}.flm", dtype=dtype, progress=False,
                       calib=calib)
         with fastllm.Model(out, threads=2) as m:
             logits[name] = np.concatenate([m.forward(m.tokenize(d)) for d in docs])
-            if name != "f32":
-                ppl[name] = perplexity(m, text, max_documents=300).perplexity
+            ppl[name] = perplexity(m, text, max_documents=300).perplexity
     ref = _log_softmax(logits["f32"])
     kl = {name: float((np.exp(ref) * (ref - _log_softmax(logits[name]))).sum(1).mean())
           for name in ppl}
-    assert ppl["int4+calib"] < ppl["int4"], ppl
-    assert ppl["int4+calib"] < 4.205 * 1.06, ppl
-    assert kl["int4+calib"] < 0.9 * kl["int4"], kl
+    top1 = {name: float((logits[name].argmax(1) == logits["f32"].argmax(1)).mean()) for name in ppl}
+    assert ppl["int4+calib"] < ppl["f32"] * 1.05 and ppl["int4+calib"] < ppl["int4"], ppl
+    assert kl["int4+calib"] < 0.75 * kl["int4"], kl
+    assert top1["int8+calib"] >= 0.99 and ppl["int8+calib"] < ppl["f32"] * 1.005, (top1, ppl)
 
 
 def test_errors(tmp_path, capsys):
@@ -161,7 +185,7 @@ def test_errors(tmp_path, capsys):
     with pytest.raises(ConversionError, match="int4"):
         convert(hf, out, dtype="f16", calib=CALIB_TEXT, progress=False)
     with pytest.raises(ConversionError, match="int4"):
-        convert(hf, out, dtype="int8", calib=CALIB_TEXT, progress=False)
+        convert(hf, out, dtype="bf16", calib=CALIB_TEXT, progress=False)
     with pytest.raises(ConversionError, match="does not exist"):
         convert(hf, out, dtype="int4", calib=tmp_path / "missing.txt", progress=False)
     gguf = tmp_path / "model.gguf"
