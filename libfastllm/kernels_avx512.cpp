@@ -27,31 +27,27 @@ inline float load1_bf16(const void *p, int i) { return bf16_to_f32(((const uint1
 
 inline float hsum(__m512 v) { return _mm512_reduce_add_ps(v); }
 
-// Four rows at a time share each load of x; two accumulators per row hide FMA latency.
+// Eight rows at a time share each load of x, one accumulator per row: eight independent FMA
+// chains, and eight weight streams in flight (measured faster than four for decoding f16 heads).
 template <__m512 (*Load16)(const void *, int), float (*Load1)(const void *, int)>
 void dot_rows(const void *w, size_t stride, int rows, const float *x, int n, float *y) {
+    constexpr int kRows = 8;
     const char *base = (const char *)w;
     int r = 0;
-    for (; r + 4 <= rows; r += 4) {
-        const void *w0 = base + (size_t)r * stride, *w1 = base + (size_t)(r + 1) * stride;
-        const void *w2 = base + (size_t)(r + 2) * stride, *w3 = base + (size_t)(r + 3) * stride;
-        __m512 a0 = _mm512_setzero_ps(), a1 = _mm512_setzero_ps(), a2 = _mm512_setzero_ps(), a3 = _mm512_setzero_ps();
+    for (; r + kRows <= rows; r += kRows) {
+        const char *wr = base + (size_t)r * stride;
+        __m512 acc[kRows];
+        for (int j = 0; j < kRows; j++) acc[j] = _mm512_setzero_ps();
         int i = 0;
         for (; i + 16 <= n; i += 16) {
             __m512 xv = _mm512_loadu_ps(x + i);
-            a0 = _mm512_fmadd_ps(Load16(w0, i), xv, a0);
-            a1 = _mm512_fmadd_ps(Load16(w1, i), xv, a1);
-            a2 = _mm512_fmadd_ps(Load16(w2, i), xv, a2);
-            a3 = _mm512_fmadd_ps(Load16(w3, i), xv, a3);
+            for (int j = 0; j < kRows; j++) acc[j] = _mm512_fmadd_ps(Load16(wr + j * stride, i), xv, acc[j]);
         }
-        float s0 = hsum(a0), s1 = hsum(a1), s2 = hsum(a2), s3 = hsum(a3);
-        for (; i < n; i++) {
-            s0 += Load1(w0, i) * x[i];
-            s1 += Load1(w1, i) * x[i];
-            s2 += Load1(w2, i) * x[i];
-            s3 += Load1(w3, i) * x[i];
+        for (int j = 0; j < kRows; j++) {
+            float s = hsum(acc[j]);
+            for (int c = i; c < n; c++) s += Load1(wr + j * stride, c) * x[c];
+            y[r + j] = s;
         }
-        y[r] = s0, y[r + 1] = s1, y[r + 2] = s2, y[r + 3] = s3;
     }
     for (; r < rows; r++) {
         const void *wr = base + (size_t)r * stride;
