@@ -244,9 +244,8 @@ def gptq(w: np.ndarray, xtx: np.ndarray, dtype: str, damp: float | None = None, 
     n, k = w.shape
     W = torch.from_numpy(np.array(w, dtype=np.float64))
     H = torch.from_numpy(np.array(xtx, dtype=np.float64))
-    dead = torch.diagonal(H) == 0  # inputs that were always 0: their weights do not matter
+    dead = torch.diagonal(H) == 0  # inputs always 0 in the sample: rounded plainly, nothing moved
     H[dead, dead] = 1
-    W[:, dead] = 0
     H += damp * torch.diagonal(H).mean() * torch.eye(k, dtype=H.dtype)
     Hinv = torch.linalg.cholesky(torch.cholesky_inverse(torch.linalg.cholesky(H)), upper=True)
     Q = torch.zeros_like(W)
