@@ -321,11 +321,8 @@ def calibrate(ckpt, hp, policy, text_path, n_tokens: int = DEFAULT_TOKENS, alpha
     layers = model.model.layers
     probes, hooks = {}, []
     for i, kind, _, _ in groups:
-        attn, mlp = layers[i].self_attn, layers[i].mlp
-        module = {"qkv": attn.q_proj, "o": attn.o_proj, "gate_up": mlp.gate_proj,
-                  "down": mlp.down_proj}[kind]
         probes[i, kind] = _Inputs(keep)
-        hooks.append(module.register_forward_pre_hook(probes[i, kind]))
+        hooks.append(_input_module(layers[i], kind).register_forward_pre_hook(probes[i, kind]))
     try:
         with torch.no_grad():
             for seq in seqs:
@@ -345,8 +342,7 @@ def calibrate(ckpt, hp, policy, text_path, n_tokens: int = DEFAULT_TOKENS, alpha
     bar = None
     if progress:
         from tqdm import tqdm
-        bar = tqdm(total=len(groups), desc="calibration: scaling",
-                   unit="matrix", file=sys.stderr)
+        bar = tqdm(total=len(groups), desc="calibration: scaling", unit="matrix", file=sys.stderr)
     try:
         for i, kind, flm_name, dtype in groups:
             p = f"layers.{i}."
@@ -387,6 +383,12 @@ def calibrate(ckpt, hp, policy, text_path, n_tokens: int = DEFAULT_TOKENS, alpha
 
 class _Stop(Exception):
     pass
+
+
+def _input_module(layer, kind: str):
+    """The (first) HF module of a decoder layer that reads the input of the matrix group."""
+    attn, mlp = layer.self_attn, layer.mlp
+    return {"qkv": attn.q_proj, "o": attn.o_proj, "gate_up": mlp.gate_proj, "down": mlp.down_proj}[kind]
 
 
 def _matrices(i: int, kind: str) -> list:
@@ -430,17 +432,13 @@ def _gptq_layers(model, seqs, groups, work, grids, progress):
         try:
             for i in range(max(by_layer) + 1):
                 layer = layers[i]
-                attn, mlp = layer.self_attn, layer.mlp
                 xtx, hooks = {}, []
                 for kind, _ in by_layer.get(i, ()):
-                    module = {"qkv": attn.q_proj, "o": attn.o_proj, "gate_up": mlp.gate_proj,
-                              "down": mlp.down_proj}[kind]
-
                     def gram(module, args, kind=kind):
                         x = args[0].reshape(-1, args[0].shape[-1]).to(torch.float64)
                         xtx[kind] = xtx.get(kind, 0) + x.T @ x
 
-                    hooks.append(module.register_forward_pre_hook(gram))
+                    hooks.append(_input_module(layer, kind).register_forward_pre_hook(gram))
                 try:
                     for args, kwargs in inputs:
                         layer(*args, **kwargs)
