@@ -55,6 +55,7 @@ from errors import ConversionError
 DEFAULT_TOKENS = 2048
 SEQ_LEN = 512            # tokens per calibration sequence (at most the context length)
 N_SAMPLE = 512           # input rows kept per matrix group for the error search
+SEARCH_ROWS = 1024       # weight rows the error search rounds per alpha
 ALPHAS = tuple(float(a) for a in np.linspace(0.0, 1.0, 11))
 # GPTQ adds damp x mean(diag(X^T X)) to the diagonal (regularises the inverse: the corrections fit
 # the sample less closely). Per bits per code, measured on stories260K (tests/test_calibration.py).
@@ -217,13 +218,16 @@ def _scales(stat: np.ndarray, alpha: float, tie=None) -> np.ndarray:
 
 
 def _search(stat, x, w, dtype, alphas, tie=None):
-    """(alpha, scales, error, error unscaled) minimising the output error over the rows x."""
+    """(alpha, scales, error, error unscaled) minimising the output error over the rows x, judged
+    on at most SEARCH_ROWS rows of w (every k-th: each row is rounded on its own, so a sample of
+    them estimates the whole)."""
+    w = w[:: -(-w.shape[0] // SEARCH_ROWS)]
     ref = x @ w.T
     best = None
     err0 = None
     for alpha in sorted(set(alphas) | {0.0}):
         s = np.ones_like(stat, dtype=np.float32) if alpha == 0 else _scales(stat, alpha, tie)
-        wq = quantize.dequantize(quantize.quantize(w * s, dtype), dtype, w.shape)
+        wq = quantize.round_trip(w * s, dtype)
         err = float(np.square(ref - (x / s) @ wq.T, dtype=np.float64).sum())
         if alpha == 0:
             err0 = err
@@ -258,30 +262,19 @@ def gptq(w: np.ndarray, xtx: np.ndarray, dtype: str, damp: float | None = None, 
             c = b0 + j
             if c % group == 0:  # this group's grid, from its (partly updated) weights
                 cur = torch.cat([Wb[:, j:], W[:, b1:]], dim=1)[:, :group].to(torch.float32).numpy()
-                gr = quantize.choose_grid(cur[:, None, :], dtype)
-                scale[:, c // group] = gr.scale[:, 0]
+                grid = quantize.choose_grid(cur[:, None, :], dtype)  # [n, 1]: one group per row
+                scale[:, c // group] = grid.scale[:, 0]
                 if has_min:
-                    mins[:, c // group] = gr.mins[:, 0]
-                d = torch.from_numpy(gr.scale[:, 0].astype(np.float64))
-                m = torch.from_numpy(gr.mins[:, 0].astype(np.float64)) if has_min else None
+                    mins[:, c // group] = grid.mins[:, 0]
             col = Wb[:, j]
-            code = quantize.round_to_grid(col.to(torch.float32).numpy()[:, None, None],
-                                          quantize.Grid(d.numpy()[:, None], None if m is None else m.numpy()[:, None]),
-                                          dtype)[:, 0, 0]
-            q = _dequant_codes(torch.from_numpy(code.astype(np.float64)), d, m, dtype)
+            code = quantize.round_to_grid(col.to(torch.float32).numpy()[:, None, None], grid, dtype)
+            q = torch.from_numpy(quantize.from_codes(code, grid, dtype)[:, 0, 0]).to(W.dtype)
             Q[:, c] = q
             err = (col - q) / Hb[j, j]
             Wb[:, j:] -= torch.outer(err, Hb[j, j:])
             Eb[:, j] = err
         W[:, b1:] -= Eb @ Hinv[b0:b1, b1:]
     return Q.to(torch.float32).numpy(), quantize.Grid(scale, mins)
-
-
-def _dequant_codes(code, d, m, dtype):
-    """The weights of stored codes (see quantize.round_to_grid)."""
-    if m is not None:
-        return code * d + m
-    return (code - (128 if quantize.QUANT[dtype][2] == 8 else 8)) * d
 
 
 def calibrate(ckpt, hp, policy, text_path, n_tokens: int = DEFAULT_TOKENS, alphas=ALPHAS,

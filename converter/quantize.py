@@ -145,6 +145,24 @@ def round_to_grid(g: np.ndarray, grid: Grid, dtype: str) -> np.ndarray:
     return _codes(g, d, 0, -127, 127) + 128 if bits == 8 else _codes(g, d, 0, -8, 7) + 8
 
 
+def from_codes(codes: np.ndarray, grid: Grid, dtype: str) -> np.ndarray:
+    """Float weights of stored codes [N, n_groups, G] on their grid."""
+    d = grid.scale.astype(np.float32)[..., None]
+    if grid.mins is not None:
+        return codes * d + grid.mins.astype(np.float32)[..., None]
+    return (codes - (128 if QUANT[dtype][2] == 8 else 8)) * d
+
+
+def round_trip(w: np.ndarray, dtype: str) -> np.ndarray:
+    """[N, K] float32 -> the weights quantize() stores, as float32 (dequantize(quantize(w))
+    without the tile packing)."""
+    _, group, _, _ = QUANT[dtype]
+    n, k = w.shape
+    g = w.astype(np.float32).reshape(n, k // group, group)
+    grid = choose_grid(g, dtype)
+    return from_codes(round_to_grid(g, grid, dtype), grid, dtype).reshape(n, k)
+
+
 def quantize(w: np.ndarray, dtype: str, grid: Grid | None = None) -> np.ndarray:
     """[N, K] float32 -> the dtype's bytes (uint8), round to nearest with f16 scales (searched per
     group, or those of grid)."""
@@ -195,14 +213,7 @@ def dequantize(data: np.ndarray, dtype: str, shape) -> np.ndarray:
     else:
         b = q.reshape(t, k // 64, 8, TILE_ROWS, 4).transpose(0, 3, 1, 2, 4)  # [tile, row, pair, chunk, 4]
         q = np.stack([b & 15, b >> 4], axis=3).reshape(rows, k)  # [.., pair, block in pair, chunk, 4]
-    codes = q[:n].reshape(n, ng, group).astype(np.float32)
-    if bits == 8:
-        w = (codes - 128) * scale[..., None]
-    elif has_min:
-        w = codes * scale[..., None] + mins[..., None]
-    else:
-        w = (codes - 8) * scale[..., None]
-    return w.reshape(n, k)
+    return from_codes(q[:n].reshape(n, ng, group).astype(np.float32), Grid(scale, mins), dtype).reshape(n, k)
 
 
 class DtypePolicy:
