@@ -20,8 +20,8 @@ With grouped-query attention several query heads read one value head, so the o c
 heads get one common scale per (kv head, dim). Per decoder layer and matrix group, s =
 mean|x|^alpha (normalised so that max(s) * min(s) = 1), alpha picked from a grid that includes 0
 (no scaling) as the one with the least squared output error || X W^T - X diag(1/s) Q(W diag(s))^T ||^2
-over a sample of the calibration rows X, Q being the real quantize + dequantize of the dtype the
-DtypePolicy gives the (fused) .flm tensor.
+over a sample of the calibration rows X (and of at most SEARCH_ROWS rows of W), Q being the real
+quantize + dequantize of the dtype the DtypePolicy gives the (fused) .flm tensor.
 
 Rounding (GPTQ, Frantar et al. 2022). Rounding each weight to its nearest code ignores that the
 errors of one row add up in the output x . (w - q). GPTQ rounds a row's columns one at a time and
@@ -33,9 +33,10 @@ once rounded. The rounded weights go to the writer with their grid (quantize.OnG
 exactly those codes.
 
 Cost: one float32 forward pass of the HF model over the text for the statistics, two more, a layer
-at a time, for GPTQ, and per matrix one quantize per alpha (SmolLM2-135M, 2048 tokens: about 2
-minutes on 2 cores). Memory: the model, N_SAMPLE input rows per matrix group, and one layer's Gram
-matrices.
+at a time, for GPTQ, per matrix one quantize per alpha and the column-by-column rounding (2048
+tokens on 2 cores: SmolLM2-135M about 2 minutes, a TinyLlama-1.1B shape 19). Memory: the model, a
+scaled copy of its matrices, N_SAMPLE input rows per matrix group, one layer's Gram matrices (the
+1.1B shape: 11 GB in all).
 
     ckpt, report = calibrate(ckpt, hp, policy, "sample.txt", n_tokens=2048)
     llama.add_tensors(writer, ckpt, hp, "f32")     # the scaled, rounded tensors replace the originals
