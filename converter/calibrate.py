@@ -326,11 +326,14 @@ def calibrate(ckpt, hp, policy, text_path, n_tokens: int = DEFAULT_TOKENS, alpha
             h.remove()
 
     report = CalibrationReport(total, len(seqs))
-    work = {}  # HF name (without prefix) -> float32 tensor being scaled
+    # HF name (without prefix) -> the model's own float32 parameter, scaled in place: no search
+    # below reads a parameter that an earlier group's scaling changed (a layer's groups scale their
+    # own columns, and only later groups' inputs), and the statistics were taken already.
+    work = {}
 
     def param(name):
         if name not in work:
-            work[name] = model.get_parameter("model." + name).detach().to(torch.float32).clone()
+            work[name] = model.get_parameter("model." + name).detach()
         return work[name]
 
     bar = None
@@ -394,13 +397,11 @@ def _matrices(i: int, kind: str) -> list:
 
 def _gptq_layers(model, seqs, groups, work, grids, progress):
     """GPTQ-rounds the matrices of groups, layer after layer: each layer's inputs come from the
-    layers before it as rounded (so it corrects their error too). The model's weights are the
-    scaled ones of work; the rounded ones replace them there and in work, and their grids go to
+    layers before it as rounded (so it corrects their error too). The model's weights (already
+    scaled) are replaced by the rounded ones, which work then holds too, and their grids go to
     grids (HF name -> quantize.Grid)."""
     layers = model.model.layers
     with torch.no_grad():
-        for name, t in work.items():
-            model.get_parameter("model." + name).copy_(t)
         inputs = []  # per sequence, the (args, kwargs) the first layer is called with
 
         def grab(module, args, kwargs):
@@ -447,7 +448,7 @@ def _gptq_layers(model, seqs, groups, work, grids, progress):
                     for n, p in zip(mats, params):
                         r1 = r0 + p.shape[0]
                         p.copy_(torch.from_numpy(q[r0:r1]))
-                        work[n + ".weight"] = p.detach().clone()
+                        work[n + ".weight"] = p.detach()
                         grids[n + ".weight"] = quantize.Grid(
                             grid.scale[r0:r1], None if grid.mins is None else grid.mins[r0:r1])
                         r0 = r1
