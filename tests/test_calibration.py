@@ -46,7 +46,8 @@ def _write_f32(ckpt, hp, out):
 @pytest.mark.parametrize("bias", [False, True], ids=["plain", "bias"])
 def test_folding_keeps_the_function(tmp_path, monkeypatch, bias):
     """Scales chosen for int4 (forced to alpha 0.5 everywhere), not rounded, written at f32: the
-    model is the same function (GQA: 4 query heads on 2 KV heads; intermediate 128 so down_proj is int4 too)."""
+    model is the same function (GQA: 4 query heads on 2 KV heads; intermediate 128 so down_proj
+    is int4 too)."""
     import fastllm
     path = make_llama(tmp_path, num_attention_heads=4, num_key_value_heads=2, hidden_size=64,
                       intermediate_size=128, attention_bias=bias, mlp_bias=bias)
