@@ -34,9 +34,9 @@ exactly those codes.
 
 Cost: one float32 forward pass of the HF model over the text for the statistics, two more, a layer
 at a time, for GPTQ, per matrix one quantize per alpha and the column-by-column rounding (2048
-tokens on 2 cores: SmolLM2-135M about 2 minutes, a TinyLlama-1.1B shape 19). Memory: the model, a
-scaled copy of its matrices, N_SAMPLE input rows per matrix group, one layer's Gram matrices (the
-1.1B shape: 11 GB in all).
+tokens on 2 cores: SmolLM2-135M about 2 minutes, a TinyLlama-1.1B shape 20). Memory: the float32
+model (scaled and rounded in place), N_SAMPLE input rows per matrix group, one layer's Gram
+matrices (the 1.1B shape: 7.3 GB for the whole conversion).
 
     ckpt, report = calibrate(ckpt, hp, policy, "sample.txt", n_tokens=2048)
     llama.add_tensors(writer, ckpt, hp, "f32")     # the scaled, rounded tensors replace the originals
