@@ -80,8 +80,8 @@ float exp_shift_sum(float *x, int n, float shift) {
 
 // One row after another, so that the weights are read as one sequential stream (rows are often
 // short, 1.5-4 KiB, and the hardware prefetcher does better on one long stream than on several
-// short ones: 110M f16 generation 107 -> 168 tokens/s against 4 rows sharing each load of x); four accumulators
-// hide the FMA latency.
+// short ones: 110M f16 generation 107 -> 168 tokens/s against 4 rows sharing each load of x);
+// four accumulators hide the FMA latency. The AVX-512 table uses these too.
 template <__m256 (*Load8)(const void *, int), float (*Load1)(const void *, int)>
 void dot_rows(const void *w, size_t stride, int rows, const float *x, int n, float *y) {
     for (int r = 0; r < rows; r++) {
