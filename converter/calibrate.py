@@ -425,7 +425,8 @@ def _gptq_layers(model, seqs, groups, work, grids, progress):
             from tqdm import tqdm
             bar = tqdm(total=len(groups), desc="GPTQ rounding", unit="matrix", file=sys.stderr)
         try:
-            for i in range(max(by_layer) + 1):
+            last = max(by_layer)
+            for i in range(last + 1):
                 layer = layers[i]
                 xtx, hooks = {}, []
                 for kind, _ in by_layer.get(i, ()):
@@ -454,7 +455,8 @@ def _gptq_layers(model, seqs, groups, work, grids, progress):
                         r0 = r1
                     if bar is not None:
                         bar.update(1)
-                inputs = [_next_inputs(layer, args, kwargs) for args, kwargs in inputs]
+                if i < last:  # the last rounded layer's outputs feed nothing rounded
+                    inputs = [_next_inputs(layer, args, kwargs) for args, kwargs in inputs]
         finally:
             if bar is not None:
                 bar.close()
