@@ -314,7 +314,7 @@ def test_chat_without_template_is_400(client):
 # -- concurrency ----------------------------------------------------------------------------------------
 
 def test_16_concurrent_clients_get_their_greedy_output(server, client, model):
-    expected = {p: model.generate(p, 24 + 2 * i, temperature=0.0) for i, p in enumerate(PROMPTS)}
+    expected = {p: model.generate(p, 200 + 2 * i, temperature=0.0) for i, p in enumerate(PROMPTS)}
     before = server.metrics()
     start = threading.Barrier(16)
 
@@ -322,10 +322,10 @@ def test_16_concurrent_clients_get_their_greedy_output(server, client, model):
         p = PROMPTS[i]
         start.wait()
         if i % 2:
-            chunks = list(client.completions.create(model="stories260K", prompt=p, max_tokens=24 + 2 * i,
+            chunks = list(client.completions.create(model="stories260K", prompt=p, max_tokens=200 + 2 * i,
                                                     temperature=0, stream=True, stream_options={"include_usage": True}))
             return p, "".join(c.choices[0].text for c in chunks if c.choices), chunks[-1].usage.completion_tokens
-        r = client.completions.create(model="stories260K", prompt=p, max_tokens=24 + 2 * i, temperature=0)
+        r = client.completions.create(model="stories260K", prompt=p, max_tokens=200 + 2 * i, temperature=0)
         return p, r.choices[0].text, r.usage.completion_tokens
 
     with ThreadPoolExecutor(16) as pool:
@@ -336,7 +336,9 @@ def test_16_concurrent_clients_get_their_greedy_output(server, client, model):
     steps = after["fastllm_decode_steps_total"] - before["fastllm_decode_steps_total"]
     rows = after["fastllm_decode_step_sessions_total"] - before["fastllm_decode_step_sessions_total"]
     assert rows == sum(n for _, _, n in results)  # every generated token went through a step
-    assert rows / steps > 1.5  # ... and steps advanced several sessions together
+    # ... and steps advanced several sessions together (5.7-7.5 of the 8 slots measured; with 24-token
+    # replies, clients that came late found the early ones finished, and this fell to 1.5 at times)
+    assert rows / steps > 3
     assert after["fastllm_active_sessions"] == 0 and after["fastllm_queue_depth"] == 0
 
 
