@@ -60,7 +60,7 @@ SEARCH_ROWS = 1024       # weight rows the error search rounds per alpha
 ALPHAS = tuple(float(a) for a in np.linspace(0.0, 1.0, 11))
 # GPTQ adds damp x mean(diag(X^T X)) to the diagonal (regularises the inverse: the corrections fit
 # the sample less closely). Per bits per code, measured on stories260K (tests/test_calibration.py).
-GPTQ_DAMP = {8: 0.03, 4: 0.1}
+GPTQ_DAMP = {8: 0.03, 6: 0.03, 4: 0.1}  # 6 bits: taken from 8 (no model here has a q6 matrix by default)
 
 
 @dataclass

@@ -28,7 +28,11 @@ QUANT = {
     "q4_g64": (5, 64, 4, False),
     "q4_g128": (6, 128, 4, False),
     "q4m": (7, 32, 4, True),
+    "q6": (8, 32, 6, False),
 }
+# Symmetric formats: codes (as stored) are w / scale + ZERO, w / scale in [-ZERO, ZERO - 1] (q8: the
+# code 0 is unused, so that -w is as exact as w).
+ZERO = {8: 128, 6: 32, 4: 8}
 # --dtype names: the .flm names, plus the families int8 / int4 (int4's group from --group_size).
 REQUESTS = PLAIN + ("int8", "int4", "int4m") + tuple(QUANT)
 
@@ -133,7 +137,8 @@ def choose_grid(g: np.ndarray, dtype: str) -> Grid:
     _, _, bits, has_min = QUANT[dtype]
     if has_min:
         return Grid(*_search_q4m(g))
-    return Grid(_search_symmetric(g, 127, 127) if bits == 8 else _search_symmetric(g, 8, 7))
+    z = ZERO[bits]
+    return Grid(_search_symmetric(g, 127, 127) if bits == 8 else _search_symmetric(g, z, z - 1))
 
 
 def round_to_grid(g: np.ndarray, grid: Grid, dtype: str) -> np.ndarray:
@@ -142,7 +147,8 @@ def round_to_grid(g: np.ndarray, grid: Grid, dtype: str) -> np.ndarray:
     d = grid.scale.astype(np.float32)[..., None]
     if grid.mins is not None:
         return _codes(g - grid.mins.astype(np.float32)[..., None], d, 0, 0, 15)
-    return _codes(g, d, 0, -127, 127) + 128 if bits == 8 else _codes(g, d, 0, -8, 7) + 8
+    z = ZERO[bits]
+    return _codes(g, d, 0, -127 if bits == 8 else -z, z - 1) + z
 
 
 def from_codes(codes: np.ndarray, grid: Grid, dtype: str) -> np.ndarray:
@@ -150,7 +156,7 @@ def from_codes(codes: np.ndarray, grid: Grid, dtype: str) -> np.ndarray:
     d = grid.scale.astype(np.float32)[..., None]
     if grid.mins is not None:
         return codes * d + grid.mins.astype(np.float32)[..., None]
-    return (codes - (128 if QUANT[dtype][2] == 8 else 8)) * d
+    return (codes - ZERO[QUANT[dtype][2]]) * d
 
 
 def round_trip(w: np.ndarray, dtype: str) -> np.ndarray:
@@ -177,11 +183,12 @@ def quantize(w: np.ndarray, dtype: str, grid: Grid | None = None) -> np.ndarray:
     if grid.scale.shape != g.shape[:2] or (grid.mins is None) == has_min:
         raise ConversionError(f"a {dtype} grid for [{n}, {k}] needs scales of shape {list(g.shape[:2])}"
                               f"{' and minimums' if has_min else ''}")
-    # codes: q8 w/d + 128 in [1, 255]; q4 w/d + 8 in [0, 15]; q4m (w - m)/d in [0, 15]
+    # codes: q8 w/d + 128 in [1, 255]; q6 w/d + 32 in [0, 63]; q4 w/d + 8 in [0, 15]; q4m (w - m)/d in [0, 15]
     scale, mins, codes = grid.scale, grid.mins, round_to_grid(g, grid, dtype)
     # Tiles of 16 rows, laid out for the kernels: per group, the 16 rows' scales side by side; per
     # block of 32 columns, 8 chunks of 64 bytes, each 4 consecutive codes of the 16 rows (q8), or,
-    # for q4, the chunks of blocks 2p and 2p + 1 in the low and high nibbles of the same bytes.
+    # for q4, the chunks of blocks 2p and 2p + 1 in the low and high nibbles of the same bytes; q6
+    # stores its low 4 bits as q4 does, followed per pair of blocks by 4 chunks of the top 2 bits.
     t, ng = _tiles(n), k // group
     pad = t * TILE_ROWS - n
     codes = np.pad(codes.astype(np.uint8).reshape(n, k), ((0, pad), (0, 0)))
@@ -189,8 +196,14 @@ def quantize(w: np.ndarray, dtype: str, grid: Grid | None = None) -> np.ndarray:
     if bits == 8:
         codes = codes.reshape(t, TILE_ROWS, k // 32, 8, 4).transpose(0, 2, 3, 1, 4)
     else:
-        c = codes.reshape(t, TILE_ROWS, k // 64, 2, 8, 4)
-        codes = (c[:, :, :, 0] | (c[:, :, :, 1] << 4)).transpose(0, 2, 3, 1, 4)
+        c = codes.reshape(t, TILE_ROWS, k // 64, 2, 8, 4)  # [tile, row, pair, block in pair, chunk, 4]
+        low = c & 15
+        codes = (low[:, :, :, 0] | (low[:, :, :, 1] << 4)).transpose(0, 2, 3, 1, 4)
+        if bits == 6:
+            # top-bits chunk h (0..3), bits 2b + 4s: block b of the pair, chunk 2h + s
+            top = (c >> 4).reshape(t, TILE_ROWS, k // 64, 2, 4, 2, 4)
+            top = top[:, :, :, 0, :, 0] | top[:, :, :, 1, :, 0] << 2 | top[:, :, :, 0, :, 1] << 4 | top[:, :, :, 1, :, 1] << 6
+            codes = np.concatenate([codes, top.transpose(0, 2, 3, 1, 4)], axis=2)
     head = tiled(scale).tobytes() + (tiled(mins).tobytes() if mins is not None else b"")
     out = np.zeros(tensor_bytes(dtype, (n, k)), dtype=np.uint8)
     out[: len(head)] = np.frombuffer(head, dtype=np.uint8)
@@ -211,8 +224,15 @@ def dequantize(data: np.ndarray, dtype: str, shape) -> np.ndarray:
     if bits == 8:
         q = q.reshape(t, k // 32, 8, TILE_ROWS, 4).transpose(0, 3, 1, 2, 4).reshape(rows, k)
     else:
-        b = q.reshape(t, k // 64, 8, TILE_ROWS, 4).transpose(0, 3, 1, 2, 4)  # [tile, row, pair, chunk, 4]
-        q = np.stack([b & 15, b >> 4], axis=3).reshape(rows, k)  # [.., pair, block in pair, chunk, 4]
+        per_pair = 12 if bits == 6 else 8
+        b = q.reshape(t, k // 64, per_pair, TILE_ROWS, 4).transpose(0, 3, 1, 2, 4)  # [tile, row, pair, chunk, 4]
+        low = np.stack([b[:, :, :, :8] & 15, b[:, :, :, :8] >> 4], axis=3)  # [.., pair, block in pair, chunk, 4]
+        if bits == 6:
+            top = b[:, :, :, 8:]  # [.., pair, h, 4]
+            shifts = np.array([[0, 4], [2, 6]])  # [block in pair, s]
+            bits_ = (top[:, :, :, None, :, None, :] >> shifts[None, None, None, :, None, :, None]) & 3
+            low = low | (bits_.reshape(low.shape) << 4)
+        q = low.reshape(rows, k)
     return from_codes(q[:n].reshape(n, ng, group).astype(np.float32), Grid(scale, mins), dtype).reshape(n, k)
 
 

@@ -114,7 +114,7 @@ typedef struct fastllm_model_info {
     int32_t head_dim;
     int32_t bos_id; /* -1 if none */
     int32_t eos_id; /* -1 if none */
-    const char *weight_dtype; /* "f32", "f16" or "bf16"; owned by the model */
+    const char *weight_dtype; /* the layer matrices' (f32 f16 bf16 q8 q6 q4 q4_g64 q4_g128 q4m); owned by the model */
     uint64_t n_params;
 } fastllm_model_info;
 

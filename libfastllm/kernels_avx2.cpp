@@ -172,13 +172,15 @@ void quantize_acts(const float *x, int n, const QuantActs &out) {
 // each of 8 rows (one int32 lane each); vpmaddubsw + vpmaddwd with 4 bytes of a token's activations
 // broadcast advance the 8 rows. q8 codes are made signed (code - 128) for the sign trick (|x| times
 // w carrying x's sign keeps the int16 pairs from saturating); q4 codes (< 16) let the int16 pair
-// sums of a whole block add up without saturating (8 x 2 x 15 x 127 < 32768).
-template <bool kQ4, int NT>
+// sums of a whole block add up without saturating (8 x 2 x 15 x 127 < 32768); q6 codes (< 64) are
+// widened after every chunk (2 x 63 x 127 fits int16, 16 of them would not).
+template <int kBits, int NT>
 void tile_dot(const QuantTile &w, int half, int n, const QuantActs &x0, float *y, size_t ldy, int n_rows) {
     const int n_blocks = n / kActBlock;
-    const float zero = kQ4 && !w.mins ? 8.0f : 0.0f;  // q8 is made signed below: no correction
+    const float zero = kBits == 8 || w.mins ? 0.0f : (float)(1 << (kBits - 1));  // q8 is made signed below
     const int group_shift = w.group == 128 ? 2 : w.group == 64 ? 1 : 0;  // block -> group, without a division
     const __m256i ones = _mm256_set1_epi16(1), low4 = _mm256_set1_epi8(0x0F), flip = _mm256_set1_epi8((char)0x80);
+    const __m256i top2 = _mm256_set1_epi8(0x30);
     const int8_t *q[NT];
     const float *d[NT], *ds[NT];
     for (int t = 0; t < NT; t++) {
@@ -201,10 +203,10 @@ void tile_dot(const QuantTile &w, int half, int n, const QuantActs &x0, float *y
         for (int t = 0; t < NT; t++) {
             const __m256 f = _mm256_mul_ps(_mm256_cvtepi32_ps(sum32[t]), _mm256_set1_ps(d[t][b]));
             acc[t] = _mm256_fmadd_ps(f, ws, acc[t]);
-            if (kQ4) acc[t] = _mm256_fmadd_ps(base, _mm256_set1_ps(ds[t][b]), acc[t]);
+            if (kBits != 8) acc[t] = _mm256_fmadd_ps(base, _mm256_set1_ps(ds[t][b]), acc[t]);
         }
     };
-    if (!kQ4) {
+    if (kBits == 8) {
         for (int b = 0; b < n_blocks; b++) {
             __m256i sum[NT];
             for (int t = 0; t < NT; t++) sum[t] = _mm256_setzero_si256();
@@ -223,16 +225,30 @@ void tile_dot(const QuantTile &w, int half, int n, const QuantActs &x0, float *y
         for (int b = 0; b < n_blocks; b += 2) {
             __m256i lo16[NT], hi16[NT];
             for (int t = 0; t < NT; t++) lo16[t] = _mm256_setzero_si256(), hi16[t] = _mm256_setzero_si256();
-            const uint8_t *cb = w.codes + (b / 2) * 512 + half * 32;
+            const uint8_t *cb = w.codes + (b / 2) * (kBits == 6 ? 768 : 512) + half * 32;
             for (int j = 0; j < 8; j++) {
                 const __m256i v = _mm256_loadu_si256((const __m256i *)(cb + j * 64));
-                const __m256i lo = _mm256_and_si256(v, low4), hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), low4);
+                __m256i lo = _mm256_and_si256(v, low4), hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), low4);
+                if (kBits == 6) {  // bits 4s, 4s + 2 of the top-bits chunk (s = j % 2) to bit 4 of each code
+                    const __m256i h = _mm256_loadu_si256((const __m256i *)(cb + (8 + j / 2) * 64));
+                    const __m256i hl = j % 2 ? h : _mm256_slli_epi16(h, 4);
+                    const __m256i hh = j % 2 ? _mm256_srli_epi16(h, 2) : _mm256_slli_epi16(h, 2);
+                    lo = _mm256_or_si256(lo, _mm256_and_si256(hl, top2));
+                    hi = _mm256_or_si256(hi, _mm256_and_si256(hh, top2));
+                }
                 for (int t = 0; t < NT; t++) {
-                    lo16[t] = _mm256_add_epi16(lo16[t], _mm256_maddubs_epi16(lo, bcast(q[t] + b * kActBlock + 4 * j)));
-                    hi16[t] = _mm256_add_epi16(hi16[t], _mm256_maddubs_epi16(hi, bcast(q[t] + (b + 1) * kActBlock + 4 * j)));
+                    const __m256i pl = _mm256_maddubs_epi16(lo, bcast(q[t] + b * kActBlock + 4 * j));
+                    const __m256i ph = _mm256_maddubs_epi16(hi, bcast(q[t] + (b + 1) * kActBlock + 4 * j));
+                    if (kBits == 6) {
+                        lo16[t] = _mm256_add_epi32(lo16[t], _mm256_madd_epi16(pl, ones));
+                        hi16[t] = _mm256_add_epi32(hi16[t], _mm256_madd_epi16(ph, ones));
+                    } else {
+                        lo16[t] = _mm256_add_epi16(lo16[t], pl), hi16[t] = _mm256_add_epi16(hi16[t], ph);
+                    }
                 }
             }
-            for (int t = 0; t < NT; t++) lo16[t] = _mm256_madd_epi16(lo16[t], ones), hi16[t] = _mm256_madd_epi16(hi16[t], ones);
+            if (kBits == 4)
+                for (int t = 0; t < NT; t++) lo16[t] = _mm256_madd_epi16(lo16[t], ones), hi16[t] = _mm256_madd_epi16(hi16[t], ones);
             finish_block(b, lo16);
             finish_block(b + 1, hi16);
         }
@@ -248,19 +264,19 @@ void tile_dot(const QuantTile &w, int half, int n, const QuantActs &x0, float *y
     }
 }
 
-template <bool kQ4>
+template <int kBits>
 void dot_rows_quant(const QuantTile &w, int rows, int n, const QuantActs &x, int n_tok, float *y, size_t ldy) {
-    constexpr int NT = kQ4 ? 3 : 4;  // what 16 ymm registers hold
+    constexpr int NT = kBits == 8 ? 4 : 3;  // what 16 ymm registers hold
     for (int half = 0; half * 8 < rows; half++) {
         const int n_rows = std::min(8, rows - half * 8);
         float *yh = y + half * 8;
         int t = 0;
-        for (; t + NT <= n_tok; t += NT) tile_dot<kQ4, NT>(w, half, n, token_acts(x, n, t), yh + t * ldy, ldy, n_rows);
+        for (; t + NT <= n_tok; t += NT) tile_dot<kBits, NT>(w, half, n, token_acts(x, n, t), yh + t * ldy, ldy, n_rows);
         const QuantActs rest = token_acts(x, n, t);
         switch (n_tok - t) {
-        case 3: tile_dot<kQ4, 3>(w, half, n, rest, yh + t * ldy, ldy, n_rows); break;
-        case 2: tile_dot<kQ4, 2>(w, half, n, rest, yh + t * ldy, ldy, n_rows); break;
-        case 1: tile_dot<kQ4, 1>(w, half, n, rest, yh + t * ldy, ldy, n_rows); break;
+        case 3: tile_dot<kBits, 3>(w, half, n, rest, yh + t * ldy, ldy, n_rows); break;
+        case 2: tile_dot<kBits, 2>(w, half, n, rest, yh + t * ldy, ldy, n_rows); break;
+        case 1: tile_dot<kBits, 1>(w, half, n, rest, yh + t * ldy, ldy, n_rows); break;
         default: break;
         }
     }
@@ -274,8 +290,8 @@ const KernelTable kTable = {
     swiglu,
     exp_shift_sum,
     quantize_acts,
-    {nullptr, nullptr, nullptr, dot_rows_quant<false>, dot_rows_quant<true>, dot_rows_quant<true>, dot_rows_quant<true>,
-     dot_rows_quant<true>}};
+    {nullptr, nullptr, nullptr, dot_rows_quant<8>, dot_rows_quant<4>, dot_rows_quant<4>, dot_rows_quant<4>,
+     dot_rows_quant<4>, dot_rows_quant<6>}};
 
 }  // namespace
 

@@ -125,11 +125,12 @@ void quantize_acts(const float *x, int n, const QuantActs &out) {
 // (lane r = row r), so one vpdpbusd with 4 bytes of a token's activations broadcast advances all 16
 // rows; a block of 32 takes 8 of them into an int32 sum per row (no horizontal adds), and the
 // block's scale, activation scale and zero-point / minimum term are applied once, 16 rows wide.
-// q4 chunks carry two blocks (low and high nibbles). NT tokens share every load and unpack.
-template <bool kQ4, int NT>
+// q4 chunks carry two blocks (low and high nibbles); q6 adds the top 2 bits of each code from 4
+// more chunks per pair of blocks. NT tokens share every load and unpack.
+template <int kBits, int NT>
 void tile_dot(const QuantTile &w, int n, const QuantActs &x0, float *y, size_t ldy, __mmask16 rm) {
     const int n_blocks = n / kActBlock;
-    const float zero = w.mins ? 0.0f : (kQ4 ? 8.0f : 128.0f);
+    const float zero = w.mins ? 0.0f : (float)(1 << (kBits - 1));
     const int group_shift = w.group == 128 ? 2 : w.group == 64 ? 1 : 0;  // block -> group, without a division
     const int8_t *q[NT];
     const float *d[NT], *ds[NT];
@@ -155,7 +156,7 @@ void tile_dot(const QuantTile &w, int n, const QuantActs &x0, float *y, size_t l
             acc[t] = _mm512_fmadd_ps(base, _mm512_set1_ps(ds[t][b]), acc[t]);
         }
     };
-    if (!kQ4) {
+    if (kBits == 8) {
         for (int b = 0; b < n_blocks; b++) {
             __m512i sum[NT], sum2[NT];  // two chains per token: vpdpbusd's latency, not its throughput, would bind
             for (int t = 0; t < NT; t++) sum[t] = _mm512_setzero_si512(), sum2[t] = _mm512_setzero_si512();
@@ -172,14 +173,21 @@ void tile_dot(const QuantTile &w, int n, const QuantActs &x0, float *y, size_t l
             finish_block(b, sum);
         }
     } else {
-        const __m512i low4 = _mm512_set1_epi8(0x0F);
+        const __m512i low4 = _mm512_set1_epi8(0x0F), top2 = _mm512_set1_epi8(0x30);
         for (int b = 0; b < n_blocks; b += 2) {
             __m512i lo_sum[NT], hi_sum[NT];
             for (int t = 0; t < NT; t++) lo_sum[t] = _mm512_setzero_si512(), hi_sum[t] = _mm512_setzero_si512();
-            const uint8_t *cb = w.codes + (b / 2) * 512;
+            const uint8_t *cb = w.codes + (b / 2) * (kBits == 6 ? 768 : 512);
             for (int j = 0; j < 8; j++) {
                 const __m512i v = _mm512_loadu_si512((const void *)(cb + j * 64));
-                const __m512i lo = _mm512_and_si512(v, low4), hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), low4);
+                __m512i lo = _mm512_and_si512(v, low4), hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), low4);
+                if (kBits == 6) {  // bits 4s, 4s + 2 of the top-bits chunk (s = j % 2) to bit 4 of each code
+                    const __m512i h = _mm512_loadu_si512((const void *)(cb + (8 + j / 2) * 64));
+                    const __m512i hl = j % 2 ? h : _mm512_slli_epi16(h, 4);
+                    const __m512i hh = j % 2 ? _mm512_srli_epi16(h, 2) : _mm512_slli_epi16(h, 2);
+                    lo = _mm512_ternarylogic_epi32(lo, hl, top2, 0xF8);  // lo | (hl & top2)
+                    hi = _mm512_ternarylogic_epi32(hi, hh, top2, 0xF8);
+                }
                 for (int t = 0; t < NT; t++) {
                     lo_sum[t] = _mm512_dpbusd_epi32(lo_sum[t], lo, bcast(q[t] + b * kActBlock + 4 * j));
                     hi_sum[t] = _mm512_dpbusd_epi32(hi_sum[t], hi, bcast(q[t] + (b + 1) * kActBlock + 4 * j));
@@ -192,22 +200,22 @@ void tile_dot(const QuantTile &w, int n, const QuantActs &x0, float *y, size_t l
     for (int t = 0; t < NT; t++) _mm512_mask_storeu_ps(y + t * ldy, rm, acc[t]);
 }
 
-template <bool kQ4>
+template <int kBits>
 void dot_rows_quant(const QuantTile &w, int rows, int n, const QuantActs &x, int n_tok, float *y, size_t ldy) {
     const __mmask16 rm = (__mmask16)((1u << rows) - 1);
     constexpr int NT = 8;
     int t = 0;
-    for (; t + NT <= n_tok; t += NT) tile_dot<kQ4, NT>(w, n, token_acts(x, n, t), y + t * ldy, ldy, rm);
+    for (; t + NT <= n_tok; t += NT) tile_dot<kBits, NT>(w, n, token_acts(x, n, t), y + t * ldy, ldy, rm);
     const QuantActs rest = token_acts(x, n, t);
     float *yr = y + t * ldy;
     switch (n_tok - t) {
-    case 7: tile_dot<kQ4, 7>(w, n, rest, yr, ldy, rm); break;
-    case 6: tile_dot<kQ4, 6>(w, n, rest, yr, ldy, rm); break;
-    case 5: tile_dot<kQ4, 5>(w, n, rest, yr, ldy, rm); break;
-    case 4: tile_dot<kQ4, 4>(w, n, rest, yr, ldy, rm); break;
-    case 3: tile_dot<kQ4, 3>(w, n, rest, yr, ldy, rm); break;
-    case 2: tile_dot<kQ4, 2>(w, n, rest, yr, ldy, rm); break;
-    case 1: tile_dot<kQ4, 1>(w, n, rest, yr, ldy, rm); break;
+    case 7: tile_dot<kBits, 7>(w, n, rest, yr, ldy, rm); break;
+    case 6: tile_dot<kBits, 6>(w, n, rest, yr, ldy, rm); break;
+    case 5: tile_dot<kBits, 5>(w, n, rest, yr, ldy, rm); break;
+    case 4: tile_dot<kBits, 4>(w, n, rest, yr, ldy, rm); break;
+    case 3: tile_dot<kBits, 3>(w, n, rest, yr, ldy, rm); break;
+    case 2: tile_dot<kBits, 2>(w, n, rest, yr, ldy, rm); break;
+    case 1: tile_dot<kBits, 1>(w, n, rest, yr, ldy, rm); break;
     default: break;
     }
 }
@@ -220,8 +228,8 @@ const KernelTable kTable = {
     swiglu,
     exp_shift_sum,
     quantize_acts,
-    {nullptr, nullptr, nullptr, dot_rows_quant<false>, dot_rows_quant<true>, dot_rows_quant<true>, dot_rows_quant<true>,
-     dot_rows_quant<true>}};
+    {nullptr, nullptr, nullptr, dot_rows_quant<8>, dot_rows_quant<4>, dot_rows_quant<4>, dot_rows_quant<4>,
+     dot_rows_quant<4>, dot_rows_quant<6>}};
 
 }  // namespace
 

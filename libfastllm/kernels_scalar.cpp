@@ -116,12 +116,14 @@ void quantize_acts(const float *x, int n, const QuantActs &out) {
 }
 
 // The code of weight i of tile row r (the tile layout of tensor.h).
-template <bool kQ4>
+template <int kBits>
 inline int tile_code(const uint8_t *codes, int r, int i) {
     const int b = i / kActBlock, chunk = (i % kActBlock) / 4, at = r * 4 + i % 4;
-    if (!kQ4) return codes[(b * 8 + chunk) * 64 + at];
-    const uint8_t byte = codes[((b / 2) * 8 + chunk) * 64 + at];
-    return b % 2 == 0 ? (byte & 15) : (byte >> 4);
+    if (kBits == 8) return codes[(b * 8 + chunk) * 64 + at];
+    const uint8_t *pair = codes + (b / 2) * (kBits == 6 ? 12 : 8) * 64;
+    const int low = b % 2 == 0 ? (pair[chunk * 64 + at] & 15) : (pair[chunk * 64 + at] >> 4);
+    if (kBits == 4) return low;
+    return low | ((pair[(8 + chunk / 2) * 64 + at] >> (2 * (b % 2) + 4 * (chunk % 2))) & 3) << 4;
 }
 
 void swiglu(const float *gate_up, int n, float *out) {
@@ -137,15 +139,15 @@ float exp_shift_sum(float *x, int n, float shift) {
     return sum;
 }
 
-template <bool kQ4>
+template <int kBits>
 void dot_rows_quant1(const QuantTile &w, int rows, int n, const QuantActs &x, float *y) {
-    const float zero = w.mins ? 0.0f : (kQ4 ? 8.0f : 128.0f);
+    const float zero = w.mins ? 0.0f : (float)(1 << (kBits - 1));
     for (int r = 0; r < rows; r++) {
         float acc = 0, corr = 0, mins = 0;
         for (int b = 0; b < n / kActBlock; b++) {
             const int g = b * kActBlock / w.group;
             int32_t dot = 0;
-            for (int i = b * kActBlock; i < (b + 1) * kActBlock; i++) dot += tile_code<kQ4>(w.codes, r, i) * x.q[i];
+            for (int i = b * kActBlock; i < (b + 1) * kActBlock; i++) dot += tile_code<kBits>(w.codes, r, i) * x.q[i];
             const float dw = f16_to_f32(w.scales[g * kTileRows + r]);
             acc += dw * x.d[b] * (float)dot;
             corr += dw * x.ds[b];
@@ -155,9 +157,9 @@ void dot_rows_quant1(const QuantTile &w, int rows, int n, const QuantActs &x, fl
     }
 }
 
-template <bool kQ4>
+template <int kBits>
 void dot_rows_quant(const QuantTile &w, int rows, int n, const QuantActs &x, int n_tok, float *y, size_t ldy) {
-    for (int t = 0; t < n_tok; t++) dot_rows_quant1<kQ4>(w, rows, n, token_acts(x, n, t), y + t * ldy);
+    for (int t = 0; t < n_tok; t++) dot_rows_quant1<kBits>(w, rows, n, token_acts(x, n, t), y + t * ldy);
 }
 
 const KernelTable kTable = {Isa::Scalar,
@@ -167,8 +169,8 @@ const KernelTable kTable = {Isa::Scalar,
                             swiglu,
                             exp_shift_sum,
                             quantize_acts,
-                            {nullptr, nullptr, nullptr, dot_rows_quant<false>, dot_rows_quant<true>,
-                             dot_rows_quant<true>, dot_rows_quant<true>, dot_rows_quant<true>}};
+                            {nullptr, nullptr, nullptr, dot_rows_quant<8>, dot_rows_quant<4>, dot_rows_quant<4>,
+                             dot_rows_quant<4>, dot_rows_quant<4>, dot_rows_quant<6>}};
 
 }  // namespace
 

@@ -14,8 +14,15 @@ float weight(const Tensor &W, int64_t r, int64_t c) {
         const QuantTile q = W.quant_tile(r / kTileRows * kTileRows);
         const int64_t lane = r % kTileRows, g = c / q.group, b = c / kActBlock, chunk = (c % kActBlock) / 4;
         const float scale = f16_to_f32(q.scales[g * kTileRows + lane]);
-        if (!dtype_is_q4(W.dtype)) return scale * (float)((int)q.codes[(b * 8 + chunk) * 64 + lane * 4 + c % 4] - 128);
-        const uint8_t byte = q.codes[((b / 2) * 8 + chunk) * 64 + lane * 4 + c % 4];
+        const int64_t at = lane * 4 + c % 4;  // within a chunk
+        if (W.dtype == DType::Q8) return scale * (float)((int)q.codes[(b * 8 + chunk) * 64 + at] - 128);
+        if (W.dtype == DType::Q6) {  // a pair of blocks: 8 chunks of low 4 bits, then 4 of top 2 bits
+            const uint8_t *pair = q.codes + (b / 2) * 12 * 64;
+            const int low = b % 2 == 0 ? (pair[chunk * 64 + at] & 15) : (pair[chunk * 64 + at] >> 4);
+            const int top = (pair[(8 + chunk / 2) * 64 + at] >> (2 * (b % 2) + 4 * (chunk % 2))) & 3;
+            return scale * (float)((low | top << 4) - 32);
+        }
+        const uint8_t byte = q.codes[((b / 2) * 8 + chunk) * 64 + at];
         const int code = b % 2 == 0 ? (byte & 15) : (byte >> 4);
         return q.mins ? scale * (float)code + f16_to_f32(q.mins[g * kTileRows + lane]) : scale * (float)(code - 8);
     }

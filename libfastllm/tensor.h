@@ -8,12 +8,12 @@
 namespace fastllm {
 
 // Values are the .flm dtype codes (docs/flm_format.md).
-enum class DType : uint32_t { F32 = 0, F16 = 1, BF16 = 2, Q8 = 3, Q4_32 = 4, Q4_64 = 5, Q4_128 = 6, Q4M_32 = 7 };
-constexpr int kNumDTypes = 8;
+enum class DType : uint32_t { F32 = 0, F16 = 1, BF16 = 2, Q8 = 3, Q4_32 = 4, Q4_64 = 5, Q4_128 = 6, Q4M_32 = 7, Q6 = 8 };
+constexpr int kNumDTypes = 9;
 
 inline bool dtype_is_known(uint32_t code) { return code < (uint32_t)kNumDTypes; }
 inline bool dtype_is_quantized(DType t) { return (uint32_t)t >= 3; }
-inline bool dtype_is_q4(DType t) { return (uint32_t)t >= 4; }
+inline bool dtype_is_q4(DType t) { return t >= DType::Q4_32 && t <= DType::Q4M_32; }
 inline bool dtype_has_min(DType t) { return t == DType::Q4M_32; }
 // Weights per scale of a quantized type (1 for plain types).
 inline int dtype_group(DType t) {
@@ -21,6 +21,7 @@ inline int dtype_group(DType t) {
     case DType::Q4_64: return 64;
     case DType::Q4_128: return 128;
     case DType::Q8:
+    case DType::Q6:
     case DType::Q4_32:
     case DType::Q4M_32: return 32;
     default: return 1;
@@ -29,7 +30,7 @@ inline int dtype_group(DType t) {
 // What K (the row length) must be a multiple of.
 inline int dtype_row_multiple(DType t) {
     if (!dtype_is_quantized(t)) return 1;
-    return dtype_is_q4(t) ? (dtype_group(t) > 64 ? dtype_group(t) : 64) : 32;
+    return t == DType::Q8 ? 32 : (dtype_group(t) > 64 ? dtype_group(t) : 64);  // q4, q6: blocks go in pairs
 }
 inline size_t dtype_size(DType t) { return t == DType::F32 ? 4 : 2; }  // plain types only
 inline const char *dtype_name(DType t) {
@@ -42,6 +43,7 @@ inline const char *dtype_name(DType t) {
     case DType::Q4_64: return "q4_g64";
     case DType::Q4_128: return "q4_g128";
     case DType::Q4M_32: return "q4m";
+    case DType::Q6: return "q6";
     }
     return "?";
 }
@@ -51,7 +53,8 @@ inline uint64_t align64(uint64_t n) { return (n + 63) / 64 * 64; }
 // Quantized matrices are stored in tiles of 16 rows (the last one padded with zero rows), laid out
 // for the kernels (docs/flm_format.md): per group, the 16 rows' f16 scales side by side; per block
 // of 32 columns, 8 chunks of 64 bytes holding 4 consecutive codes of each of the 16 rows (q8), or
-// for q4 the chunks of blocks 2p and 2p + 1 in the low and high nibbles of the same 64 bytes.
+// for q4 the chunks of blocks 2p and 2p + 1 in the low and high nibbles of the same 64 bytes; q6
+// keeps its low 4 bits as q4 does, each pair's 8 chunks followed by 4 chunks of the top 2 bits.
 constexpr int kTileRows = 16;
 inline uint64_t quant_tiles(uint64_t rows) { return (rows + kTileRows - 1) / kTileRows; }
 // Bytes of the scales (+ minimums) region of a quantized [rows, cols] matrix, padded to 64.
@@ -60,7 +63,9 @@ inline uint64_t quant_scales_bytes(DType t, uint64_t rows, uint64_t cols) {
     return align64(dtype_has_min(t) ? 2 * n : n);
 }
 // Bytes of one tile's codes.
-inline uint64_t quant_tile_bytes(DType t, uint64_t cols) { return kTileRows * (dtype_is_q4(t) ? cols / 2 : cols); }
+inline uint64_t quant_tile_bytes(DType t, uint64_t cols) {
+    return kTileRows * (dtype_is_q4(t) ? cols / 2 : t == DType::Q6 ? cols / 4 * 3 : cols);
+}
 // Bytes a tensor of this dtype and shape occupies in the file.
 inline uint64_t tensor_bytes(DType t, uint64_t rows, uint64_t cols) {
     if (!dtype_is_quantized(t)) return rows * cols * dtype_size(t);
@@ -71,7 +76,7 @@ inline uint64_t tensor_bytes(DType t, uint64_t rows, uint64_t cols) {
 struct QuantTile {
     const uint16_t *scales;  // f16, [K/G][16]
     const uint16_t *mins;    // f16, [K/G][16]; nullptr unless q4m
-    const uint8_t *codes;    // K * 16 (q8) or K * 8 (q4) bytes, in chunks of 64
+    const uint8_t *codes;    // K * 16 (q8), K * 12 (q6) or K * 8 (q4) bytes, in chunks of 64
     int group;               // G
 };
 

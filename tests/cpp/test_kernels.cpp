@@ -68,7 +68,8 @@ static void quantize_weights(Weights &w, DType dt, int N, int K) {
     uint16_t *scales = (uint16_t *)w.bytes.data();
     uint16_t *mins = scales + tiles * kTileRows * groups;
     uint8_t *quants = w.bytes.data() + quant_scales_bytes(dt, N, K);
-    // Tiles of 16 rows: scales [tile][group][row], codes [tile][block (q8) or block pair (q4)][4 columns][row][4]
+    // Tiles of 16 rows: scales [tile][group][row], codes [tile][block (q8) or block pair (q4, q6)][4 columns][row][4];
+    // q6: per pair, 8 chunks of low 4 bits as q4, then 4 chunks of the top 2 bits
     auto at = [&](int r, int g) { return (size_t)(r / kTileRows) * groups * kTileRows + (size_t)g * kTileRows + r % kTileRows; };
     for (int r = 0; r < N; r++)
         for (int g = 0; g < groups; g++) {
@@ -78,6 +79,7 @@ static void quantize_weights(Weights &w, DType dt, int N, int K) {
             float scale, mn = 0;
             if (dt == DType::Q8) scale = amax / 127;
             else if (dtype_has_min(dt)) scale = (hi - lo) / 15, mn = lo;
+            else if (dt == DType::Q6) scale = amax / 32;
             else scale = amax / 8;
             scales[at(r, g)] = f32_to_f16(scale);
             if (dtype_has_min(dt)) mins[at(r, g)] = f32_to_f16(mn);
@@ -87,14 +89,18 @@ static void quantize_weights(Weights &w, DType dt, int N, int K) {
                 int q;
                 if (dt == DType::Q8) q = std::clamp((int)std::lround(v[i] / s), -127, 127) + 128;
                 else if (dtype_has_min(dt)) q = std::clamp((int)std::lround((v[i] - m) / s), 0, 15);
+                else if (dt == DType::Q6) q = std::clamp((int)std::lround(v[i] / s) + 32, 0, 63);
                 else q = std::clamp((int)std::lround(v[i] / s) + 8, 0, 15);
                 const size_t tile = (size_t)(r / kTileRows) * quant_tile_bytes(dt, K);
                 const size_t in_chunk = (size_t)(r % kTileRows) * 4 + c % 4, chunk = (c % 32) / 4;
                 if (dt == DType::Q8) {
                     quants[tile + ((size_t)(c / 32) * 8 + chunk) * 64 + in_chunk] = (uint8_t)q;
                 } else {
-                    uint8_t &byte = quants[tile + ((size_t)(c / 64) * 8 + chunk) * 64 + in_chunk];
-                    byte |= (c / 32) % 2 == 0 ? q : q << 4;
+                    const size_t pair = tile + (size_t)(c / 64) * (dt == DType::Q6 ? 12 : 8) * 64;
+                    const int second = (c / 32) % 2;
+                    quants[pair + chunk * 64 + in_chunk] |= (uint8_t)((q & 15) << (4 * second));
+                    if (dt == DType::Q6)
+                        quants[pair + (8 + chunk / 2) * 64 + in_chunk] |= (uint8_t)((q >> 4) << (2 * second + 4 * (chunk % 2)));
                 }
             }
         }
@@ -126,7 +132,7 @@ static Weights make_weights(DType dt, int N, int K) {
 
 static void test_matmul(const KernelTable &k) {
     const DType dtypes[] = {DType::F32, DType::F16, DType::BF16, DType::Q8, DType::Q4_32, DType::Q4_64, DType::Q4_128,
-                            DType::Q4M_32};
+                            DType::Q4M_32, DType::Q6};
     const int shapes[][3] = {{1, 37, 67}, {1, 64, 128}, {3, 37, 67}, {5, 33, 256}, {20, 70, 96}, {40, 300, 64},
                              {1, 21, 384}, {9, 40, 1024}, {2, 17, 160}, {1, 33, 576}, {5, 20, 576}, {3, 17, 1536},
                              // prompt batches (packed GEMM tiles where the ISA has them): token counts
@@ -153,7 +159,7 @@ static void test_matmul(const KernelTable &k) {
                 double q = rel_err(y.data(), yf.data(), y.size());
                 // 4-bit codes over random Gaussian rows: about 0.1-0.2 relative error, more with
                 // larger groups (one scale spans a wider range)
-                double bound = dt == DType::Q8 ? 0.03 : dtype_group(dt) >= 128 ? 0.25 : 0.2;
+                double bound = dt == DType::Q8 ? 0.03 : dt == DType::Q6 ? 0.06 : dtype_group(dt) >= 128 ? 0.25 : 0.2;
                 CHECK(q < bound, "matmul %s %s vs f32 rel err %g (bound %g)", isa_name(k.isa), dtype_name(dt), q, bound);
             }
         }
