@@ -8,9 +8,11 @@ build/bin/llama-quantize and convert_hf_to_gguf.py); without it the llama.cpp ro
 saying so. Pairs: fastllm int8 vs Q8_0 (int8 keeps the output head at f16, more bytes than
 Q8_0's Q8_0 head), fastllm int8 with its head at q8 vs Q8_0 (equal bits), fastllm int4 (g32) vs
 Q4_0 (int4 keeps the head at q8, more bytes than Q4_0's Q6_K head), fastllm int4 with its head at
-q6 vs Q4_0 (about equal bytes), plus fastllm int4 g128 (4.125 bits). Prints prompt tok/s (pp), generation tok/s (tg), weight bytes read per
-generated token, the fraction of the read-bandwidth limit (measured here) that tg reaches, and
-fastllm's peak RSS and warm load time.
+q6 vs Q4_0 (about equal bytes), plus fastllm int4 g128 (4.125 bits). For each pair the two
+engines take turns, one round each, --repeat times. Prints prompt tok/s (pp) and generation tok/s
+(tg) (medians), the median of the per-round ratios, weight bytes read per generated token, the
+fraction of the read-bandwidth limit (measured here) that tg reaches, and fastllm's peak RSS and
+warm load time.
 """
 from __future__ import annotations
 
@@ -100,6 +102,7 @@ def llama_cpp_models(llama_cpp: Path, hf_dir: Path, work: Path) -> dict[str, Pat
 
 
 def bench_llama_cpp(llama_cpp: Path, gguf: Path, threads: int, n_prompt: int, n_gen: int, repeat: int):
+    """(pp, tg) tokens/s of llama-bench (its own warm-up run, then `repeat` measured ones)."""
     r = subprocess.run([str(llama_cpp / "build" / "bin" / "llama-bench"), "-m", str(gguf), "-t", str(threads),
                         "-p", str(n_prompt), "-n", str(n_gen), "-r", str(repeat), "-o", "json"],
                        check=True, capture_output=True, text=True)
@@ -133,27 +136,32 @@ def main() -> int:
         print("llama.cpp: skipped (pass --llama_cpp PATH to a built llama.cpp tree)")
 
     print(f"{'engine':<22}{'MiB':>8}{'pp tok/s':>10}{'tg tok/s':>10}{'MB/token':>10}{'% of bw':>9}{'RSS MiB':>9}{'load ms':>9}")
-    peers = {}  # llama.cpp file -> (pp, tg), measured once, printed after its first fastllm row
     for name, dtype, group, dtype_config, peer in FASTLLM_VARIANTS:
         flm = args.work_dir / f"random-{args.shape}-{name}.flm"
         if not flm.exists():
             convert(str(hf_dir), str(flm), dtype=dtype, group_size=group, dtype_config=dtype_config,
                     progress=False)
-        r = bench(flm, args.prompt_len, args.gen, args.threads, args.repeat)
-        pp, tg = r.prompt_tok_s, r.generate_tok_s
+        peer_file = gguf.get(peer)
+        # fastllm and llama.cpp take turns, one round each (the host's bandwidth drifts over tens of
+        # seconds, so back-to-back blocks of runs can land in different phases)
+        ours, theirs = [], []
+        for _ in range(args.repeat):
+            r = bench(flm, args.prompt_len, args.gen, args.threads, 1)
+            ours.append((r.prompt_tok_s, r.generate_tok_s))
+            if peer_file:
+                theirs.append(bench_llama_cpp(args.llama_cpp, peer_file, args.threads, args.prompt_len, args.gen, 1))
+        pp, tg = (statistics.median(x[i] for x in ours) for i in (0, 1))
         mb = bytes_per_token(flm) / 1e6
         rss, load = fastllm_memory(flm, args.threads)
         print(f"{'fastllm ' + name:<22}{flm.stat().st_size / 2**20:8.0f}{pp:10.1f}{tg:10.1f}{mb:10.1f}"
               f"{100 * mb * tg / 1e3 / bw:8.0f}%{rss:9.0f}{load:9.1f}")
-        if peer and peer in gguf:
-            if peer not in peers:
-                peers[peer] = bench_llama_cpp(args.llama_cpp, gguf[peer], args.threads, args.prompt_len,
-                                              args.gen, args.repeat)
-                lmb = gguf_bytes_per_token(gguf[peer]) / 1e6
-                print(f"{'llama.cpp ' + peer:<22}{gguf[peer].stat().st_size / 2**20:8.0f}{peers[peer][0]:10.1f}"
-                      f"{peers[peer][1]:10.1f}{lmb:10.1f}{100 * lmb * peers[peer][1] / 1e3 / bw:8.0f}%")
-            lpp, ltg = peers[peer]
-            print(f"{'  ratio to ' + peer:<22}{'':8}{pp / lpp:9.2f}x{tg / ltg:9.2f}x")
+        if peer_file:
+            lpp, ltg = (statistics.median(x[i] for x in theirs) for i in (0, 1))
+            lmb = gguf_bytes_per_token(peer_file) / 1e6
+            print(f"{'  llama.cpp ' + peer:<22}{peer_file.stat().st_size / 2**20:8.0f}{lpp:10.1f}{ltg:10.1f}{lmb:10.1f}"
+                  f"{100 * lmb * ltg / 1e3 / bw:8.0f}%")
+            ratio = [statistics.median(o[i] / t[i] for o, t in zip(ours, theirs)) for i in (0, 1)]
+            print(f"{'  ratio, per round':<22}{'':8}{ratio[0]:9.2f}x{ratio[1]:9.2f}x")
     return 0
 
 
