@@ -8,7 +8,7 @@ build/bin/llama-quantize and convert_hf_to_gguf.py); without it the llama.cpp ro
 saying so. Pairs: fastllm int8 vs Q8_0 (int8 keeps the output head at f16, more bytes than
 Q8_0's Q8_0 head), fastllm int8 with its head at q8 vs Q8_0 (equal bits), fastllm int4 (g32) vs
 Q4_0 (int4 keeps the head at q8, more bytes than Q4_0's Q6_K head), fastllm int4 with its head at
-q6 vs Q4_0 (about equal bytes), plus fastllm int4 g128 (4.125 bits). For each pair the two
+q6 vs Q4_0 (about equal bytes), fastllm int4 g128 (4.125 bits) vs Q4_0. For each pair the two
 engines take turns, one round each, --repeat times. Prints prompt tok/s (pp) and generation tok/s
 (tg) (medians), the median of the per-round ratios, weight bytes read per generated token, the
 fraction of the read-bandwidth limit (measured here) that tg reaches, and fastllm's peak RSS and
@@ -35,7 +35,7 @@ from fastllm.bench import bench  # noqa: E402
 # (name, --dtype, --group_size, --dtype_config, the llama.cpp file to compare with)
 FASTLLM_VARIANTS = [("int8", "int8", 32, [], "Q8_0"), ("int8_q8head", "int8", 32, ["output.weight=q8"], "Q8_0"),
                     ("int4", "int4", 32, [], "Q4_0"), ("int4_q6head", "int4", 32, ["output.weight=q6"], "Q4_0"),
-                    ("int4_g128", "int4", 128, [], None)]
+                    ("int4_g128", "int4", 128, [], "Q4_0")]
 
 
 def read_bandwidth_gbs(threads: int, gib: float = 1.0, repeat: int = 5) -> float:
