@@ -4,6 +4,7 @@ dtype rules of the converter, and the perplexity tool.
 Measured (stories260K, 40 validation stories = 4,099 positions; ppl on the first 300 stories):
   dtype   top-1 agreement   mean KL     perplexity (f32 4.2047)
   int8    98.98%            4.1e-4      4.2099 (+0.12%)
+  q6      97.4%             3.5e-3      4.2124 (+0.18%)
   int4    87.2%             0.069       4.4832 (+6.6%)
   int4m   90.2%             0.046       4.3943 (+4.5%)
 llama.cpp's own quantizations of the same model, evaluated with the same code (its GGUF imported at
