@@ -9,7 +9,8 @@ saying so. Pairs: fastllm int8 vs Q8_0 (int8 keeps the output head at f16, more 
 Q8_0's Q8_0 head), fastllm int8 with its head at q8 vs Q8_0 (equal bits), fastllm int4 (g32) vs
 Q4_0 (int4 keeps the head at q8, more bytes than Q4_0's Q6_K head), fastllm int4 with its head at
 q6 vs Q4_0 (about equal bytes), fastllm int4 g128 (4.125 bits) vs Q4_0. For each pair the two
-engines take turns, one round each, --repeat times. Prints prompt tok/s (pp) and generation tok/s
+engines take turns, one round each, --repeat times. Generation starts from an empty context in both
+(llama-bench's tg test; fastllm.bench's gen_from_empty). Prints prompt tok/s (pp) and generation tok/s
 (tg) (medians), the median of the per-round ratios, weight bytes read per generated token, the
 fraction of the read-bandwidth limit (measured here) that tg reaches, and fastllm's peak RSS and
 warm load time.
@@ -146,7 +147,7 @@ def main() -> int:
         # seconds, so back-to-back blocks of runs can land in different phases)
         ours, theirs = [], []
         for _ in range(args.repeat):
-            r = bench(flm, args.prompt_len, args.gen, args.threads, 1)
+            r = bench(flm, args.prompt_len, args.gen, args.threads, 1, gen_from_empty=True)  # as llama-bench
             ours.append((r.prompt_tok_s, r.generate_tok_s))
             if peer_file:
                 theirs.append(bench_llama_cpp(args.llama_cpp, peer_file, args.threads, args.prompt_len, args.gen, 1))

@@ -3,6 +3,8 @@
 The prompt is a fixed sequence of ordinary token ids (the text does not change the cost); generation
 is greedy with EOS ignored, so every round does the same work. Each figure is the median over
 `repeat` rounds after one warm-up round (which also brings the file into the page cache).
+Generation follows the prompt (its attention reads the prompt's KV cache too), or, with
+gen_from_empty, starts from a one-token prompt, as llama-bench's tg test does.
 """
 from __future__ import annotations
 
@@ -30,7 +32,7 @@ def synthetic_prompt(vocab_size: int, n: int, bos_id: int) -> list[int]:
 
 
 def bench(model_path: str | Path, n_prompt: int = 128, n_gen: int = 64, threads: int = 0,
-          repeat: int = 3) -> BenchResult:
+          repeat: int = 3, gen_from_empty: bool = False) -> BenchResult:
     t0 = time.perf_counter()
     with Model(model_path, threads=threads) as m:
         load_ms = (time.perf_counter() - t0) * 1000
@@ -43,7 +45,9 @@ def bench(model_path: str | Path, n_prompt: int = 128, n_gen: int = 64, threads:
                 t0 = time.perf_counter()
                 s.eval(prompt)
                 pp.append(n_prompt / (time.perf_counter() - t0))
-                s.generate([], n_gen, temperature=0.0, ignore_eos=True)
+                if gen_from_empty:
+                    s.reset()
+                s.generate(prompt[:1] if gen_from_empty else [], n_gen, temperature=0.0, ignore_eos=True)
                 r = s.last_result
                 tg.append(r.n_generated_tokens / (r.generate_ms / 1000))
         return BenchResult(n_prompt, n_gen, threads or os.cpu_count() or 1, statistics.median(pp[1:]), statistics.median(tg[1:]), load_ms)
