@@ -23,6 +23,13 @@ def test_generate_command(stories_flm):
     assert r.stdout.strip() == GOLDEN["greedy_output_text"]
 
 
+def test_bench_generates_after_the_prompt_or_from_an_empty_context(stories_flm):
+    from fastllm.bench import bench
+    after, empty = (bench(stories_flm, 16, 8, 1, 1, gen_from_empty=e) for e in (False, True))
+    assert after.final_context == 16 + 8 and empty.final_context == 1 + 8  # llama-bench's tg: no prompt
+    assert min(after.prompt_tok_s, after.generate_tok_s, empty.generate_tok_s) > 0
+
+
 def test_info_command(stories_flm):
     r = run("-m", "fastllm", "info", stories_flm)
     assert r.returncode == 0 and "vocab_size: 512" in r.stdout and "num_kv_heads: 4" in r.stdout

@@ -25,6 +25,7 @@ class BenchResult:
     prompt_tok_s: float  # median
     generate_tok_s: float  # median
     load_ms: float  # loading the model (warm page cache after the first run on this file)
+    final_context: int  # tokens in the context when generation ended (what its attention last read)
 
 
 def synthetic_prompt(vocab_size: int, n: int, bos_id: int) -> list[int]:
@@ -50,4 +51,6 @@ def bench(model_path: str | Path, n_prompt: int = 128, n_gen: int = 64, threads:
                 s.generate(prompt[:1] if gen_from_empty else [], n_gen, temperature=0.0, ignore_eos=True)
                 r = s.last_result
                 tg.append(r.n_generated_tokens / (r.generate_ms / 1000))
-        return BenchResult(n_prompt, n_gen, threads or os.cpu_count() or 1, statistics.median(pp[1:]), statistics.median(tg[1:]), load_ms)
+                final_context = len(s.tokens)
+        return BenchResult(n_prompt, n_gen, threads or os.cpu_count() or 1, statistics.median(pp[1:]),
+                           statistics.median(tg[1:]), load_ms, final_context)
