@@ -233,6 +233,7 @@ int main(int argc, char **argv) {
                  listen_failed ? "the listener stopped" : (sig == SIGINT ? "SIGINT" : "SIGTERM"));
     stopping = true;
     scheduler.shutdown();  // ends every request: waiting handlers answer, streams close with an error event
+    routes.wait_for_streams(std::chrono::seconds(2));  // ... which they write before the server stops
     svr.stop();            // stops accepting; listen returns once every worker is done
     // Workers finish their last writes at once, but one that holds an idle keep-alive connection
     // waits for it up to the keep-alive timeout: past a short grace period, leave without them.

@@ -3,6 +3,7 @@
 #include <limits>
 #include <memory>
 #include <random>
+#include <thread>
 
 #include "responses.h"
 
@@ -57,8 +58,15 @@ uint64_t random_seed() {
     return rng();
 }
 
-// What a streaming response keeps between the provider's calls.
+// What a streaming response keeps between the provider's calls. It lives until httplib is done
+// with the response (its last write made or the client gone); open counts the streams alive.
 struct Stream {
+    explicit Stream(std::atomic<int> &open) : open(open) { open++; }
+    ~Stream() { open--; }
+    Stream(const Stream &) = delete;
+    Stream &operator=(const Stream &) = delete;
+
+    std::atomic<int> &open;
     std::shared_ptr<Job> job;
     ResponseMeta meta;
     bool include_usage = false;
@@ -114,6 +122,15 @@ Routes::Routes(Engine &engine, Scheduler &scheduler, Metrics &metrics, ServerCon
                const std::atomic<bool> &stopping)
     : engine_(engine), scheduler_(scheduler), metrics_(metrics), config_(std::move(config)), stopping_(stopping),
       started_(std::time(nullptr)) {}
+
+bool Routes::wait_for_streams(std::chrono::milliseconds timeout) const {
+    const auto until = std::chrono::steady_clock::now() + timeout;
+    while (open_streams_.load() > 0) {
+        if (std::chrono::steady_clock::now() >= until) return false;
+        std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    }
+    return true;
+}
 
 void Routes::install(httplib::Server &svr) {
     using namespace std::placeholders;
@@ -344,7 +361,7 @@ void Routes::generate(httplib::Response &res, const std::string &text, Endpoint 
         res.set_content(dump(completion_body(meta, text, result)), kJson);
         return;
     }
-    auto st = std::make_shared<Stream>();
+    auto st = std::make_shared<Stream>(open_streams_);
     st->job = job;
     st->meta = meta;
     st->include_usage = r.include_usage;

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <atomic>
+#include <chrono>
 #include <ctime>
 #include <functional>
 #include <string>
@@ -30,6 +31,10 @@ public:
     // Registers the handlers, the error handler (OpenAI-shaped bodies for httplib's own 4xx) and
     // the logger that counts requests for /metrics.
     void install(httplib::Server &server);
+    // Waits until every streamed response has made its last write (at shutdown, between ending the
+    // jobs and stopping the server: httplib no longer calls a stream's provider once stopped, so a
+    // stream would lose its closing error event). False if some are still open after timeout.
+    bool wait_for_streams(std::chrono::milliseconds timeout) const;
 
 private:
     // A route's work: the request, its response, and the request body (read within the limit).
@@ -57,6 +62,7 @@ private:
     ServerConfig config_;
     const std::atomic<bool> &stopping_;
     std::time_t started_;
+    std::atomic<int> open_streams_{0};
 };
 
 // The metrics label of a request path: the route's pattern, or "other".
