@@ -30,8 +30,9 @@ QUANT = {
     "q4m": (7, 32, 4, True),
     "q6": (8, 32, 6, False),
 }
-# Symmetric formats: codes (as stored) are w / scale + ZERO, w / scale in [-ZERO, ZERO - 1] (q8: the
-# code 0 is unused, so that -w is as exact as w).
+# Symmetric formats, by bits per code: w / scale is an integer in RANGE, stored as w / scale + ZERO
+# (q8 leaves the code 0 unused, so that -w is as exact as w).
+RANGE = {8: (-127, 127), 6: (-32, 31), 4: (-8, 7)}
 ZERO = {8: 128, 6: 32, 4: 8}
 # --dtype names: the .flm names, plus the families int8 / int4 (int4's group from --group_size).
 REQUESTS = PLAIN + ("int8", "int4", "int4m") + tuple(QUANT)
@@ -137,8 +138,8 @@ def choose_grid(g: np.ndarray, dtype: str) -> Grid:
     _, _, bits, has_min = QUANT[dtype]
     if has_min:
         return Grid(*_search_q4m(g))
-    z = ZERO[bits]
-    return Grid(_search_symmetric(g, 127, 127) if bits == 8 else _search_symmetric(g, z, z - 1))
+    lo, hi = RANGE[bits]
+    return Grid(_search_symmetric(g, -lo, hi))
 
 
 def round_to_grid(g: np.ndarray, grid: Grid, dtype: str) -> np.ndarray:
@@ -147,8 +148,7 @@ def round_to_grid(g: np.ndarray, grid: Grid, dtype: str) -> np.ndarray:
     d = grid.scale.astype(np.float32)[..., None]
     if grid.mins is not None:
         return _codes(g - grid.mins.astype(np.float32)[..., None], d, 0, 0, 15)
-    z = ZERO[bits]
-    return _codes(g, d, 0, -127 if bits == 8 else -z, z - 1) + z
+    return _codes(g, d, 0, *RANGE[bits]) + ZERO[bits]
 
 
 def from_codes(codes: np.ndarray, grid: Grid, dtype: str) -> np.ndarray:

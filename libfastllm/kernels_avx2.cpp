@@ -223,8 +223,8 @@ void tile_dot(const QuantTile &w, int half, int n, const QuantActs &x0, float *y
         }
     } else {
         for (int b = 0; b < n_blocks; b += 2) {
-            __m256i lo16[NT], hi16[NT];
-            for (int t = 0; t < NT; t++) lo16[t] = _mm256_setzero_si256(), hi16[t] = _mm256_setzero_si256();
+            __m256i lo_sum[NT], hi_sum[NT];  // int16 pair sums (q4) or int32 sums (q6)
+            for (int t = 0; t < NT; t++) lo_sum[t] = _mm256_setzero_si256(), hi_sum[t] = _mm256_setzero_si256();
             const uint8_t *cb = w.codes + (b / 2) * (kBits == 6 ? 768 : 512) + half * 32;
             for (int j = 0; j < 8; j++) {
                 const __m256i v = _mm256_loadu_si256((const __m256i *)(cb + j * 64));
@@ -240,17 +240,18 @@ void tile_dot(const QuantTile &w, int half, int n, const QuantActs &x0, float *y
                     const __m256i pl = _mm256_maddubs_epi16(lo, bcast(q[t] + b * kActBlock + 4 * j));
                     const __m256i ph = _mm256_maddubs_epi16(hi, bcast(q[t] + (b + 1) * kActBlock + 4 * j));
                     if (kBits == 6) {
-                        lo16[t] = _mm256_add_epi32(lo16[t], _mm256_madd_epi16(pl, ones));
-                        hi16[t] = _mm256_add_epi32(hi16[t], _mm256_madd_epi16(ph, ones));
+                        lo_sum[t] = _mm256_add_epi32(lo_sum[t], _mm256_madd_epi16(pl, ones));
+                        hi_sum[t] = _mm256_add_epi32(hi_sum[t], _mm256_madd_epi16(ph, ones));
                     } else {
-                        lo16[t] = _mm256_add_epi16(lo16[t], pl), hi16[t] = _mm256_add_epi16(hi16[t], ph);
+                        lo_sum[t] = _mm256_add_epi16(lo_sum[t], pl), hi_sum[t] = _mm256_add_epi16(hi_sum[t], ph);
                     }
                 }
             }
             if (kBits == 4)
-                for (int t = 0; t < NT; t++) lo16[t] = _mm256_madd_epi16(lo16[t], ones), hi16[t] = _mm256_madd_epi16(hi16[t], ones);
-            finish_block(b, lo16);
-            finish_block(b + 1, hi16);
+                for (int t = 0; t < NT; t++)
+                    lo_sum[t] = _mm256_madd_epi16(lo_sum[t], ones), hi_sum[t] = _mm256_madd_epi16(hi_sum[t], ones);
+            finish_block(b, lo_sum);
+            finish_block(b + 1, hi_sum);
         }
     }
     for (int t = 0; t < NT; t++) {

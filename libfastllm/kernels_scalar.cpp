@@ -115,17 +115,6 @@ void quantize_acts(const float *x, int n, const QuantActs &out) {
     }
 }
 
-// The code of weight i of tile row r (the tile layout of tensor.h).
-template <int kBits>
-inline int tile_code(const uint8_t *codes, int r, int i) {
-    const int b = i / kActBlock, chunk = (i % kActBlock) / 4, at = r * 4 + i % 4;
-    if (kBits == 8) return codes[(b * 8 + chunk) * 64 + at];
-    const uint8_t *pair = codes + (b / 2) * (kBits == 6 ? 12 : 8) * 64;
-    const int low = b % 2 == 0 ? (pair[chunk * 64 + at] & 15) : (pair[chunk * 64 + at] >> 4);
-    if (kBits == 4) return low;
-    return low | ((pair[(8 + chunk / 2) * 64 + at] >> (2 * (b % 2) + 4 * (chunk % 2))) & 3) << 4;
-}
-
 void swiglu(const float *gate_up, int n, float *out) {
     for (int i = 0; i < n; i++) {
         const float g = gate_up[i];
@@ -147,7 +136,7 @@ void dot_rows_quant1(const QuantTile &w, int rows, int n, const QuantActs &x, fl
         for (int b = 0; b < n / kActBlock; b++) {
             const int g = b * kActBlock / w.group;
             int32_t dot = 0;
-            for (int i = b * kActBlock; i < (b + 1) * kActBlock; i++) dot += tile_code<kBits>(w.codes, r, i) * x.q[i];
+            for (int i = b * kActBlock; i < (b + 1) * kActBlock; i++) dot += tile_code(w.codes, kBits, r, i) * x.q[i];
             const float dw = f16_to_f32(w.scales[g * kTileRows + r]);
             acc += dw * x.d[b] * (float)dot;
             corr += dw * x.ds[b];

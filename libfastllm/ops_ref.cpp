@@ -10,21 +10,14 @@ namespace fastllm {
 namespace ref {
 
 float weight(const Tensor &W, int64_t r, int64_t c) {
-    if (dtype_is_quantized(W.dtype)) {  // the tile layout of tensor.h, spelled out
+    if (dtype_is_quantized(W.dtype)) {  // one code of the tile layout (tile_code in tensor.h)
         const QuantTile q = W.quant_tile(r / kTileRows * kTileRows);
-        const int64_t lane = r % kTileRows, g = c / q.group, b = c / kActBlock, chunk = (c % kActBlock) / 4;
-        const float scale = f16_to_f32(q.scales[g * kTileRows + lane]);
-        const int64_t at = lane * 4 + c % 4;  // within a chunk
-        if (W.dtype == DType::Q8) return scale * (float)((int)q.codes[(b * 8 + chunk) * 64 + at] - 128);
-        if (W.dtype == DType::Q6) {  // a pair of blocks: 8 chunks of low 4 bits, then 4 of top 2 bits
-            const uint8_t *pair = q.codes + (b / 2) * 12 * 64;
-            const int low = b % 2 == 0 ? (pair[chunk * 64 + at] & 15) : (pair[chunk * 64 + at] >> 4);
-            const int top = (pair[(8 + chunk / 2) * 64 + at] >> (2 * (b % 2) + 4 * (chunk % 2))) & 3;
-            return scale * (float)((low | top << 4) - 32);
-        }
-        const uint8_t byte = q.codes[((b / 2) * 8 + chunk) * 64 + at];
-        const int code = b % 2 == 0 ? (byte & 15) : (byte >> 4);
-        return q.mins ? scale * (float)code + f16_to_f32(q.mins[g * kTileRows + lane]) : scale * (float)(code - 8);
+        const int lane = (int)(r % kTileRows), bits = dtype_bits(W.dtype);
+        const int64_t g = c / q.group;
+        const float scale = f16_to_f32(q.scales[g * kTileRows + lane]), code = (float)tile_code(q.codes, bits, lane, c);
+        // symmetric: scale * (code - 2^(bits-1)); q4m: scale * code + min
+        if (q.mins) return scale * code + f16_to_f32(q.mins[g * kTileRows + lane]);
+        return scale * (code - (float)(1 << (bits - 1)));
     }
     const void *row = W.row(r);
     switch (W.dtype) {

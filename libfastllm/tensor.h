@@ -13,8 +13,9 @@ constexpr int kNumDTypes = 9;
 
 inline bool dtype_is_known(uint32_t code) { return code < (uint32_t)kNumDTypes; }
 inline bool dtype_is_quantized(DType t) { return (uint32_t)t >= 3; }
-inline bool dtype_is_q4(DType t) { return t >= DType::Q4_32 && t <= DType::Q4M_32; }
 inline bool dtype_has_min(DType t) { return t == DType::Q4M_32; }
+// Bits per code of a quantized type.
+inline int dtype_bits(DType t) { return t == DType::Q8 ? 8 : t == DType::Q6 ? 6 : 4; }
 // Weights per scale of a quantized type (1 for plain types).
 inline int dtype_group(DType t) {
     switch (t) {
@@ -63,8 +64,16 @@ inline uint64_t quant_scales_bytes(DType t, uint64_t rows, uint64_t cols) {
     return align64(dtype_has_min(t) ? 2 * n : n);
 }
 // Bytes of one tile's codes.
-inline uint64_t quant_tile_bytes(DType t, uint64_t cols) {
-    return kTileRows * (dtype_is_q4(t) ? cols / 2 : t == DType::Q6 ? cols / 4 * 3 : cols);
+inline uint64_t quant_tile_bytes(DType t, uint64_t cols) { return kTileRows * cols * dtype_bits(t) / 8; }
+// The stored (unsigned) code of row i (< 16), column c of a tile's codes with `bits` per code; the
+// layout above, spelled out one weight at a time (the reference and the scalar kernels read it so).
+inline int tile_code(const uint8_t *codes, int bits, int i, int64_t c) {
+    const int64_t b = c / 32, chunk = (c % 32) / 4, at = i * 4 + c % 4;  // block, chunk in it, byte in chunk
+    if (bits == 8) return codes[(b * 8 + chunk) * 64 + at];
+    const uint8_t *pair = codes + (b / 2) * (bits == 6 ? 12 : 8) * 64;  // q6: 8 chunks of low bits, 4 of top bits
+    const int low = b % 2 == 0 ? (pair[chunk * 64 + at] & 15) : (pair[chunk * 64 + at] >> 4);
+    if (bits == 4) return low;
+    return low | ((pair[(8 + chunk / 2) * 64 + at] >> (2 * (b % 2) + 4 * (chunk % 2))) & 3) << 4;
 }
 // Bytes a tensor of this dtype and shape occupies in the file.
 inline uint64_t tensor_bytes(DType t, uint64_t rows, uint64_t cols) {
@@ -99,8 +108,7 @@ struct Tensor {
     size_t row_bytes() const { return (size_t)cols() * dtype_size(dtype); }
     const void *row(int64_t r) const { return (const char *)data + (size_t)r * row_bytes(); }
     const float *f32() const { return (const float *)data; }
-    // Quantized types: the rows from r on.
-    // The tile holding rows [r0, r0 + 16); r0 must be a multiple of 16.
+    // Quantized types: the tile holding rows [r0, r0 + 16); r0 must be a multiple of 16.
     QuantTile quant_tile(int64_t r0) const {
         const int64_t K = cols(), G = dtype_group(dtype), per_tile = (K / G) * kTileRows, tile = r0 / kTileRows;
         const uint16_t *scales = (const uint16_t *)data;
