@@ -9,7 +9,7 @@ Two ways in:
         parse HuggingFace's files into a HfBpe (vocabulary, merges, added tokens, pre-tokenizer),
         which hf_tokenizer.py turns into a BpeTokenizerInfo with the folder's special tokens.
 
-What fastllm's tokenizer implements (libfastllm/tokenizer_bpe.cpp), and so what is accepted
+What fastllm's tokenizer implements (libfastllm/text/tokenizer_bpe.cpp), and so what is accepted
 from a tokenizer.json:
   model          BPE without dropout, continuing_subword_prefix, end_of_word_suffix or
                  byte_fallback; `ignore_merges` is kept (`tokenizer.ignore_merges`)

@@ -1,9 +1,9 @@
 #!/usr/bin/env python3
-"""Writes libfastllm/unicode_tables.cpp: the code point classes the BPE pre-tokenizer needs.
+"""Writes libfastllm/text/unicode_tables.cpp: the code point classes the BPE pre-tokenizer needs.
 
     python3 scripts/gen_unicode_tables.py [--source tokenizers|unicodedata]
 
-Classes (libfastllm/unicode.h): LETTER (\\p{L}: Lu Ll Lt Lm Lo), NUMBER (\\p{N}: Nd Nl No) and
+Classes (libfastllm/text/unicode.h): LETTER (\\p{L}: Lu Ll Lt Lm Lo), NUMBER (\\p{N}: Nd Nl No) and
 SPACE (\\s, which in the regex engine of HuggingFace `tokenizers` is Unicode White_Space). They
 are disjoint; everything else is OTHER.
 
@@ -28,7 +28,7 @@ import unicodedata
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-OUT = REPO / "libfastllm" / "unicode_tables.cpp"
+OUT = REPO / "libfastllm" / "text" / "unicode_tables.cpp"
 
 OTHER, LETTER, NUMBER, SPACE = 0, 1, 2, 3
 NAMES = {LETTER: "LETTER", NUMBER: "NUMBER", SPACE: "SPACE"}

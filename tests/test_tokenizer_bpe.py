@@ -1,4 +1,4 @@
-"""The C++ byte-level BPE tokenizer (libfastllm/tokenizer_bpe.cpp) against HuggingFace
+"""The C++ byte-level BPE tokenizer (libfastllm/text/tokenizer_bpe.cpp) against HuggingFace
 `tokenizers`, id for id, and the converter's BPE path (converter/bpe_tokenizer.py).
 
 Tokenizers under test, each converted from an HF folder with a tiny random LLaMA and loaded

@@ -11,12 +11,12 @@
 #include <string>
 #include <vector>
 
-#include "kernels.h"
-#include "ops.h"
-#include "sampler.h"
-#include "text_stream.h"
-#include "thread_pool.h"
-#include "tokenizer.h"
+#include "cpu/kernels.h"
+#include "cpu/ops.h"
+#include "runtime/sampler.h"
+#include "text/text_stream.h"
+#include "cpu/thread_pool.h"
+#include "text/tokenizer.h"
 
 using namespace fastllm;
 

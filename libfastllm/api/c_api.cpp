@@ -1,0 +1,333 @@
+// c_api.cpp — the extern "C" surface (include/fastllm.h). Each entry point validates its
+// arguments, runs the C++ core inside guard(), and turns any exception into a status code plus
+// the thread's last-error message. Nothing here exits or aborts.
+#include <cstring>
+#include <new>
+#include <string>
+
+#include "text/chat_template.h"
+#include "api/error.h"
+#include "fastllm.h"
+#include "cpu/kernels.h"
+#include "api/log.h"
+#include "runtime/model.h"
+#include "runtime/session.h"
+
+struct fastllm_model {
+    fastllm::Model impl;
+    template <typename... A>
+    explicit fastllm_model(A &&...a) : impl(std::forward<A>(a)...) {}
+};
+struct fastllm_session {
+    fastllm::Session impl;
+    fastllm_session(const fastllm::Model &m, const fastllm_session_params &p) : impl(m, p) {}
+};
+
+namespace {
+
+thread_local std::string g_last_error;
+
+fastllm_status set_error(fastllm_status s, const std::string &msg) {
+    g_last_error = msg;
+    return s;
+}
+
+// A failure inside the core is also logged (argument checks and size queries are not: callers
+// expect those and handle them).
+fastllm_status fail_logged(fastllm_status s, const std::string &msg) {
+    if (s != FASTLLM_ERR_BUFFER_TOO_SMALL) fastllm::log(FASTLLM_LOG_ERROR, "%s: %s", fastllm_status_name(s), msg.c_str());
+    return set_error(s, msg);
+}
+
+template <typename F>
+fastllm_status guard(F &&f) {
+    g_last_error.clear();
+    try {
+        f();
+        return FASTLLM_OK;
+    } catch (const fastllm::Error &e) {
+        return fail_logged(e.status(), e.what());
+    } catch (const std::bad_alloc &) {
+        return fail_logged(FASTLLM_ERR_OUT_OF_MEMORY, "out of memory");
+    } catch (const std::exception &e) {
+        return fail_logged(FASTLLM_ERR_INTERNAL, std::string("internal error: ") + e.what());
+    } catch (...) {
+        return fail_logged(FASTLLM_ERR_INTERNAL, "internal error: unknown exception");
+    }
+}
+
+#define REQUIRE(cond, what)                                                        \
+    do {                                                                           \
+        if (!(cond)) return set_error(FASTLLM_ERR_INVALID_ARGUMENT, what " is NULL"); \
+    } while (0)
+
+// Copies bytes into a caller buffer with the size-query convention of the header.
+fastllm_status copy_out(const std::string &s, char *out, size_t capacity, size_t *out_len, bool nul) {
+    *out_len = s.size();
+    if (capacity < s.size() + (nul ? 1 : 0) || (!out && (s.size() || nul)))
+        return set_error(FASTLLM_ERR_BUFFER_TOO_SMALL,
+                         "output buffer of " + std::to_string(capacity) + " bytes is too small: " +
+                             std::to_string(s.size() + (nul ? 1 : 0)) + " needed");
+    if (!s.empty()) std::memcpy(out, s.data(), s.size());
+    if (nul) out[s.size()] = '\0';
+    return FASTLLM_OK;
+}
+
+}  // namespace
+
+extern "C" {
+
+#define FASTLLM_STR2(x) #x
+#define FASTLLM_STR(x) FASTLLM_STR2(x)
+const char *fastllm_version(void) {
+    return FASTLLM_STR(FASTLLM_VERSION_MAJOR) "." FASTLLM_STR(FASTLLM_VERSION_MINOR) "." FASTLLM_STR(FASTLLM_VERSION_PATCH);
+}
+void fastllm_log_set(fastllm_log_callback callback, void *user_data) { fastllm::set_log_callback(callback, user_data); }
+int fastllm_abi_version(void) { return FASTLLM_ABI_VERSION; }
+const char *fastllm_last_error(void) { return g_last_error.c_str(); }
+const char *fastllm_isa(void) { return fastllm::isa_name(fastllm::kernels().isa); }
+
+const char *fastllm_status_name(fastllm_status s) {
+    switch (s) {
+    case FASTLLM_OK: return "FASTLLM_OK";
+    case FASTLLM_ERR_INVALID_ARGUMENT: return "FASTLLM_ERR_INVALID_ARGUMENT";
+    case FASTLLM_ERR_IO: return "FASTLLM_ERR_IO";
+    case FASTLLM_ERR_BAD_FORMAT: return "FASTLLM_ERR_BAD_FORMAT";
+    case FASTLLM_ERR_UNSUPPORTED: return "FASTLLM_ERR_UNSUPPORTED";
+    case FASTLLM_ERR_OUT_OF_MEMORY: return "FASTLLM_ERR_OUT_OF_MEMORY";
+    case FASTLLM_ERR_CONTEXT_FULL: return "FASTLLM_ERR_CONTEXT_FULL";
+    case FASTLLM_ERR_BUFFER_TOO_SMALL: return "FASTLLM_ERR_BUFFER_TOO_SMALL";
+    case FASTLLM_ERR_TOKEN_OUT_OF_RANGE: return "FASTLLM_ERR_TOKEN_OUT_OF_RANGE";
+    case FASTLLM_ERR_INTERNAL: return "FASTLLM_ERR_INTERNAL";
+    }
+    return "FASTLLM_UNKNOWN_STATUS";
+}
+
+fastllm_model_params fastllm_model_default_params(void) {
+    fastllm_model_params p;
+    p.n_threads = 0;
+    p.use_mmap = 1;
+    return p;
+}
+
+fastllm_status fastllm_model_load(const char *path, const fastllm_model_params *params, fastllm_model **out_model) {
+    REQUIRE(out_model, "out_model");
+    *out_model = nullptr;
+    REQUIRE(path, "path");
+    fastllm_model_params p = params ? *params : fastllm_model_default_params();
+    if (p.n_threads < 0) return set_error(FASTLLM_ERR_INVALID_ARGUMENT, "n_threads must not be negative");
+    return guard([&] { *out_model = new fastllm_model(std::string(path), p.use_mmap != 0, p.n_threads); });
+}
+
+void fastllm_model_free(fastllm_model *model) { delete model; }
+
+fastllm_status fastllm_model_get_info(const fastllm_model *model, fastllm_model_info *info) {
+    REQUIRE(model, "model");
+    REQUIRE(info, "out_info");
+    const auto &c = model->impl.llama().config();
+    info->architecture = model->impl.architecture().c_str();
+    info->name = model->impl.name().c_str();
+    info->vocab_size = c.vocab_size;
+    info->context_length = c.context_length;
+    info->hidden_size = c.hidden_size;
+    info->num_layers = c.num_layers;
+    info->num_heads = c.num_heads;
+    info->num_kv_heads = c.num_kv_heads;
+    info->head_dim = c.head_dim;
+    info->bos_id = model->impl.tokenizer().bos_id();
+    info->eos_id = model->impl.tokenizer().eos_id();
+    info->weight_dtype = fastllm::dtype_name(model->impl.llama().weight_dtype());
+    info->n_params = model->impl.llama().n_params();
+    return FASTLLM_OK;
+}
+
+const char *fastllm_model_chat_template(const fastllm_model *model) {
+    if (!model || !model->impl.has_chat_template()) return nullptr;
+    return model->impl.chat_template().c_str();
+}
+
+fastllm_status fastllm_tokenize(const fastllm_model *model, const char *text, size_t text_len, int add_bos,
+                                int32_t *out_tokens, size_t out_capacity, size_t *out_n_tokens) {
+    REQUIRE(model, "model");
+    REQUIRE(out_n_tokens, "out_n_tokens");
+    REQUIRE(text || text_len == 0, "text");
+    return guard([&] {
+        const auto &tok = model->impl.tokenizer();
+        bool bos = add_bos < 0 ? tok.add_bos_default() : add_bos != 0;
+        std::vector<int32_t> ids = tok.encode(std::string_view(text ? text : "", text_len), bos);
+        *out_n_tokens = ids.size();
+        if (ids.size() > out_capacity || (!out_tokens && !ids.empty()))
+            fastllm::fail(FASTLLM_ERR_BUFFER_TOO_SMALL, "token buffer holds %zu ids, %zu needed", out_capacity, ids.size());
+        if (!ids.empty()) std::memcpy(out_tokens, ids.data(), ids.size() * sizeof(int32_t));
+    });
+}
+
+fastllm_status fastllm_detokenize(const fastllm_model *model, const int32_t *tokens, size_t n_tokens, char *out_text,
+                                  size_t out_capacity, size_t *out_len) {
+    REQUIRE(model, "model");
+    REQUIRE(out_len, "out_len");
+    REQUIRE(tokens || n_tokens == 0, "tokens");
+    fastllm_status s = FASTLLM_OK;
+    fastllm_status g = guard([&] {
+        model->impl.check_token_ids(tokens, n_tokens);
+        s = copy_out(model->impl.tokenizer().decode(tokens, n_tokens), out_text, out_capacity, out_len, true);
+    });
+    return g ? g : s;
+}
+
+fastllm_status fastllm_token_to_piece(const fastllm_model *model, int32_t token, char *out, size_t out_capacity,
+                                      size_t *out_len) {
+    REQUIRE(model, "model");
+    REQUIRE(out_len, "out_len");
+    fastllm_status s = FASTLLM_OK;
+    fastllm_status g = guard([&] {
+        model->impl.check_token_ids(&token, 1);
+        s = copy_out(model->impl.tokenizer().piece_bytes(token), out, out_capacity, out_len, false);
+    });
+    return g ? g : s;
+}
+
+fastllm_status fastllm_chat_apply_template(const fastllm_model *model, const char *tmpl,
+                                           const fastllm_chat_message *messages, size_t n_messages,
+                                           int add_generation_prompt, char *out_text, size_t out_capacity,
+                                           size_t *out_len) {
+    REQUIRE(model, "model");
+    REQUIRE(out_len, "out_len");
+    REQUIRE(messages || n_messages == 0, "messages");
+    fastllm_status s = FASTLLM_OK;
+    fastllm_status g = guard([&] {
+        std::vector<fastllm::ChatMessage> msgs;
+        for (size_t i = 0; i < n_messages; i++) {
+            if (!messages[i].role || !messages[i].content)
+                fastllm::fail(FASTLLM_ERR_INVALID_ARGUMENT, "message %zu has a NULL role or content", i);
+            msgs.push_back({messages[i].role, messages[i].content});
+        }
+        const fastllm::Model &m = model->impl;
+        if (!tmpl && !m.has_chat_template())
+            fastllm::fail(FASTLLM_ERR_UNSUPPORTED, "the model has no chat template; pass one");
+        const auto &tok = m.tokenizer();
+        std::string bos = tok.bos_id() >= 0 ? tok.piece(tok.bos_id()) : "";
+        std::string eos = tok.eos_id() >= 0 ? tok.piece(tok.eos_id()) : "";
+        std::string text = fastllm::apply_chat_template(tmpl ? std::string(tmpl) : m.chat_template(), msgs,
+                                                        add_generation_prompt != 0, bos, eos);
+        s = copy_out(text, out_text, out_capacity, out_len, true);
+    });
+    return g ? g : s;
+}
+
+fastllm_session_params fastllm_session_default_params(void) {
+    fastllm_session_params p;
+    p.n_ctx = 0;
+    p.n_batch = 256;
+    p.n_threads = 0;
+    return p;
+}
+
+fastllm_status fastllm_session_create(const fastllm_model *model, const fastllm_session_params *params,
+                                      fastllm_session **out_session) {
+    REQUIRE(out_session, "out_session");
+    *out_session = nullptr;
+    REQUIRE(model, "model");
+    fastllm_session_params p = params ? *params : fastllm_session_default_params();
+    return guard([&] { *out_session = new fastllm_session(model->impl, p); });
+}
+
+void fastllm_session_free(fastllm_session *session) { delete session; }
+
+fastllm_status fastllm_session_reset(fastllm_session *session) {
+    REQUIRE(session, "session");
+    session->impl.reset();
+    return FASTLLM_OK;
+}
+
+int32_t fastllm_session_n_tokens(const fastllm_session *session) { return session ? session->impl.n_tokens() : 0; }
+int32_t fastllm_session_n_ctx(const fastllm_session *session) { return session ? session->impl.n_ctx() : 0; }
+
+fastllm_status fastllm_session_get_tokens(const fastllm_session *session, int32_t *out_tokens, size_t out_capacity,
+                                          size_t *out_n_tokens) {
+    REQUIRE(session, "session");
+    REQUIRE(out_n_tokens, "out_n_tokens");
+    g_last_error.clear();
+    const std::vector<int32_t> &ids = session->impl.tokens();
+    *out_n_tokens = ids.size();
+    if (ids.size() > out_capacity || (!out_tokens && !ids.empty()))
+        return set_error(FASTLLM_ERR_BUFFER_TOO_SMALL, "token buffer holds " + std::to_string(out_capacity) +
+                                                           " ids, " + std::to_string(ids.size()) + " needed");
+    if (!ids.empty()) std::memcpy(out_tokens, ids.data(), ids.size() * sizeof(int32_t));
+    return FASTLLM_OK;
+}
+
+fastllm_status fastllm_session_truncate(fastllm_session *session, int32_t n_keep) {
+    REQUIRE(session, "session");
+    if (n_keep < 0) return set_error(FASTLLM_ERR_INVALID_ARGUMENT, "n_keep must not be negative");
+    return guard([&] { session->impl.truncate((size_t)n_keep); });
+}
+
+fastllm_status fastllm_session_eval(fastllm_session *session, const int32_t *tokens, size_t n_tokens,
+                                    fastllm_logits_mode mode, float *out_logits) {
+    REQUIRE(session, "session");
+    return guard([&] { session->impl.eval(tokens, n_tokens, mode, out_logits); });
+}
+
+fastllm_sampling_params fastllm_sampling_default_params(void) {
+    fastllm_sampling_params p;
+    std::memset(&p, 0, sizeof p);
+    p.max_new_tokens = 256;
+    p.temperature = 0.8f;
+    p.top_k = 40;
+    p.top_p = 0.95f;
+    p.min_p = 0.05f;
+    p.repetition_penalty = 1.0f;
+    p.repeat_last_n = 64;
+    p.seed = 0;
+    p.stop = nullptr;
+    p.n_stop = 0;
+    p.ignore_eos = 0;
+    return p;
+}
+
+fastllm_status fastllm_session_generate(fastllm_session *session, const int32_t *prompt_tokens, size_t n_prompt_tokens,
+                                        const fastllm_sampling_params *params, fastllm_stream_callback callback,
+                                        void *user_data, fastllm_generation_result *out_result) {
+    REQUIRE(session, "session");
+    fastllm_sampling_params p = params ? *params : fastllm_sampling_default_params();
+    fastllm_generation_result result{};
+    fastllm_status s = guard([&] { session->impl.generate(prompt_tokens, n_prompt_tokens, p, callback, user_data, result); });
+    if (out_result) *out_result = result;
+    return s;
+}
+
+fastllm_status fastllm_session_begin_generation(fastllm_session *session, const int32_t *prompt_tokens,
+                                                size_t n_prompt_tokens, const fastllm_sampling_params *params,
+                                                fastllm_stream_callback callback, void *user_data) {
+    REQUIRE(session, "session");
+    fastllm_sampling_params p = params ? *params : fastllm_sampling_default_params();
+    return guard([&] { session->impl.begin_generation(prompt_tokens, n_prompt_tokens, p, callback, user_data); });
+}
+
+fastllm_status fastllm_generate_step(fastllm_session *const *sessions, size_t n_sessions, int32_t *out_done) {
+    REQUIRE(sessions || n_sessions == 0, "sessions");
+    REQUIRE(out_done || n_sessions == 0, "out_done");
+    return guard([&] {
+        // fastllm_session wraps Session as its only member, so the impl pointers are looked up once.
+        std::vector<fastllm::Session *> impls(n_sessions);
+        for (size_t i = 0; i < n_sessions; i++) impls[i] = sessions[i] ? &sessions[i]->impl : nullptr;
+        fastllm::Session::step(impls.data(), n_sessions, out_done);
+    });
+}
+
+int fastllm_session_is_generating(const fastllm_session *session) { return session && session->impl.generating(); }
+
+fastllm_status fastllm_session_generation_result(const fastllm_session *session, fastllm_generation_result *out_result) {
+    REQUIRE(session, "session");
+    REQUIRE(out_result, "out_result");
+    *out_result = session->impl.generation_result();
+    return FASTLLM_OK;
+}
+
+fastllm_status fastllm_session_cancel_generation(fastllm_session *session) {
+    REQUIRE(session, "session");
+    return guard([&] { session->impl.cancel_generation(); });
+}
+
+}  // extern "C"

@@ -1,0 +1,65 @@
+// Run-time choice of the kernel table (CPUID, then the FASTLLM_ISA override).
+#include <cstdlib>
+#include <cstring>
+
+#include "cpu/kernels.h"
+
+namespace fastllm {
+
+const char *isa_name(Isa isa) {
+    switch (isa) {
+    case Isa::Scalar: return "scalar";
+    case Isa::Avx2: return "avx2";
+    case Isa::Avx512: return "avx512";
+    }
+    return "?";
+}
+
+namespace {
+
+bool cpu_supports(Isa isa) {
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+    __builtin_cpu_init();
+    switch (isa) {
+    case Isa::Scalar: return true;
+    case Isa::Avx2:
+        return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
+    case Isa::Avx512:
+        return cpu_supports(Isa::Avx2) && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+               __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512vnni");
+    }
+    return false;
+#else
+    return isa == Isa::Scalar;
+#endif
+}
+
+const KernelTable *select() {
+    Isa limit = Isa::Avx512;
+    if (const char *env = std::getenv("FASTLLM_ISA")) {
+        if (!std::strcmp(env, "scalar")) limit = Isa::Scalar;
+        else if (!std::strcmp(env, "avx2")) limit = Isa::Avx2;
+    }
+    for (int i = (int)limit; i > 0; i--)
+        if (const KernelTable *t = kernels_for((Isa)i)) return t;
+    return scalar_kernels();
+}
+
+}  // namespace
+
+const KernelTable *kernels_for(Isa isa) {
+    if (!cpu_supports(isa)) return nullptr;
+    switch (isa) {
+    case Isa::Scalar: return scalar_kernels();
+    case Isa::Avx2: return avx2_kernels();
+    case Isa::Avx512: return avx512_kernels();
+    }
+    return nullptr;
+}
+
+const KernelTable &kernels() {
+    static const KernelTable *table = select();
+    return *table;
+}
+
+}  // namespace fastllm

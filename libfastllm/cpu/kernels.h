@@ -1,0 +1,76 @@
+// kernels.h — the innermost loops, one implementation per instruction set.
+//
+// Each ISA file (kernels_scalar.cpp, kernels_avx2.cpp, kernels_avx512.cpp) fills a KernelTable;
+// only the file compiled for an ISA uses its instructions, and select_kernels() picks the best
+// table the CPU supports at run time (CPUID), so one binary runs everywhere.
+// The environment variable FASTLLM_ISA=scalar|avx2|avx512 forces a lower level.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "format/tensor.h"
+
+namespace fastllm {
+
+enum class Isa { Scalar = 0, Avx2 = 1, Avx512 = 2 };
+const char *isa_name(Isa isa);
+
+// Activations quantized to int8 in blocks of 32 for the integer dot products: x[i] ~ d[b] * q[i]
+// with b = i / 32, and ds[b] = d[b] * (sum of the block's q), for the zero-point and minimum
+// corrections: dot(w, x) = sum_b dw_b * (d_b * dot(code, q) - z * ds_b) [+ min_b * ds_b].
+constexpr int kActBlock = 32;
+struct QuantActs {
+    int8_t *q;  // K
+    float *d;   // K / 32
+    float *ds;  // K / 32
+};
+
+struct KernelTable {
+    Isa isa;
+    // y[r] = dot(row r of w, x) for r < rows; row r starts at (char*)w + r*stride, holds n weights
+    // of the table's dtype. Plain dtypes (f32, f16, bf16).
+    void (*dot_rows[3])(const void *w, size_t stride, int rows, const float *x, int n, float *y);
+    // dst[i] = float(src[i]) for n elements. Plain dtypes.
+    void (*to_f32[3])(const void *src, float *dst, int n);
+    // y[i] = sum over j < n of a[j] * rows[j * stride + i], for i < dim (attention's weighted values).
+    void (*weighted_rows)(const float *a, int n, const float *rows, size_t stride, int dim, float *y);
+    // out[i] = silu(gate[i]) * up[i], with gate = gate_up[0, n) and up = gate_up[n, 2n).
+    void (*swiglu)(const float *gate_up, int n, float *out);
+    // x[i] = exp(x[i] - shift) for n elements; returns their sum (softmax).
+    float (*exp_shift_sum)(float *x, int n, float shift);
+    // Quantizes n (a multiple of 32) activations.
+    void (*quantize_acts)(const float *x, int n, const QuantActs &out);
+    // y[t * ldy + r] = dot(row r of the tile w, activations of token t) for r < rows (<= 16), rows of
+    // length n, and n_tok tokens whose activations follow each other in x (q by n, d and ds by
+    // n / 32). Indexed by DType (the quantized ones).
+    void (*dot_rows_quant[kNumDTypes])(const QuantTile &w, int rows, int n, const QuantActs &x, int n_tok, float *y,
+                                       size_t ldy);
+};
+
+// The tables this build and CPU can run; nullptr for an ISA the CPU (or build) lacks.
+const KernelTable *kernels_for(Isa isa);
+// Best supported ISA, lowered by FASTLLM_ISA if set. Decided once per process.
+const KernelTable &kernels();
+
+// Token t's view of activations quantized for n_tok tokens of n values each.
+inline QuantActs token_acts(const QuantActs &x, int n, int t) {
+    return QuantActs{x.q + (size_t)t * n, x.d + (size_t)t * (n / kActBlock), x.ds + (size_t)t * (n / kActBlock)};
+}
+
+// Per-ISA factories (each defined in its own file; absent ones return nullptr).
+const KernelTable *scalar_kernels();
+const KernelTable *avx2_kernels();
+const KernelTable *avx512_kernels();
+
+// Portable scalar conversions, shared by all files.
+float f16_to_f32(uint16_t h);
+uint16_t f32_to_f16(float f);
+inline float bf16_to_f32(uint16_t h) {
+    uint32_t bits = (uint32_t)h << 16;
+    float f;
+    __builtin_memcpy(&f, &bits, 4);
+    return f;
+}
+
+}  // namespace fastllm

@@ -1,0 +1,307 @@
+// AVX2 + FMA + F16C kernels. This file alone is compiled with -mavx2 -mfma -mf16c; its table is
+// used only when CPUID reports those features.
+#if defined(__x86_64__) || defined(_M_X64)
+#include <immintrin.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+
+#include "cpu/kernels.h"
+
+namespace fastllm {
+
+namespace {
+
+inline __m256 load8_f32(const void *p, int i) { return _mm256_loadu_ps((const float *)p + i); }
+inline __m256 load8_f16(const void *p, int i) {
+    return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)((const uint16_t *)p + i)));
+}
+inline __m256 load8_bf16(const void *p, int i) {
+    __m256i v = _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)((const uint16_t *)p + i)));
+    return _mm256_castsi256_ps(_mm256_slli_epi32(v, 16));
+}
+inline float load1_f32(const void *p, int i) { return ((const float *)p)[i]; }
+inline float load1_f16(const void *p, int i) { return f16_to_f32(((const uint16_t *)p)[i]); }
+inline float load1_bf16(const void *p, int i) { return bf16_to_f32(((const uint16_t *)p)[i]); }
+
+inline float hsum(__m256 v) {
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+}
+
+// exp(x) = 2^k * exp(r), k = round(x / ln 2), r = x - k ln 2 (ln 2 in two parts, so r is exact to a
+// few ulps), exp(r) by its Taylor series to r^7 (|r| <= 0.35: truncation error ~5e-9). 2^k is built
+// in the exponent bits; x is clamped where exp over- or underflows floats.
+inline __m256 exp8(__m256 x) {
+    x = _mm256_min_ps(_mm256_max_ps(x, _mm256_set1_ps(-87.3f)), _mm256_set1_ps(88.7f));
+    const __m256 k = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504f)), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m256 r = _mm256_fnmadd_ps(k, _mm256_set1_ps(0.693145752f), x);
+    r = _mm256_fnmadd_ps(k, _mm256_set1_ps(1.42860677e-6f), r);
+    __m256 p = _mm256_set1_ps(1.0f / 5040);
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 720));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 120));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 24));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 6));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(0.5f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
+    // k in [-126, 128]: split 2^k = 2^(k/2) * 2^(k - k/2) so that neither factor leaves the normal range
+    const __m256i ki = _mm256_cvtps_epi32(k), k1 = _mm256_srai_epi32(ki, 1), k2 = _mm256_sub_epi32(ki, k1);
+    const __m256 s1 = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(k1, _mm256_set1_epi32(127)), 23));
+    const __m256 s2 = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(k2, _mm256_set1_epi32(127)), 23));
+    return _mm256_mul_ps(_mm256_mul_ps(p, s1), s2);
+}
+
+void swiglu(const float *gate_up, int n, float *out) {
+    int i = 0;
+    for (; i + 8 <= n; i += 8) {
+        const __m256 g = _mm256_loadu_ps(gate_up + i);
+        const __m256 silu = _mm256_div_ps(g, _mm256_add_ps(_mm256_set1_ps(1.0f), exp8(_mm256_sub_ps(_mm256_setzero_ps(), g))));
+        _mm256_storeu_ps(out + i, _mm256_mul_ps(silu, _mm256_loadu_ps(gate_up + n + i)));
+    }
+    for (; i < n; i++) out[i] = gate_up[i] / (1.0f + std::exp(-gate_up[i])) * gate_up[n + i];
+}
+
+float exp_shift_sum(float *x, int n, float shift) {
+    __m256 acc = _mm256_setzero_ps();
+    int i = 0;
+    for (; i + 8 <= n; i += 8) {
+        const __m256 e = exp8(_mm256_sub_ps(_mm256_loadu_ps(x + i), _mm256_set1_ps(shift)));
+        _mm256_storeu_ps(x + i, e);
+        acc = _mm256_add_ps(acc, e);
+    }
+    float sum = hsum(acc);
+    for (; i < n; i++) sum += (x[i] = std::exp(x[i] - shift));
+    return sum;
+}
+
+// One row after another, so that the weights are read as one sequential stream (rows are often
+// short, 1.5-4 KiB, and the hardware prefetcher does better on one long stream than on several
+// short ones: 110M f16 generation 107 -> 168 tokens/s against 4 rows sharing each load of x);
+// four accumulators hide the FMA latency. The AVX-512 table uses these too.
+template <__m256 (*Load8)(const void *, int), float (*Load1)(const void *, int)>
+void dot_rows(const void *w, size_t stride, int rows, const float *x, int n, float *y) {
+    for (int r = 0; r < rows; r++) {
+        const void *wr = (const char *)w + (size_t)r * stride;
+        __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps(), a2 = _mm256_setzero_ps(), a3 = _mm256_setzero_ps();
+        int i = 0;
+        for (; i + 32 <= n; i += 32) {
+            a0 = _mm256_fmadd_ps(Load8(wr, i), _mm256_loadu_ps(x + i), a0);
+            a1 = _mm256_fmadd_ps(Load8(wr, i + 8), _mm256_loadu_ps(x + i + 8), a1);
+            a2 = _mm256_fmadd_ps(Load8(wr, i + 16), _mm256_loadu_ps(x + i + 16), a2);
+            a3 = _mm256_fmadd_ps(Load8(wr, i + 24), _mm256_loadu_ps(x + i + 24), a3);
+        }
+        for (; i + 8 <= n; i += 8) a0 = _mm256_fmadd_ps(Load8(wr, i), _mm256_loadu_ps(x + i), a0);
+        float s = hsum(_mm256_add_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(a2, a3)));
+        for (; i < n; i++) s += Load1(wr, i) * x[i];
+        y[r] = s;
+    }
+}
+
+template <__m256 (*Load8)(const void *, int), float (*Load1)(const void *, int)>
+void to_f32(const void *src, float *dst, int n) {
+    int i = 0;
+    for (; i + 8 <= n; i += 8) _mm256_storeu_ps(dst + i, Load8(src, i));
+    for (; i < n; i++) dst[i] = Load1(src, i);
+}
+
+// 32 outputs at a time stay in registers while all n rows pass.
+void weighted_rows(const float *a, int n, const float *rows, size_t stride, int dim, float *y) {
+    int i = 0;
+    for (; i + 32 <= dim; i += 32) {
+        __m256 y0 = _mm256_setzero_ps(), y1 = _mm256_setzero_ps(), y2 = _mm256_setzero_ps(), y3 = _mm256_setzero_ps();
+        for (int j = 0; j < n; j++) {
+            const float *r = rows + j * stride + i;
+            const __m256 aj = _mm256_set1_ps(a[j]);
+            y0 = _mm256_fmadd_ps(aj, _mm256_loadu_ps(r), y0);
+            y1 = _mm256_fmadd_ps(aj, _mm256_loadu_ps(r + 8), y1);
+            y2 = _mm256_fmadd_ps(aj, _mm256_loadu_ps(r + 16), y2);
+            y3 = _mm256_fmadd_ps(aj, _mm256_loadu_ps(r + 24), y3);
+        }
+        _mm256_storeu_ps(y + i, y0), _mm256_storeu_ps(y + i + 8, y1);
+        _mm256_storeu_ps(y + i + 16, y2), _mm256_storeu_ps(y + i + 24, y3);
+    }
+    for (; i + 8 <= dim; i += 8) {
+        __m256 acc = _mm256_setzero_ps();
+        for (int j = 0; j < n; j++) acc = _mm256_fmadd_ps(_mm256_set1_ps(a[j]), _mm256_loadu_ps(rows + j * stride + i), acc);
+        _mm256_storeu_ps(y + i, acc);
+    }
+    for (; i < dim; i++) {
+        float acc = 0;
+        for (int j = 0; j < n; j++) acc += a[j] * rows[j * stride + i];
+        y[i] = acc;
+    }
+}
+
+
+inline float f16s(uint16_t h) { return _cvtsh_ss(h); }
+
+void quantize_acts(const float *x, int n, const QuantActs &out) {
+    const __m256 sign = _mm256_set1_ps(-0.0f);
+    const __m256i order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
+    for (int b = 0; b < n / kActBlock; b++) {
+        const float *xb = x + b * kActBlock;
+        __m256 v[4];
+        __m256 amax = _mm256_setzero_ps();
+        for (int k = 0; k < 4; k++) {
+            v[k] = _mm256_loadu_ps(xb + 8 * k);
+            amax = _mm256_max_ps(amax, _mm256_andnot_ps(sign, v[k]));
+        }
+        __m128 m = _mm_max_ps(_mm256_castps256_ps128(amax), _mm256_extractf128_ps(amax, 1));
+        m = _mm_max_ps(m, _mm_movehl_ps(m, m));
+        m = _mm_max_ss(m, _mm_movehdup_ps(m));
+        const float mx = _mm_cvtss_f32(m), d = mx / 127.0f, id = d > 0 ? 127.0f / mx : 0.0f;
+        __m256i q[4];
+        for (int k = 0; k < 4; k++) q[k] = _mm256_cvtps_epi32(_mm256_mul_ps(v[k], _mm256_set1_ps(id)));
+        __m256i s = _mm256_add_epi32(_mm256_add_epi32(q[0], q[1]), _mm256_add_epi32(q[2], q[3]));
+        __m128i s4 = _mm_add_epi32(_mm256_castsi256_si128(s), _mm256_extracti128_si256(s, 1));
+        s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0x4E));
+        s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0xB1));
+        __m256i p16a = _mm256_packs_epi32(q[0], q[1]), p16b = _mm256_packs_epi32(q[2], q[3]);
+        __m256i p8 = _mm256_permutevar8x32_epi32(_mm256_packs_epi16(p16a, p16b), order);
+        _mm256_storeu_si256((__m256i *)(out.q + b * kActBlock), p8);
+        out.d[b] = d;
+        out.ds[b] = d * (float)_mm_cvtsi128_si32(s4);
+    }
+}
+
+// Quantized tiles (tensor.h), 8 rows at a time: a 32-byte half of a 64-byte chunk holds 4 codes of
+// each of 8 rows (one int32 lane each); vpmaddubsw + vpmaddwd with 4 bytes of a token's activations
+// broadcast advance the 8 rows. q8 codes are made signed (code - 128) for the sign trick (|x| times
+// w carrying x's sign keeps the int16 pairs from saturating); q4 codes (< 16) let the int16 pair
+// sums of a whole block add up without saturating (8 x 2 x 15 x 127 < 32768); q6 codes (< 64) are
+// widened after every chunk (2 x 63 x 127 fits int16, 16 of them would not).
+template <int kBits, int NT>
+void tile_dot(const QuantTile &w, int half, int n, const QuantActs &x0, float *y, size_t ldy, int n_rows) {
+    const int n_blocks = n / kActBlock;
+    const float zero = kBits == 8 || w.mins ? 0.0f : (float)(1 << (kBits - 1));  // q8 is made signed below
+    const int group_shift = w.group == 128 ? 2 : w.group == 64 ? 1 : 0;  // block -> group, without a division
+    const __m256i ones = _mm256_set1_epi16(1), low4 = _mm256_set1_epi8(0x0F), flip = _mm256_set1_epi8((char)0x80);
+    const __m256i top2 = _mm256_set1_epi8(0x30);
+    const int8_t *q[NT];
+    const float *d[NT], *ds[NT];
+    for (int t = 0; t < NT; t++) {
+        const QuantActs a = token_acts(x0, n, t);
+        q[t] = a.q, d[t] = a.d, ds[t] = a.ds;
+    }
+    __m256 acc[NT];
+    for (int t = 0; t < NT; t++) acc[t] = _mm256_setzero_ps();
+    auto bcast = [](const int8_t *p) {
+        int32_t four;
+        std::memcpy(&four, p, 4);
+        return _mm256_set1_epi32(four);
+    };
+    auto finish_block = [&](int b, const __m256i *sum32) {
+        const int g = b >> group_shift;
+        const __m256 ws = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(w.scales + g * kTileRows + half * 8)));
+        __m256 base = _mm256_mul_ps(_mm256_set1_ps(-zero), ws);
+        if (w.mins)
+            base = _mm256_add_ps(base, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(w.mins + g * kTileRows + half * 8))));
+        for (int t = 0; t < NT; t++) {
+            const __m256 f = _mm256_mul_ps(_mm256_cvtepi32_ps(sum32[t]), _mm256_set1_ps(d[t][b]));
+            acc[t] = _mm256_fmadd_ps(f, ws, acc[t]);
+            if (kBits != 8) acc[t] = _mm256_fmadd_ps(base, _mm256_set1_ps(ds[t][b]), acc[t]);
+        }
+    };
+    if (kBits == 8) {
+        for (int b = 0; b < n_blocks; b++) {
+            __m256i sum[NT];
+            for (int t = 0; t < NT; t++) sum[t] = _mm256_setzero_si256();
+            const uint8_t *cb = w.codes + b * 512 + half * 32;
+            for (int j = 0; j < 8; j++) {
+                const __m256i wv = _mm256_xor_si256(_mm256_loadu_si256((const __m256i *)(cb + j * 64)), flip);
+                for (int t = 0; t < NT; t++) {
+                    const __m256i xv = bcast(q[t] + b * kActBlock + 4 * j);
+                    sum[t] = _mm256_add_epi32(sum[t], _mm256_madd_epi16(
+                        _mm256_maddubs_epi16(_mm256_sign_epi8(xv, xv), _mm256_sign_epi8(wv, xv)), ones));
+                }
+            }
+            finish_block(b, sum);
+        }
+    } else {
+        for (int b = 0; b < n_blocks; b += 2) {
+            __m256i lo_sum[NT], hi_sum[NT];  // int16 pair sums (q4) or int32 sums (q6)
+            for (int t = 0; t < NT; t++) lo_sum[t] = _mm256_setzero_si256(), hi_sum[t] = _mm256_setzero_si256();
+            const uint8_t *cb = w.codes + (b / 2) * (kBits == 6 ? 768 : 512) + half * 32;
+            for (int j = 0; j < 8; j++) {
+                const __m256i v = _mm256_loadu_si256((const __m256i *)(cb + j * 64));
+                __m256i lo = _mm256_and_si256(v, low4), hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), low4);
+                if (kBits == 6) {  // bits 4s, 4s + 2 of the top-bits chunk (s = j % 2) to bit 4 of each code
+                    const __m256i h = _mm256_loadu_si256((const __m256i *)(cb + (8 + j / 2) * 64));
+                    const __m256i hl = j % 2 ? h : _mm256_slli_epi16(h, 4);
+                    const __m256i hh = j % 2 ? _mm256_srli_epi16(h, 2) : _mm256_slli_epi16(h, 2);
+                    lo = _mm256_or_si256(lo, _mm256_and_si256(hl, top2));
+                    hi = _mm256_or_si256(hi, _mm256_and_si256(hh, top2));
+                }
+                for (int t = 0; t < NT; t++) {
+                    const __m256i pl = _mm256_maddubs_epi16(lo, bcast(q[t] + b * kActBlock + 4 * j));
+                    const __m256i ph = _mm256_maddubs_epi16(hi, bcast(q[t] + (b + 1) * kActBlock + 4 * j));
+                    if (kBits == 6) {
+                        lo_sum[t] = _mm256_add_epi32(lo_sum[t], _mm256_madd_epi16(pl, ones));
+                        hi_sum[t] = _mm256_add_epi32(hi_sum[t], _mm256_madd_epi16(ph, ones));
+                    } else {
+                        lo_sum[t] = _mm256_add_epi16(lo_sum[t], pl), hi_sum[t] = _mm256_add_epi16(hi_sum[t], ph);
+                    }
+                }
+            }
+            if (kBits == 4)
+                for (int t = 0; t < NT; t++)
+                    lo_sum[t] = _mm256_madd_epi16(lo_sum[t], ones), hi_sum[t] = _mm256_madd_epi16(hi_sum[t], ones);
+            finish_block(b, lo_sum);
+            finish_block(b + 1, hi_sum);
+        }
+    }
+    for (int t = 0; t < NT; t++) {
+        if (n_rows == 8) {
+            _mm256_storeu_ps(y + t * ldy, acc[t]);
+        } else {
+            alignas(32) float tmp[8];
+            _mm256_store_ps(tmp, acc[t]);
+            std::memcpy(y + t * ldy, tmp, sizeof(float) * (size_t)n_rows);
+        }
+    }
+}
+
+template <int kBits>
+void dot_rows_quant(const QuantTile &w, int rows, int n, const QuantActs &x, int n_tok, float *y, size_t ldy) {
+    constexpr int NT = kBits == 8 ? 4 : 3;  // what 16 ymm registers hold
+    for (int half = 0; half * 8 < rows; half++) {
+        const int n_rows = std::min(8, rows - half * 8);
+        float *yh = y + half * 8;
+        int t = 0;
+        for (; t + NT <= n_tok; t += NT) tile_dot<kBits, NT>(w, half, n, token_acts(x, n, t), yh + t * ldy, ldy, n_rows);
+        const QuantActs rest = token_acts(x, n, t);
+        switch (n_tok - t) {
+        case 3: tile_dot<kBits, 3>(w, half, n, rest, yh + t * ldy, ldy, n_rows); break;
+        case 2: tile_dot<kBits, 2>(w, half, n, rest, yh + t * ldy, ldy, n_rows); break;
+        case 1: tile_dot<kBits, 1>(w, half, n, rest, yh + t * ldy, ldy, n_rows); break;
+        default: break;
+        }
+    }
+}
+
+const KernelTable kTable = {
+    Isa::Avx2,
+    {dot_rows<load8_f32, load1_f32>, dot_rows<load8_f16, load1_f16>, dot_rows<load8_bf16, load1_bf16>},
+    {to_f32<load8_f32, load1_f32>, to_f32<load8_f16, load1_f16>, to_f32<load8_bf16, load1_bf16>},
+    weighted_rows,
+    swiglu,
+    exp_shift_sum,
+    quantize_acts,
+    {nullptr, nullptr, nullptr, dot_rows_quant<8>, dot_rows_quant<4>, dot_rows_quant<4>, dot_rows_quant<4>,
+     dot_rows_quant<4>, dot_rows_quant<6>}};
+
+}  // namespace
+
+const KernelTable *avx2_kernels() { return &kTable; }
+
+}  // namespace fastllm
+#else
+#include "cpu/kernels.h"
+namespace fastllm {
+const KernelTable *avx2_kernels() { return nullptr; }
+}  // namespace fastllm
+#endif

@@ -1,0 +1,256 @@
+// AVX-512 (F, BW, VL, VNNI) kernels. This file alone is compiled with -mavx512f -mavx512bw -mavx512vl
+// -mavx512vnni; its table is used only when CPUID reports those features.
+#if defined(__x86_64__) || defined(_M_X64)
+#include <immintrin.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+
+#include "cpu/kernels.h"
+
+namespace fastllm {
+
+namespace {
+
+inline __m512 load16_f32(const void *p, int i) { return _mm512_loadu_ps((const float *)p + i); }
+inline __m512 load16_f16(const void *p, int i) {
+    return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)((const uint16_t *)p + i)));
+}
+inline __m512 load16_bf16(const void *p, int i) {
+    __m512i v = _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)((const uint16_t *)p + i)));
+    return _mm512_castsi512_ps(_mm512_slli_epi32(v, 16));
+}
+inline float load1_f32(const void *p, int i) { return ((const float *)p)[i]; }
+inline float load1_f16(const void *p, int i) { return f16_to_f32(((const uint16_t *)p)[i]); }
+inline float load1_bf16(const void *p, int i) { return bf16_to_f32(((const uint16_t *)p)[i]); }
+
+inline float hsum(__m512 v) { return _mm512_reduce_add_ps(v); }
+
+
+template <__m512 (*Load16)(const void *, int), float (*Load1)(const void *, int)>
+void to_f32(const void *src, float *dst, int n) {
+    int i = 0;
+    for (; i + 16 <= n; i += 16) _mm512_storeu_ps(dst + i, Load16(src, i));
+    for (; i < n; i++) dst[i] = Load1(src, i);
+}
+
+// 64 outputs at a time stay in registers while all n rows pass.
+void weighted_rows(const float *a, int n, const float *rows, size_t stride, int dim, float *y) {
+    int i = 0;
+    for (; i + 64 <= dim; i += 64) {
+        __m512 y0 = _mm512_setzero_ps(), y1 = _mm512_setzero_ps(), y2 = _mm512_setzero_ps(), y3 = _mm512_setzero_ps();
+        for (int j = 0; j < n; j++) {
+            const float *r = rows + j * stride + i;
+            const __m512 aj = _mm512_set1_ps(a[j]);
+            y0 = _mm512_fmadd_ps(aj, _mm512_loadu_ps(r), y0);
+            y1 = _mm512_fmadd_ps(aj, _mm512_loadu_ps(r + 16), y1);
+            y2 = _mm512_fmadd_ps(aj, _mm512_loadu_ps(r + 32), y2);
+            y3 = _mm512_fmadd_ps(aj, _mm512_loadu_ps(r + 48), y3);
+        }
+        _mm512_storeu_ps(y + i, y0), _mm512_storeu_ps(y + i + 16, y1);
+        _mm512_storeu_ps(y + i + 32, y2), _mm512_storeu_ps(y + i + 48, y3);
+    }
+    for (; i + 16 <= dim; i += 16) {
+        __m512 acc = _mm512_setzero_ps();
+        for (int j = 0; j < n; j++) acc = _mm512_fmadd_ps(_mm512_set1_ps(a[j]), _mm512_loadu_ps(rows + j * stride + i), acc);
+        _mm512_storeu_ps(y + i, acc);
+    }
+    for (; i < dim; i++) {
+        float acc = 0;
+        for (int j = 0; j < n; j++) acc += a[j] * rows[j * stride + i];
+        y[i] = acc;
+    }
+}
+
+
+// exp as in kernels_avx2.cpp (2^k * Taylor series of exp(r) to r^7); vscalefps applies 2^k and
+// handles overflow to inf and underflow to 0 itself.
+inline __m512 exp16(__m512 x) {
+    const __m512 k = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504f)), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m512 r = _mm512_fnmadd_ps(k, _mm512_set1_ps(0.693145752f), x);
+    r = _mm512_fnmadd_ps(k, _mm512_set1_ps(1.42860677e-6f), r);
+    __m512 p = _mm512_set1_ps(1.0f / 5040);
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 720));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 120));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 24));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 6));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(0.5f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
+    return _mm512_scalef_ps(p, k);
+}
+
+void swiglu(const float *gate_up, int n, float *out) {
+    int i = 0;
+    for (; i + 16 <= n; i += 16) {
+        const __m512 g = _mm512_loadu_ps(gate_up + i);
+        const __m512 silu = _mm512_div_ps(g, _mm512_add_ps(_mm512_set1_ps(1.0f), exp16(_mm512_sub_ps(_mm512_setzero_ps(), g))));
+        _mm512_storeu_ps(out + i, _mm512_mul_ps(silu, _mm512_loadu_ps(gate_up + n + i)));
+    }
+    for (; i < n; i++) out[i] = gate_up[i] / (1.0f + std::exp(-gate_up[i])) * gate_up[n + i];
+}
+
+float exp_shift_sum(float *x, int n, float shift) {
+    __m512 acc = _mm512_setzero_ps();
+    int i = 0;
+    for (; i + 16 <= n; i += 16) {
+        const __m512 e = exp16(_mm512_sub_ps(_mm512_loadu_ps(x + i), _mm512_set1_ps(shift)));
+        _mm512_storeu_ps(x + i, e);
+        acc = _mm512_add_ps(acc, e);
+    }
+    float sum = hsum(acc);
+    for (; i < n; i++) sum += (x[i] = std::exp(x[i] - shift));
+    return sum;
+}
+
+inline float f16s(uint16_t h) { return _cvtsh_ss(h); }
+
+void quantize_acts(const float *x, int n, const QuantActs &out) {
+    for (int b = 0; b < n / kActBlock; b++) {
+        const float *xb = x + b * kActBlock;
+        const __m512 v0 = _mm512_loadu_ps(xb), v1 = _mm512_loadu_ps(xb + 16);
+        const float mx = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(v0), _mm512_abs_ps(v1)));
+        const float d = mx / 127.0f, id = d > 0 ? 127.0f / mx : 0.0f;
+        const __m512i q0 = _mm512_cvtps_epi32(_mm512_mul_ps(v0, _mm512_set1_ps(id)));
+        const __m512i q1 = _mm512_cvtps_epi32(_mm512_mul_ps(v1, _mm512_set1_ps(id)));
+        _mm_storeu_si128((__m128i *)(out.q + b * kActBlock), _mm512_cvtsepi32_epi8(q0));
+        _mm_storeu_si128((__m128i *)(out.q + b * kActBlock + 16), _mm512_cvtsepi32_epi8(q1));
+        out.d[b] = d;
+        out.ds[b] = d * (float)_mm512_reduce_add_epi32(_mm512_add_epi32(q0, q1));
+    }
+}
+
+// Quantized tiles (tensor.h): one 64-byte chunk holds 4 consecutive codes of each of the 16 rows
+// (lane r = row r), so one vpdpbusd with 4 bytes of a token's activations broadcast advances all 16
+// rows; a block of 32 takes 8 of them into an int32 sum per row (no horizontal adds), and the
+// block's scale, activation scale and zero-point / minimum term are applied once, 16 rows wide.
+// q4 chunks carry two blocks (low and high nibbles); q6 adds the top 2 bits of each code from 4
+// more chunks per pair of blocks. NT tokens share every load and unpack.
+template <int kBits, int NT>
+void tile_dot(const QuantTile &w, int n, const QuantActs &x0, float *y, size_t ldy, __mmask16 rm) {
+    const int n_blocks = n / kActBlock;
+    const float zero = w.mins ? 0.0f : (float)(1 << (kBits - 1));
+    const int group_shift = w.group == 128 ? 2 : w.group == 64 ? 1 : 0;  // block -> group, without a division
+    const int8_t *q[NT];
+    const float *d[NT], *ds[NT];
+    for (int t = 0; t < NT; t++) {
+        const QuantActs a = token_acts(x0, n, t);
+        q[t] = a.q, d[t] = a.d, ds[t] = a.ds;
+    }
+    __m512 acc[NT];
+    for (int t = 0; t < NT; t++) acc[t] = _mm512_setzero_ps();
+    auto bcast = [](const int8_t *p) {
+        int32_t four;
+        std::memcpy(&four, p, 4);
+        return _mm512_set1_epi32(four);
+    };
+    auto finish_block = [&](int b, const __m512i *sum) {
+        const int g = b >> group_shift;
+        const __m512 ws = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(w.scales + g * kTileRows)));
+        __m512 base = _mm512_mul_ps(_mm512_set1_ps(-zero), ws);
+        if (w.mins) base = _mm512_add_ps(base, _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(w.mins + g * kTileRows))));
+        for (int t = 0; t < NT; t++) {
+            const __m512 f = _mm512_mul_ps(_mm512_cvtepi32_ps(sum[t]), _mm512_set1_ps(d[t][b]));
+            acc[t] = _mm512_fmadd_ps(f, ws, acc[t]);
+            acc[t] = _mm512_fmadd_ps(base, _mm512_set1_ps(ds[t][b]), acc[t]);
+        }
+    };
+    if (kBits == 8) {
+        for (int b = 0; b < n_blocks; b++) {
+            __m512i sum[NT], sum2[NT];  // two chains per token: vpdpbusd's latency, not its throughput, would bind
+            for (int t = 0; t < NT; t++) sum[t] = _mm512_setzero_si512(), sum2[t] = _mm512_setzero_si512();
+            const uint8_t *cb = w.codes + b * 512;
+            for (int j = 0; j < 8; j += 2) {
+                const __m512i w0 = _mm512_loadu_si512((const void *)(cb + j * 64));
+                const __m512i w1 = _mm512_loadu_si512((const void *)(cb + j * 64 + 64));
+                for (int t = 0; t < NT; t++) {
+                    sum[t] = _mm512_dpbusd_epi32(sum[t], w0, bcast(q[t] + b * kActBlock + 4 * j));
+                    sum2[t] = _mm512_dpbusd_epi32(sum2[t], w1, bcast(q[t] + b * kActBlock + 4 * j + 4));
+                }
+            }
+            for (int t = 0; t < NT; t++) sum[t] = _mm512_add_epi32(sum[t], sum2[t]);
+            finish_block(b, sum);
+        }
+    } else {
+        const __m512i low4 = _mm512_set1_epi8(0x0F), top2 = _mm512_set1_epi8(0x30);
+        for (int b = 0; b < n_blocks; b += 2) {
+            __m512i lo_sum[NT], hi_sum[NT];
+            for (int t = 0; t < NT; t++) lo_sum[t] = _mm512_setzero_si512(), hi_sum[t] = _mm512_setzero_si512();
+            const uint8_t *cb = w.codes + (b / 2) * (kBits == 6 ? 768 : 512);
+            for (int j = 0; j < 8; j++) {
+                const __m512i v = _mm512_loadu_si512((const void *)(cb + j * 64));
+                __m512i lo = _mm512_and_si512(v, low4), hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), low4);
+                if (kBits == 6) {  // bits 4s, 4s + 2 of the top-bits chunk (s = j % 2) to bit 4 of each code
+                    const __m512i h = _mm512_loadu_si512((const void *)(cb + (8 + j / 2) * 64));
+                    const __m512i hl = j % 2 ? h : _mm512_slli_epi16(h, 4);
+                    const __m512i hh = j % 2 ? _mm512_srli_epi16(h, 2) : _mm512_slli_epi16(h, 2);
+                    lo = _mm512_ternarylogic_epi32(lo, hl, top2, 0xF8);  // lo | (hl & top2)
+                    hi = _mm512_ternarylogic_epi32(hi, hh, top2, 0xF8);
+                }
+                for (int t = 0; t < NT; t++) {
+                    lo_sum[t] = _mm512_dpbusd_epi32(lo_sum[t], lo, bcast(q[t] + b * kActBlock + 4 * j));
+                    hi_sum[t] = _mm512_dpbusd_epi32(hi_sum[t], hi, bcast(q[t] + (b + 1) * kActBlock + 4 * j));
+                }
+            }
+            finish_block(b, lo_sum);
+            finish_block(b + 1, hi_sum);
+        }
+    }
+    for (int t = 0; t < NT; t++) _mm512_mask_storeu_ps(y + t * ldy, rm, acc[t]);
+}
+
+template <int kBits>
+void dot_rows_quant(const QuantTile &w, int rows, int n, const QuantActs &x, int n_tok, float *y, size_t ldy) {
+    const __mmask16 rm = (__mmask16)((1u << rows) - 1);
+    constexpr int NT = 8;
+    int t = 0;
+    for (; t + NT <= n_tok; t += NT) tile_dot<kBits, NT>(w, n, token_acts(x, n, t), y + t * ldy, ldy, rm);
+    const QuantActs rest = token_acts(x, n, t);
+    float *yr = y + t * ldy;
+    switch (n_tok - t) {
+    case 7: tile_dot<kBits, 7>(w, n, rest, yr, ldy, rm); break;
+    case 6: tile_dot<kBits, 6>(w, n, rest, yr, ldy, rm); break;
+    case 5: tile_dot<kBits, 5>(w, n, rest, yr, ldy, rm); break;
+    case 4: tile_dot<kBits, 4>(w, n, rest, yr, ldy, rm); break;
+    case 3: tile_dot<kBits, 3>(w, n, rest, yr, ldy, rm); break;
+    case 2: tile_dot<kBits, 2>(w, n, rest, yr, ldy, rm); break;
+    case 1: tile_dot<kBits, 1>(w, n, rest, yr, ldy, rm); break;
+    default: break;
+    }
+}
+
+const KernelTable kTable = {
+    Isa::Avx512,
+    {nullptr, nullptr, nullptr},  // AVX2's, see avx512_kernels()
+    {to_f32<load16_f32, load1_f32>, to_f32<load16_f16, load1_f16>, to_f32<load16_bf16, load1_bf16>},
+    weighted_rows,
+    swiglu,
+    exp_shift_sum,
+    quantize_acts,
+    {nullptr, nullptr, nullptr, dot_rows_quant<8>, dot_rows_quant<4>, dot_rows_quant<4>, dot_rows_quant<4>,
+     dot_rows_quant<4>, dot_rows_quant<6>}};
+
+}  // namespace
+
+// The plain-dtype dot products (f32/f16/bf16 rows: decoding such weights, attention scores) are
+// AVX2's: its 256-bit loads and conversions measured faster than 512-bit ones on an AMD EPYC with
+// AVX-512 (110M f16 generation 137 -> 170 tokens/s), for the same arithmetic.
+const KernelTable *avx512_kernels() {
+    static const KernelTable *table = []() -> const KernelTable * {
+        static KernelTable t = kTable;
+        const KernelTable *avx2 = avx2_kernels();
+        if (!avx2) return nullptr;  // not built: cannot happen where this file is
+        for (int d = 0; d < 3; d++) t.dot_rows[d] = avx2->dot_rows[d];
+        return &t;
+    }();
+    return table;
+}
+
+}  // namespace fastllm
+#else
+#include "cpu/kernels.h"
+namespace fastllm {
+const KernelTable *avx512_kernels() { return nullptr; }
+}  // namespace fastllm
+#endif

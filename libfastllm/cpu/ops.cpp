@@ -1,0 +1,190 @@
+#include "cpu/ops.h"
+
+#include "cpu/thread_pool.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+
+#ifdef FASTLLM_USE_BLAS
+#include <cblas.h>
+#endif
+
+namespace fastllm {
+namespace ops {
+
+namespace {
+
+constexpr int kRowBlock = 16;      // weight rows a thread takes at a time
+constexpr int kBlasRowBlock = 256;  // rows converted to f32 per sgemm call (f16/bf16 weights)
+constexpr int kBlasMinTokens = 8;  // below this, our own tiles beat the sgemm call overhead
+
+#ifdef FASTLLM_USE_BLAS
+// OpenBLAS would otherwise start its own thread pool, whose threads spin while waiting and starve
+// ours on a small machine; we parallelise around it instead.
+void blas_single_threaded() {
+    static const bool once = (openblas_set_num_threads(1), true);
+    (void)once;
+}
+#endif
+
+}  // namespace
+
+size_t matmul_scratch_floats(int64_t K, int n_threads, int max_T) {
+    const size_t blocks = (size_t)max_T * ((K + kActBlock - 1) / kActBlock);
+    return (size_t)n_threads * std::max(kRowBlock, kBlasRowBlock) * (size_t)K  // f32 blocks
+           + (size_t)max_T * K / 4 + 16                                        // int8 activations
+           + 2 * blocks + 32;                                                  // their scales and sums
+}
+
+MatmulScratch make_matmul_scratch(float *memory, int64_t K, int n_threads, int max_T) {
+    MatmulScratch s;
+    s.f32 = memory;
+    float *p = memory + (size_t)n_threads * std::max(kRowBlock, kBlasRowBlock) * (size_t)K;
+    s.acts.q = (int8_t *)p;
+    p += (size_t)max_T * K / 4 + 16;
+    const size_t blocks = (size_t)max_T * ((K + kActBlock - 1) / kActBlock);
+    s.acts.d = p;
+    s.acts.ds = p + blocks + 16;
+    return s;
+}
+
+void dequantize_row(const KernelTable &k, const Tensor &W, int64_t r, float *out) {
+    if (!dtype_is_quantized(W.dtype)) return k.to_f32[(int)W.dtype](W.row(r), out, (int)W.cols());
+    for (int64_t c = 0; c < W.cols(); c++) out[c] = ref::weight(W, r, c);  // one row per token: plain loop
+}
+
+namespace {
+
+// Quantized weights: activations are quantized to int8 once, then each thread takes tiles of 16
+// rows and applies them to every token while they are in cache.
+void matmul_quant(const KernelTable &k, const Tensor &W, const float *x, int T, float *y, const MatmulScratch &sc,
+                  ThreadPool &pool) {
+    static_assert(kRowBlock == kTileRows, "a row block is one tile of the quantized layout");
+    const int64_t N = W.rows(), K = W.cols();
+    pool.parallel_for(T, [&](int64_t first, int64_t last, int) {
+        for (int64_t t = first; t < last; t++) k.quantize_acts(x + t * K, (int)K, token_acts(sc.acts, (int)K, (int)t));
+    });
+    const auto dot = k.dot_rows_quant[(int)W.dtype];
+    const int64_t n_blocks = (N + kRowBlock - 1) / kRowBlock;
+    pool.parallel_for(n_blocks, [&](int64_t first, int64_t last, int) {
+        for (int64_t b = first; b < last; b++) {
+            const int64_t r0 = b * kRowBlock;
+            dot(W.quant_tile(r0), (int)std::min<int64_t>(kRowBlock, N - r0), (int)K, sc.acts, T, y + r0, (size_t)N);
+        }
+    });
+}
+
+}  // namespace
+
+void matmul(const KernelTable &k, const Tensor &W, const float *bias, const float *x, int T, float *y,
+            const MatmulScratch &sc, ThreadPool &pool) {
+    const int64_t N = W.rows(), K = W.cols();
+    const int dt = (int)W.dtype;
+    const int64_t n_blocks = (N + kRowBlock - 1) / kRowBlock;
+    float *scratch = sc.f32;
+    if (dtype_is_quantized(W.dtype)) {
+        matmul_quant(k, W, x, T, y, sc, pool);
+    } else if (T == 1) {
+        // Decoding: every weight is read once; split the rows across threads.
+        pool.parallel_for(n_blocks, [&](int64_t first, int64_t last, int) {
+            const int64_t r0 = first * kRowBlock, r1 = std::min(N, last * kRowBlock);
+            k.dot_rows[dt](W.row(r0), W.row_bytes(), (int)(r1 - r0), x, (int)K, y + r0);
+        });
+    }
+#ifdef FASTLLM_USE_BLAS
+    else if (T >= kBlasMinTokens) {
+        // Each of our threads runs a single-threaded sgemm on its own slice of rows: OpenBLAS's own
+        // threads would compete with ours for the cores (see blas_single_threaded).
+        blas_single_threaded();
+        pool.parallel_for(n_blocks, [&](int64_t first, int64_t last, int tid) {
+            const int64_t end = std::min(N, last * kRowBlock);
+            const int64_t step = W.dtype == DType::F32 ? end : kBlasRowBlock;
+            float *buf = scratch + (size_t)tid * kBlasRowBlock * K;
+            for (int64_t r0 = first * kRowBlock; r0 < end; r0 += step) {
+                const int rows = (int)std::min(step, end - r0);
+                const float *wb = (const float *)W.row(r0);
+                if (W.dtype != DType::F32) {
+                    for (int r = 0; r < rows; r++) k.to_f32[dt](W.row(r0 + r), buf + (size_t)r * K, (int)K);
+                    wb = buf;
+                }
+                cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, T, rows, (int)K, 1.0f, x, (int)K, wb, (int)K,
+                            0.0f, y + r0, (int)N);
+            }
+        });
+    }
+#endif
+    else {
+        // Prompt batch: a thread converts a block of rows to f32 once and applies it to every token.
+        pool.parallel_for(n_blocks, [&](int64_t first, int64_t last, int tid) {
+            for (int64_t b = first; b < last; b++) {
+                const int64_t r0 = b * kRowBlock;
+                const int rows = (int)std::min<int64_t>(kRowBlock, N - r0);
+                const float *wb = (const float *)W.row(r0);
+                if (W.dtype != DType::F32) {
+                    float *buf = scratch + (size_t)tid * kRowBlock * K;
+                    for (int r = 0; r < rows; r++) k.to_f32[dt](W.row(r0 + r), buf + (size_t)r * K, (int)K);
+                    wb = buf;
+                }
+                for (int t = 0; t < T; t++)
+                    k.dot_rows[(int)DType::F32](wb, (size_t)K * 4, rows, x + (size_t)t * K, (int)K,
+                                                y + (size_t)t * N + r0);
+            }
+        });
+    }
+    if (bias)
+        for (int t = 0; t < T; t++)
+            for (int64_t r = 0; r < N; r++) y[(size_t)t * N + r] += bias[r];
+}
+
+void rmsnorm(const float *x, const float *w, int n, float eps, float *out) {
+    double ss = 0;
+    for (int i = 0; i < n; i++) ss += x[i] * x[i];
+    float inv = (float)(1.0 / std::sqrt(ss / n + eps));
+    for (int i = 0; i < n; i++) out[i] = x[i] * inv * w[i];
+}
+
+void rope(float *v, int n_heads, int head_dim, const float *cos, const float *sin) {
+    int half = head_dim / 2;
+    for (int h = 0; h < n_heads; h++) {
+        float *p = v + h * head_dim;
+        for (int i = 0; i < half; i++) {
+            float a = p[i], b = p[i + half];
+            p[i] = a * cos[i] - b * sin[i];
+            p[i + half] = b * cos[i] + a * sin[i];
+        }
+    }
+}
+
+void swiglu(const KernelTable &k, const float *gate_up, int n, float *out) { k.swiglu(gate_up, n, out); }
+
+void softmax(const KernelTable &k, float *x, int n) {
+    float mx = x[0];
+    for (int i = 1; i < n; i++) mx = std::max(mx, x[i]);
+    const float inv = 1.0f / k.exp_shift_sum(x, n, mx);
+    for (int i = 0; i < n; i++) x[i] *= inv;
+}
+
+void attention(const KernelTable &k, const float *q, int T, int pos0, const float *k_cache, const float *v_cache,
+               int n_heads, int n_kv_heads, int head_dim, float *out, float *scores, size_t scores_stride,
+               ThreadPool &pool) {
+    const int kv_dim = n_kv_heads * head_dim, group = n_heads / n_kv_heads;
+    const size_t kv_stride = (size_t)kv_dim * sizeof(float);
+    const float scale = 1.0f / std::sqrt((float)head_dim);
+    pool.parallel_for((int64_t)T * n_heads, [&](int64_t first, int64_t last, int tid) {
+        float *s = scores + (size_t)tid * scores_stride;
+        for (int64_t task = first; task < last; task++) {
+            const int t = (int)(task / n_heads), h = (int)(task % n_heads);
+            const int n = pos0 + t + 1, kv_off = (h / group) * head_dim;
+            const float *qh = q + (size_t)t * n_heads * head_dim + (size_t)h * head_dim;
+            k.dot_rows[(int)DType::F32](k_cache + kv_off, kv_stride, n, qh, head_dim, s);
+            for (int j = 0; j < n; j++) s[j] *= scale;
+            softmax(k, s, n);
+            float *o = out + (size_t)t * n_heads * head_dim + (size_t)h * head_dim;
+            k.weighted_rows(s, n, v_cache + kv_off, (size_t)kv_dim, head_dim, o);
+        }
+    });
+}
+
+}  // namespace ops
+}  // namespace fastllm

@@ -1,0 +1,68 @@
+// ops.h — the operations of a transformer forward pass over f32 activations, built on the kernel
+// table (kernels.h) and OpenMP. Every op has a slow, obviously-correct twin in namespace ref
+// (ops_ref.cpp) that the tests compare it with.
+#pragma once
+
+#include <cstddef>
+
+#include "cpu/kernels.h"
+#include "format/tensor.h"
+
+namespace fastllm {
+
+class ThreadPool;
+
+namespace ops {
+
+// Working memory of matmul: per-thread f32 blocks, and room for T x K quantized activations.
+struct MatmulScratch {
+    float *f32;
+    QuantActs acts;
+};
+// Floats of memory a MatmulScratch needs for up to max_T rows of at most K columns.
+size_t matmul_scratch_floats(int64_t K, int n_threads, int max_T);
+MatmulScratch make_matmul_scratch(float *memory, int64_t K, int n_threads, int max_T);
+
+// y[T, N] = x[T, K] . W[N, K]^T (+ bias[N] if not null). W may be of any dtype: plain weights
+// are widened to f32; quantized weights meet the activations quantized to int8.
+void matmul(const KernelTable &k, const Tensor &W, const float *bias, const float *x, int T, float *y,
+            const MatmulScratch &scratch, ThreadPool &pool);
+
+// Row r of a matrix of any dtype, as f32 (embedding lookups).
+void dequantize_row(const KernelTable &k, const Tensor &W, int64_t r, float *out);
+
+// out = x / sqrt(mean(x^2) + eps) * w  (out may equal x)
+void rmsnorm(const float *x, const float *w, int n, float eps, float *out);
+
+// Rotates each head of one token in place, rotate-half layout: pairs (i, i + head_dim/2).
+void rope(float *v, int n_heads, int head_dim, const float *cos, const float *sin);
+
+// out[i] = silu(gate[i]) * up[i], with gate_up = [gate (n) | up (n)] per row.
+void swiglu(const KernelTable &k, const float *gate_up, int n, float *out);
+
+void softmax(const KernelTable &k, float *x, int n);
+
+// Causal attention for T query tokens at positions pos0..pos0+T-1. q and out are [T, n_heads*head_dim];
+// k_cache and v_cache are [positions, n_kv_heads*head_dim] and already hold positions up to pos0+T-1.
+// scores: scratch of pool.n_threads() rows of scores_stride >= pos0 + T floats.
+void attention(const KernelTable &k, const float *q, int T, int pos0, const float *k_cache, const float *v_cache,
+               int n_heads, int n_kv_heads, int head_dim, float *out, float *scores, size_t scores_stride,
+               ThreadPool &pool);
+
+}  // namespace ops
+
+namespace ref {
+// Plain dtypes: exact products of x with the weights. Quantized dtypes: x is quantized to int8 per
+// block of 32 exactly as the fast kernels do it, then multiplied with the dequantized weights.
+void matmul(const Tensor &W, const float *bias, const float *x, int T, float *y);
+void quantize_acts(const float *x, int n, int8_t *q, float *d, int32_t *sum);
+void rmsnorm(const float *x, const float *w, int n, float eps, float *out);
+void rope(float *v, int n_heads, int head_dim, const float *cos, const float *sin);
+void swiglu(const float *gate_up, int n, float *out);
+void softmax(float *x, int n);
+void attention(const float *q, int T, int pos0, const float *k_cache, const float *v_cache, int n_heads,
+               int n_kv_heads, int head_dim, float *out);
+float weight(const Tensor &W, int64_t r, int64_t c);  // element of a matrix as f32
+}  // namespace ref
+
+}  // namespace fastllm

@@ -1,0 +1,126 @@
+// Reference ops: plain loops in double precision, written for clarity, not speed. The tests check
+// every fast op in ops.cpp (at every ISA level) against these.
+#include <algorithm>
+#include <cmath>
+#include <vector>
+
+#include "cpu/ops.h"
+
+namespace fastllm {
+namespace ref {
+
+float weight(const Tensor &W, int64_t r, int64_t c) {
+    if (dtype_is_quantized(W.dtype)) {  // one code of the tile layout (tile_code in tensor.h)
+        const QuantTile q = W.quant_tile(r / kTileRows * kTileRows);
+        const int lane = (int)(r % kTileRows), bits = dtype_bits(W.dtype);
+        const int64_t g = c / q.group;
+        const float scale = f16_to_f32(q.scales[g * kTileRows + lane]), code = (float)tile_code(q.codes, bits, lane, c);
+        // symmetric: scale * (code - 2^(bits-1)); q4m: scale * code + min
+        if (q.mins) return scale * code + f16_to_f32(q.mins[g * kTileRows + lane]);
+        return scale * (code - (float)(1 << (bits - 1)));
+    }
+    const void *row = W.row(r);
+    switch (W.dtype) {
+    case DType::F32: return ((const float *)row)[c];
+    case DType::F16: return f16_to_f32(((const uint16_t *)row)[c]);
+    case DType::BF16: return bf16_to_f32(((const uint16_t *)row)[c]);
+    default: return 0;
+    }
+}
+
+void quantize_acts(const float *x, int n, int8_t *q, float *d, int32_t *sum) {
+    for (int b = 0; b < n / 32; b++) {
+        float amax = 0;
+        for (int i = 0; i < 32; i++) amax = std::max(amax, std::fabs(x[b * 32 + i]));
+        d[b] = amax / 127.0f;
+        const float id = amax > 0 ? 127.0f / amax : 0.0f;
+        sum[b] = 0;
+        for (int i = 0; i < 32; i++) {
+            q[b * 32 + i] = (int8_t)std::nearbyint(x[b * 32 + i] * id);
+            sum[b] += q[b * 32 + i];
+        }
+    }
+}
+
+void matmul(const Tensor &W, const float *bias, const float *x, int T, float *y) {
+    int64_t N = W.rows(), K = W.cols();
+    std::vector<float> xs(x, x + (size_t)T * K);
+    if (dtype_is_quantized(W.dtype)) {  // the activations the quantized kernels actually see
+        std::vector<int8_t> q(K);
+        std::vector<float> d(K / 32);
+        std::vector<int32_t> sum(K / 32);
+        for (int t = 0; t < T; t++) {
+            quantize_acts(x + t * K, (int)K, q.data(), d.data(), sum.data());
+            for (int64_t c = 0; c < K; c++) xs[t * K + c] = d[c / 32] * q[c];
+        }
+    }
+    for (int t = 0; t < T; t++)
+        for (int64_t r = 0; r < N; r++) {
+            double s = bias ? bias[r] : 0.0;
+            for (int64_t c = 0; c < K; c++) s += (double)weight(W, r, c) * xs[t * K + c];
+            y[t * N + r] = (float)s;
+        }
+}
+
+void rmsnorm(const float *x, const float *w, int n, float eps, float *out) {
+    double ss = 0;
+    for (int i = 0; i < n; i++) ss += (double)x[i] * x[i];
+    double inv = 1.0 / std::sqrt(ss / n + eps);
+    for (int i = 0; i < n; i++) out[i] = (float)(x[i] * inv * w[i]);
+}
+
+void rope(float *v, int n_heads, int head_dim, const float *cos, const float *sin) {
+    int half = head_dim / 2;
+    for (int h = 0; h < n_heads; h++) {
+        float *p = v + h * head_dim;
+        for (int i = 0; i < half; i++) {
+            double a = p[i], b = p[i + half];
+            p[i] = (float)(a * cos[i] - b * sin[i]);
+            p[i + half] = (float)(b * cos[i] + a * sin[i]);
+        }
+    }
+}
+
+void swiglu(const float *gate_up, int n, float *out) {
+    for (int i = 0; i < n; i++) {
+        double g = gate_up[i];
+        out[i] = (float)(g / (1.0 + std::exp(-g)) * gate_up[n + i]);
+    }
+}
+
+void softmax(float *x, int n) {
+    double mx = x[0];
+    for (int i = 1; i < n; i++) mx = std::max(mx, (double)x[i]);
+    double sum = 0;
+    for (int i = 0; i < n; i++) sum += std::exp(x[i] - mx);
+    for (int i = 0; i < n; i++) x[i] = (float)(std::exp(x[i] - mx) / sum);
+}
+
+void attention(const float *q, int T, int pos0, const float *k_cache, const float *v_cache, int n_heads,
+               int n_kv_heads, int head_dim, float *out) {
+    int kv_dim = n_kv_heads * head_dim, group = n_heads / n_kv_heads;
+    for (int t = 0; t < T; t++)
+        for (int h = 0; h < n_heads; h++) {
+            int n = pos0 + t + 1, kvh = h / group;
+            const float *qh = q + (size_t)t * n_heads * head_dim + h * head_dim;
+            std::vector<double> s(n);
+            double mx = -1e300;
+            for (int j = 0; j < n; j++) {
+                double d = 0;
+                for (int i = 0; i < head_dim; i++) d += (double)qh[i] * k_cache[(size_t)j * kv_dim + kvh * head_dim + i];
+                s[j] = d / std::sqrt((double)head_dim);
+                mx = std::max(mx, s[j]);
+            }
+            double sum = 0;
+            for (int j = 0; j < n; j++) sum += (s[j] = std::exp(s[j] - mx));
+            float *o = out + (size_t)t * n_heads * head_dim + h * head_dim;
+            for (int i = 0; i < head_dim; i++) {
+                double acc = 0;
+                for (int j = 0; j < n; j++) acc += s[j] / sum * v_cache[(size_t)j * kv_dim + kvh * head_dim + i];
+                o[i] = (float)acc;
+            }
+        }
+}
+
+}  // namespace ref
+}  // namespace fastllm
