@@ -29,7 +29,7 @@ from pathlib import Path
 import numpy as np
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(REPO / "bench"), str(REPO / "bindings" / "python"), str(REPO / "converter")]
+sys.path[:0] = [str(REPO / "bench"), str(REPO / "bindings" / "python"), str(REPO)]
 from bench_speed import random_checkpoint  # noqa: E402
 from fastllm.bench import bench  # noqa: E402
 
@@ -57,7 +57,7 @@ def read_bandwidth_gbs(threads: int, gib: float = 1.0, repeat: int = 5) -> float
 
 def bytes_per_token(path: Path) -> int:
     """Weight bytes one decode step reads: every tensor but the embedding (one row of it)."""
-    from flm_reader import load_flm
+    from converter.flm_reader import load_flm
     f = load_flm(path)
     tied = f.metadata.get("llama.tie_word_embeddings", 0)
     return sum(loc.n_bytes for name, loc in f.locations.items() if name != "token_embd.weight" or tied)
@@ -124,7 +124,7 @@ def main() -> int:
     ap.add_argument("--work_dir", type=Path, default=Path("/tmp/fastllm-bench"))
     args = ap.parse_args()
 
-    from convert import convert
+    from converter.convert import convert
     args.work_dir.mkdir(parents=True, exist_ok=True)
     hf_dir = random_checkpoint(args.shape, args.work_dir)
     bw = read_bandwidth_gbs(args.threads)

@@ -29,7 +29,7 @@ from pathlib import Path
 from urllib.parse import urlparse
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(REPO / "bench"), str(REPO / "bindings" / "python"), str(REPO / "converter")]
+sys.path[:0] = [str(REPO / "bench"), str(REPO / "bindings" / "python"), str(REPO)]
 
 PROMPTS = ["Once upon a time", "Tom had a big dog", "The sun was", "Lily and Ben went to the park", "One day",
            "The cat sat", "Mom said", "There was a bird"]
@@ -44,7 +44,7 @@ def model_file(args) -> Path:
     if args.model:
         return args.model
     from bench_speed import random_checkpoint
-    from convert import convert
+    from converter.convert import convert
     args.work_dir.mkdir(parents=True, exist_ok=True)
     hf_dir = args.model_path or random_checkpoint(args.random, args.work_dir)
     tag = hashlib.sha1(str(hf_dir.resolve()).encode()).hexdigest()[:8]

@@ -20,7 +20,7 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(REPO / "bindings" / "python"), str(REPO / "converter")]
+sys.path[:0] = [str(REPO / "bindings" / "python"), str(REPO)]
 
 SHAPES = {
     "tinyllama": dict(hidden_size=2048, intermediate_size=5632, num_hidden_layers=22, num_attention_heads=32,
@@ -82,7 +82,7 @@ def main() -> int:
     ap.add_argument("--skip_torch", action="store_true")
     args = ap.parse_args()
 
-    from convert import convert
+    from converter.convert import convert
     from fastllm.bench import bench, synthetic_prompt
     args.work_dir.mkdir(parents=True, exist_ok=True)
     hf_dir = args.model_path or random_checkpoint(args.random, args.work_dir)

@@ -21,10 +21,10 @@ import numpy as np
 import torch
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(REPO / "bindings" / "python"), str(REPO / "converter"), str(REPO / "tests")]
+sys.path[:0] = [str(REPO / "bindings" / "python"), str(REPO), str(REPO / "tests")]
 
 import fastllm  # noqa: E402
-from convert import convert  # noqa: E402
+from converter.convert import convert  # noqa: E402
 from hf_models import make_llama  # noqa: E402
 from transformers import LlamaForCausalLM  # noqa: E402
 

@@ -32,7 +32,7 @@ import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from errors import ConversionError
+from .errors import ConversionError
 
 # token types of the `bpe` keys
 NORMAL, SPECIAL, ADDED, UNUSED = 1, 3, 4, 5

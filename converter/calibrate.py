@@ -50,8 +50,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-import quantize
-from errors import ConversionError
+from . import quantize
+from .errors import ConversionError
 
 DEFAULT_TOKENS = 2048
 SEQ_LEN = 512            # tokens per calibration sequence (at most the context length)
@@ -283,7 +283,7 @@ def calibrate(ckpt, hp, policy, text_path, n_tokens: int = DEFAULT_TOKENS, alpha
     """Returns (a ScaledCheckpoint over ckpt, CalibrationReport). policy: the quantize.DtypePolicy
     the writer will use (it decides which matrices are quantized, and to what); alphas: the
     scaling exponents tried (0 is always added)."""
-    import llama  # here, not at the top: llama imports nothing from this module, keep it so
+    from . import llama  # here, not at the top: llama imports nothing from this module, keep it so
 
     if n_tokens < 2:
         raise ConversionError(f"--calib_tokens must be at least 2, got {n_tokens}")

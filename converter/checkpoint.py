@@ -21,7 +21,7 @@ from pathlib import Path
 
 import torch
 
-from errors import ConversionError
+from .errors import ConversionError
 
 SAFETENSORS = "model.safetensors"
 SAFETENSORS_INDEX = "model.safetensors.index.json"

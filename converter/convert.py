@@ -5,9 +5,9 @@
     python converter/convert.py --model_path MODEL.gguf --out_path OUT.flm [--dtype ...]
                                 (see gguf_import.py)
 
-or, with converter/ on sys.path:
+or, with the repository root on sys.path:
 
-    from convert import convert
+    from converter.convert import convert
     convert("path/to/hf", "model.flm", dtype="f16")
 
 The output appears only once it is complete (written to a temporary file in the same folder,
@@ -16,25 +16,31 @@ then renamed); on any error nothing is left behind.
 
 from __future__ import annotations
 
+if not __package__:
+    # Run as a script (python3 converter/convert.py): load this folder as the package `converter`,
+    # so that its modules' relative imports work, and run main() from there.
+    import importlib
+    import importlib.util
+    import sys
+    from pathlib import Path
+
+    _here = Path(__file__).resolve().parent
+    _spec = importlib.util.spec_from_file_location("converter", _here / "__init__.py",
+                                                   submodule_search_locations=[str(_here)])
+    _package = importlib.util.module_from_spec(_spec)
+    sys.modules["converter"] = _package
+    _spec.loader.exec_module(_package)
+    sys.exit(importlib.import_module("converter.convert").main())
+
 import argparse
 import os
 import sys
 from pathlib import Path
 
-# The converter's modules import each other by their plain names (`from errors import ...`):
-# make that work however this file is reached (script, `from convert import`, runpy, package).
-_HERE = Path(__file__).resolve().parent
-if not any(Path(p or ".").resolve() == _HERE for p in sys.path):
-    sys.path.insert(0, str(_HERE))
-
-import calibrate  # noqa: E402
-import gguf_import  # noqa: E402
-import hf_tokenizer  # noqa: E402
-import llama  # noqa: E402
-import quantize  # noqa: E402
-from checkpoint import Checkpoint  # noqa: E402
-from errors import ConversionError  # noqa: E402
-from flm_writer import FlmWriter  # noqa: E402
+from . import calibrate, gguf_import, hf_tokenizer, llama, quantize
+from .checkpoint import Checkpoint
+from .errors import ConversionError
+from .flm_writer import FlmWriter
 
 DTYPES = quantize.REQUESTS
 # model family name -> its module; each module has ARCHITECTURES and MODEL_TYPE

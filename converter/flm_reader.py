@@ -24,7 +24,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-import quantize
+from . import quantize
 
 MAGIC = b"FASTLLM\0"
 SUPPORTED_VERSIONS = (1, 2)  # 1 differs only in the layout of quantized tensors, which it may not hold here

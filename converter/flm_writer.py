@@ -32,7 +32,7 @@ from typing import Callable, Iterable, Sequence
 
 import numpy as np
 
-import quantize
+from . import quantize
 
 MAGIC = b"FASTLLM\0"
 VERSION = 2  # 2: quantized rows in tiles of 16 (version 1 stored them row by row)

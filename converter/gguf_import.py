@@ -2,9 +2,9 @@
 
     python converter/convert.py --model_path MODEL.gguf --out_path OUT.flm [--dtype f32|f16|bf16]
 
-or, with converter/ on sys.path:
+or, with the repository root on sys.path:
 
-    from gguf_import import convert_gguf
+    from converter.gguf_import import convert_gguf
     convert_gguf("model.gguf", "model.flm", dtype="f16")
 
 The file is read with the `gguf` package (PyPI). Only the `llama` architecture is supported (it
@@ -37,12 +37,12 @@ from pathlib import Path
 import numpy as np
 import torch
 
-import bpe_tokenizer
-import hf_tokenizer
-import llama
-import quantize
-from errors import ConversionError
-from flm_writer import FlmWriter
+from . import bpe_tokenizer
+from . import hf_tokenizer
+from . import llama
+from . import quantize
+from .errors import ConversionError
+from .flm_writer import FlmWriter
 
 SUPPORTED_ARCHITECTURES = ("llama",)
 GGUF_MAGIC = b"GGUF"

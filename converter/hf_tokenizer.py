@@ -19,11 +19,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import bpe_tokenizer
-from bpe_tokenizer import BpeTokenizerInfo, bpe_tokenizer_info
-from checkpoint import Checkpoint, read_json
-from errors import ConversionError
-from spm_tokenizer import UNUSED, load_spm
+from . import bpe_tokenizer
+from .bpe_tokenizer import BpeTokenizerInfo, bpe_tokenizer_info
+from .checkpoint import Checkpoint, read_json
+from .errors import ConversionError
+from .spm_tokenizer import UNUSED, load_spm
 
 TOKENIZER_MODEL = "tokenizer.model"
 TOKENIZER_JSON = "tokenizer.json"

@@ -13,10 +13,10 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-import quantize
-from checkpoint import Checkpoint
-from errors import ConversionError
-from rope import RopeConfig, compute_inv_freq, read_rope_config
+from . import quantize
+from .checkpoint import Checkpoint
+from .errors import ConversionError
+from .rope import RopeConfig, compute_inv_freq, read_rope_config
 
 ARCHITECTURES = ("LlamaForCausalLM",)
 MODEL_TYPE = "llama"

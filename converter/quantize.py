@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from errors import ConversionError
+from .errors import ConversionError
 
 PLAIN = ("f32", "f16", "bf16")
 # name -> (.flm dtype code, group size G, bits per code, has a minimum per group)

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from errors import ConversionError
+from .errors import ConversionError
 
 SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3")
 DEFAULT_THETA = 10000.0

@@ -22,7 +22,7 @@ import struct
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from errors import ConversionError
+from .errors import ConversionError
 
 # SentencePiece piece types (also the values of `tokenizer.token_types`)
 NORMAL, UNKNOWN, CONTROL, USER_DEFINED, UNUSED, BYTE = 1, 2, 3, 4, 5, 6

@@ -12,7 +12,7 @@ SHARED = Path(os.environ.get("FASTLLM_SHARED", REPO.parent / "shared"))  # data 
 STORIES = SHARED / "models" / "stories260K"
 
 sys.path.insert(0, str(REPO / "bindings" / "python"))
-sys.path.insert(0, str(REPO / "converter"))
+sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "tests"))
 
 # Tests that import fastllm need the built library (cmake -S . -B build && cmake --build build);
@@ -22,7 +22,7 @@ if (BUILD / "libfastllm.so").exists():
 
 
 def convert(model_dir, out_path, dtype="f32"):
-    from convert import convert as run
+    from converter.convert import convert as run
     run(str(model_dir), str(out_path), dtype=dtype, progress=False)
     return Path(out_path)
 

@@ -7,7 +7,7 @@ import pytest
 
 import fastllm
 from fastllm import _lib as raw
-from flm_reader import load_flm
+from converter.flm_reader import load_flm
 
 lib = raw.lib
 

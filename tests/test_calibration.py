@@ -7,16 +7,12 @@ import pytest
 import torch
 
 from conftest import STORIES
-
-import calibrate  # noqa: E402
-import hf_tokenizer  # noqa: E402
-import llama  # noqa: E402
-import quantize  # noqa: E402
-from checkpoint import Checkpoint  # noqa: E402
-from convert import ConversionError, convert, main  # noqa: E402
-from flm_reader import read_flm  # noqa: E402
-from flm_writer import FlmWriter  # noqa: E402
-from hf_models import load_model, make_llama  # noqa: E402
+from converter import calibrate, hf_tokenizer, llama, quantize
+from converter.checkpoint import Checkpoint
+from converter.convert import ConversionError, convert, main
+from converter.flm_reader import read_flm
+from converter.flm_writer import FlmWriter
+from hf_models import load_model, make_llama
 
 CALIB_TEXT = STORIES / "text" / "tinystories_sample.txt"
 EVAL_TEXT = STORIES / "text" / "tinystories_valid_head.txt"

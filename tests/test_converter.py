@@ -18,17 +18,14 @@ import numpy as np
 import pytest
 import torch
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "converter"))
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+from converter import checkpoint
+from converter.convert import ConversionError, convert, main
+from converter.flm_reader import bf16_to_f32, load_flm, read_flm
+from converter.flm_writer import FlmWriter
+from converter.spm_tokenizer import load_spm
+from hf_models import STORIES_HF, edit_config, load_model, make_llama, rope_of, transformers_major
 
-import checkpoint  # noqa: E402
-from convert import ConversionError, convert, main  # noqa: E402
-from flm_reader import bf16_to_f32, load_flm, read_flm  # noqa: E402
-from flm_writer import FlmWriter  # noqa: E402
-from hf_models import (STORIES_HF, edit_config, load_model, make_llama, rope_of,  # noqa: E402
-                       transformers_major)
-from spm_tokenizer import load_spm  # noqa: E402
+ROOT = Path(__file__).resolve().parents[1]
 
 LLAMA3 = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
           "original_max_position_embeddings": 32}

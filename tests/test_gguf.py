@@ -27,10 +27,10 @@ import torch
 import fastllm
 import gguf
 from conftest import REPO, convert
-from errors import ConversionError
-from flm_reader import load_flm
+from converter.errors import ConversionError
+from converter.flm_reader import load_flm
+from converter.spm_tokenizer import load_spm
 from hf_models import STORIES_HF, make_llama, rope_of
-from spm_tokenizer import load_spm
 
 Q = gguf.GGMLQuantizationType
 

@@ -18,10 +18,10 @@ import pytest
 import torch
 
 import fastllm
-import quantize
 from conftest import STORIES, convert
+from converter import quantize
+from converter.flm_reader import read_flm
 from fastllm.perplexity import perplexity
-from flm_reader import read_flm
 from hf_models import load_model, make_llama
 
 VALID = (STORIES / "text" / "tinystories_valid_head.txt").read_text(encoding="utf-8")
@@ -145,7 +145,7 @@ def test_int4_with_a_q6_head(stories_models, tmp_path):
     """A q6 head (llama.cpp's Q4_0 files keep theirs at 6 bits; stories260K's head is its embedding,
     token_embd.weight): stored as the quantizer made it, and the model scores about as well as
     int4 with its q8 head."""
-    from convert import convert as run
+    from converter.convert import convert as run
     path = tmp_path / "int4-q6head.flm"
     run(str(STORIES / "hf"), str(path), dtype="int4", dtype_config=["token_embd.weight=q6"], progress=False)
     _, tensors = read_flm(path)

@@ -22,11 +22,11 @@ import pytest
 from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers, processors
 
 import fastllm
-from bpe_tokenizer import (LLAMA3_PATTERN, QWEN2_PATTERN, ConversionError, bpe_tokenizer_info,
-                           bytes_to_unicode, read_tokenizer_json)
 from conftest import REPO, SHARED, STORIES, convert
-from flm_reader import read_flm
-from flm_writer import FlmWriter
+from converter.bpe_tokenizer import (LLAMA3_PATTERN, QWEN2_PATTERN, ConversionError, bpe_tokenizer_info,
+                                     bytes_to_unicode, read_tokenizer_json)
+from converter.flm_reader import read_flm
+from converter.flm_writer import FlmWriter
 from hf_models import make_llama
 
 GPT2_DIR = SHARED / "models" / "gpt2-tokenizer"

@@ -43,10 +43,11 @@ class BuildPyWithLibrary(build_py):
         super().run()
         package = Path(self.build_lib) / "fastllm"
         shutil.copyfile(build_library(), package / "libfastllm.so")
-        converter = package / "converter"
-        converter.mkdir(exist_ok=True)
-        for source in (ROOT / "converter").glob("*.py"):
-            shutil.copyfile(source, converter / source.name)
+        # the converter package, sub-packages included, as fastllm.converter
+        for source in (ROOT / "converter").rglob("*.py"):
+            target = package / "converter" / source.relative_to(ROOT / "converter")
+            target.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(source, target)
 
 
 class DistributionWithLibrary(Distribution):

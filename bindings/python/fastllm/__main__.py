@@ -96,17 +96,24 @@ def cmd_info(args) -> int:
 
 
 def import_converter_module(name: str):
-    """A module of the converter: it ships inside the package (wheels) or lies in the source checkout's
-    converter/. Its modules import each other by plain names, so their folder goes on sys.path."""
+    """A module of the converter package: `fastllm.converter` in an installed wheel, else the source
+    checkout's converter/, loaded from its folder as the package `converter` (nothing goes on sys.path)."""
     import importlib
+    import importlib.util
     from pathlib import Path
     here = Path(__file__).resolve().parent
-    for folder in (here / "converter", here.parents[2] / "converter"):
-        if (folder / "convert.py").is_file():
-            if str(folder) not in sys.path:
-                sys.path.insert(0, str(folder))
-            return importlib.import_module(name)
-    raise ImportError("the converter is not installed with this package")
+    if (here / "converter" / "__init__.py").is_file():
+        return importlib.import_module(f"{__package__}.converter.{name}")
+    folder = here.parents[2] / "converter"
+    if not (folder / "__init__.py").is_file():
+        raise ImportError("the converter is not installed with this package")
+    if "converter" not in sys.modules:
+        spec = importlib.util.spec_from_file_location("converter", folder / "__init__.py",
+                                                      submodule_search_locations=[str(folder)])
+        package = importlib.util.module_from_spec(spec)
+        sys.modules["converter"] = package
+        spec.loader.exec_module(package)
+    return importlib.import_module(f"converter.{name}")
 
 
 def cmd_bench(args) -> int:
@@ -116,16 +123,6 @@ def cmd_bench(args) -> int:
     print(f"pp{r.prompt_tokens}: {r.prompt_tok_s:10.1f} tok/s   (median of {args.repeat})")
     print(f"tg{r.generated_tokens}: {r.generate_tok_s:10.1f} tok/s   (median of {args.repeat})")
     return 0
-
-
-def converter_path():
-    """converter/convert.py: inside the installed package (wheels), else in the source checkout."""
-    from pathlib import Path
-    here = Path(__file__).resolve().parent
-    for candidate in (here / "converter" / "convert.py", here.parents[2] / "converter" / "convert.py"):
-        if candidate.is_file():
-            return candidate
-    return None
 
 
 def cmd_convert(argv: list[str]) -> int:
