@@ -267,7 +267,7 @@ def test_whole_text_at_once(any_case):
 def table_boundaries():
     """Code points on both sides of every range of the generated class table, plus all of
     Latin-1 and a sample of the rest (surrogates excluded)."""
-    src = (REPO / "libfastllm" / "unicode_tables.cpp").read_text()
+    src = (REPO / "libfastllm" / "text" / "unicode_tables.cpp").read_text()
     cps = set(range(0x300))
     for a, b in re.findall(r"\{0x([0-9A-F]+), 0x([0-9A-F]+),", src):
         a, b = int(a, 16), int(b, 16)

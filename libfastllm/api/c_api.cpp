@@ -124,7 +124,7 @@ void fastllm_model_free(fastllm_model *model) { delete model; }
 fastllm_status fastllm_model_get_info(const fastllm_model *model, fastllm_model_info *info) {
     REQUIRE(model, "model");
     REQUIRE(info, "out_info");
-    const auto &c = model->impl.llama().config();
+    const auto &c = model->impl.config();
     info->architecture = model->impl.architecture().c_str();
     info->name = model->impl.name().c_str();
     info->vocab_size = c.vocab_size;
@@ -136,8 +136,8 @@ fastllm_status fastllm_model_get_info(const fastllm_model *model, fastllm_model_
     info->head_dim = c.head_dim;
     info->bos_id = model->impl.tokenizer().bos_id();
     info->eos_id = model->impl.tokenizer().eos_id();
-    info->weight_dtype = fastllm::dtype_name(model->impl.llama().weight_dtype());
-    info->n_params = model->impl.llama().n_params();
+    info->weight_dtype = fastllm::dtype_name(model->impl.decoder().weight_dtype());
+    info->n_params = model->impl.decoder().n_params();
     return FASTLLM_OK;
 }
 

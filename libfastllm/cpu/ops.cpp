@@ -144,19 +144,51 @@ void rmsnorm(const float *x, const float *w, int n, float eps, float *out) {
     for (int i = 0; i < n; i++) out[i] = x[i] * inv * w[i];
 }
 
-void rope(float *v, int n_heads, int head_dim, const float *cos, const float *sin) {
-    int half = head_dim / 2;
+void norm(NormKind kind, const float *x, const float *w, const float *b, int n, float eps, float *out) {
+    if (kind == NormKind::Rms) return rmsnorm(x, w, n, eps, out);
+    if (kind == NormKind::RmsPlusOne) {  // Gemma: the weight is stored as w - 1
+        double ss = 0;
+        for (int i = 0; i < n; i++) ss += x[i] * x[i];
+        const float inv = (float)(1.0 / std::sqrt(ss / n + eps));
+        for (int i = 0; i < n; i++) out[i] = x[i] * inv * (1.0f + w[i]);
+        return;
+    }
+    double sum = 0, ss = 0;
+    for (int i = 0; i < n; i++) sum += x[i];
+    const float mean = (float)(sum / n);
+    for (int i = 0; i < n; i++) ss += (double)(x[i] - mean) * (x[i] - mean);
+    const float inv = (float)(1.0 / std::sqrt(ss / n + eps));
+    for (int i = 0; i < n; i++) out[i] = (x[i] - mean) * inv * w[i] + (b ? b[i] : 0.0f);
+}
+
+void rope(float *v, int n_heads, int head_dim, int rope_dim, bool interleaved, const float *cos, const float *sin) {
+    const int half = rope_dim / 2;
+    const int step = interleaved ? 2 : 1, other = interleaved ? 1 : half;  // pair i: (i*step, i*step + other)
     for (int h = 0; h < n_heads; h++) {
         float *p = v + h * head_dim;
         for (int i = 0; i < half; i++) {
-            float a = p[i], b = p[i + half];
-            p[i] = a * cos[i] - b * sin[i];
-            p[i + half] = b * cos[i] + a * sin[i];
+            float *x0 = p + i * step, *x1 = x0 + other;
+            const float a = *x0, b = *x1;
+            *x0 = a * cos[i] - b * sin[i];
+            *x1 = b * cos[i] + a * sin[i];
         }
     }
 }
 
 void swiglu(const KernelTable &k, const float *gate_up, int n, float *out) { k.swiglu(gate_up, n, out); }
+
+void geglu(const float *gate_up, int n, float *out) {
+    const float c = 0.7978845608028654f;  // sqrt(2 / pi)
+    for (int i = 0; i < n; i++) {
+        const float g = gate_up[i];
+        out[i] = 0.5f * g * (1.0f + std::tanh(c * (g + 0.044715f * g * g * g))) * gate_up[n + i];
+    }
+}
+
+void softcap(float *x, size_t n, float cap) {
+    const float inv = 1.0f / cap;
+    for (size_t i = 0; i < n; i++) x[i] = cap * std::tanh(x[i] * inv);
+}
 
 void softmax(const KernelTable &k, float *x, int n) {
     float mx = x[0];
@@ -166,22 +198,23 @@ void softmax(const KernelTable &k, float *x, int n) {
 }
 
 void attention(const KernelTable &k, const float *q, int T, int pos0, const float *k_cache, const float *v_cache,
-               int n_heads, int n_kv_heads, int head_dim, float *out, float *scores, size_t scores_stride,
-               ThreadPool &pool) {
-    const int kv_dim = n_kv_heads * head_dim, group = n_heads / n_kv_heads;
+               const AttentionShape &sh, float *out, float *scores, size_t scores_stride, ThreadPool &pool) {
+    const int n_heads = sh.n_heads, head_dim = sh.head_dim;
+    const int kv_dim = sh.n_kv_heads * head_dim, group = n_heads / sh.n_kv_heads;
     const size_t kv_stride = (size_t)kv_dim * sizeof(float);
-    const float scale = 1.0f / std::sqrt((float)head_dim);
     pool.parallel_for((int64_t)T * n_heads, [&](int64_t first, int64_t last, int tid) {
         float *s = scores + (size_t)tid * scores_stride;
         for (int64_t task = first; task < last; task++) {
             const int t = (int)(task / n_heads), h = (int)(task % n_heads);
-            const int n = pos0 + t + 1, kv_off = (h / group) * head_dim;
+            const int end = pos0 + t + 1, begin = sh.window > 0 ? std::max(0, end - sh.window) : 0, n = end - begin;
+            const int kv_off = (h / group) * head_dim;
             const float *qh = q + (size_t)t * n_heads * head_dim + (size_t)h * head_dim;
-            k.dot_rows[(int)DType::F32](k_cache + kv_off, kv_stride, n, qh, head_dim, s);
-            for (int j = 0; j < n; j++) s[j] *= scale;
+            k.dot_rows[(int)DType::F32](k_cache + (size_t)begin * kv_dim + kv_off, kv_stride, n, qh, head_dim, s);
+            for (int j = 0; j < n; j++) s[j] *= sh.scale;
+            if (sh.softcap > 0) softcap(s, (size_t)n, sh.softcap);
             softmax(k, s, n);
             float *o = out + (size_t)t * n_heads * head_dim + (size_t)h * head_dim;
-            k.weighted_rows(s, n, v_cache + kv_off, (size_t)kv_dim, head_dim, o);
+            k.weighted_rows(s, n, v_cache + (size_t)begin * kv_dim + kv_off, (size_t)kv_dim, head_dim, o);
         }
     });
 }

@@ -1,10 +1,11 @@
 // ops.h — the operations of a transformer forward pass over f32 activations, built on the kernel
-// table (kernels.h) and OpenMP. Every op has a slow, obviously-correct twin in namespace ref
-// (ops_ref.cpp) that the tests compare it with.
+// table (kernels.h) and the thread pool; the CPU backend (backend_cpu.cpp) calls them. Every op has
+// a slow, obviously-correct twin in namespace ref (ops_ref.cpp) that the tests compare it with.
 #pragma once
 
 #include <cstddef>
 
+#include "arch/decoder_config.h"
 #include "cpu/kernels.h"
 #include "format/tensor.h"
 
@@ -34,11 +35,19 @@ void dequantize_row(const KernelTable &k, const Tensor &W, int64_t r, float *out
 // out = x / sqrt(mean(x^2) + eps) * w  (out may equal x)
 void rmsnorm(const float *x, const float *w, int n, float eps, float *out);
 
-// Rotates each head of one token in place, rotate-half layout: pairs (i, i + head_dim/2).
-void rope(float *v, int n_heads, int head_dim, const float *cos, const float *sin);
+// out = norm(x) of the given kind (w: [n]; b: [n] for LayerNorm, else unused; out may equal x).
+void norm(NormKind kind, const float *x, const float *w, const float *b, int n, float eps, float *out);
+
+// Rotates the first rope_dim values of each head of one token in place (cos, sin: rope_dim/2
+// values): rotate-half pairs (i, i + rope_dim/2), or interleaved pairs (2i, 2i + 1).
+void rope(float *v, int n_heads, int head_dim, int rope_dim, bool interleaved, const float *cos, const float *sin);
 
 // out[i] = silu(gate[i]) * up[i], with gate_up = [gate (n) | up (n)] per row.
 void swiglu(const KernelTable &k, const float *gate_up, int n, float *out);
+// out[i] = gelu_tanh(gate[i]) * up[i].
+void geglu(const float *gate_up, int n, float *out);
+// x[i] = cap * tanh(x[i] / cap).
+void softcap(float *x, size_t n, float cap);
 
 void softmax(const KernelTable &k, float *x, int n);
 
@@ -46,8 +55,7 @@ void softmax(const KernelTable &k, float *x, int n);
 // k_cache and v_cache are [positions, n_kv_heads*head_dim] and already hold positions up to pos0+T-1.
 // scores: scratch of pool.n_threads() rows of scores_stride >= pos0 + T floats.
 void attention(const KernelTable &k, const float *q, int T, int pos0, const float *k_cache, const float *v_cache,
-               int n_heads, int n_kv_heads, int head_dim, float *out, float *scores, size_t scores_stride,
-               ThreadPool &pool);
+               const AttentionShape &shape, float *out, float *scores, size_t scores_stride, ThreadPool &pool);
 
 }  // namespace ops
 
@@ -57,11 +65,13 @@ namespace ref {
 void matmul(const Tensor &W, const float *bias, const float *x, int T, float *y);
 void quantize_acts(const float *x, int n, int8_t *q, float *d, int32_t *sum);
 void rmsnorm(const float *x, const float *w, int n, float eps, float *out);
-void rope(float *v, int n_heads, int head_dim, const float *cos, const float *sin);
+void norm(NormKind kind, const float *x, const float *w, const float *b, int n, float eps, float *out);
+void rope(float *v, int n_heads, int head_dim, int rope_dim, bool interleaved, const float *cos, const float *sin);
 void swiglu(const float *gate_up, int n, float *out);
+void geglu(const float *gate_up, int n, float *out);
 void softmax(float *x, int n);
-void attention(const float *q, int T, int pos0, const float *k_cache, const float *v_cache, int n_heads,
-               int n_kv_heads, int head_dim, float *out);
+void attention(const float *q, int T, int pos0, const float *k_cache, const float *v_cache,
+               const AttentionShape &shape, float *out);
 float weight(const Tensor &W, int64_t r, int64_t c);  // element of a matrix as f32
 }  // namespace ref
 

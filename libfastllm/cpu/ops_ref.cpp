@@ -69,14 +69,29 @@ void rmsnorm(const float *x, const float *w, int n, float eps, float *out) {
     for (int i = 0; i < n; i++) out[i] = (float)(x[i] * inv * w[i]);
 }
 
-void rope(float *v, int n_heads, int head_dim, const float *cos, const float *sin) {
-    int half = head_dim / 2;
+void norm(NormKind kind, const float *x, const float *w, const float *b, int n, float eps, float *out) {
+    double mean = 0, ss = 0;
+    if (kind == NormKind::Layer) {
+        for (int i = 0; i < n; i++) mean += x[i];
+        mean /= n;
+    }
+    for (int i = 0; i < n; i++) ss += ((double)x[i] - mean) * ((double)x[i] - mean);
+    const double inv = 1.0 / std::sqrt(ss / n + eps);
+    for (int i = 0; i < n; i++) {
+        const double wi = kind == NormKind::RmsPlusOne ? 1.0 + w[i] : w[i];
+        out[i] = (float)((x[i] - mean) * inv * wi + (kind == NormKind::Layer && b ? b[i] : 0.0));
+    }
+}
+
+void rope(float *v, int n_heads, int head_dim, int rope_dim, bool interleaved, const float *cos, const float *sin) {
+    const int half = rope_dim / 2;
     for (int h = 0; h < n_heads; h++) {
         float *p = v + h * head_dim;
         for (int i = 0; i < half; i++) {
-            double a = p[i], b = p[i + half];
-            p[i] = (float)(a * cos[i] - b * sin[i]);
-            p[i + half] = (float)(b * cos[i] + a * sin[i]);
+            const int i0 = interleaved ? 2 * i : i, i1 = interleaved ? 2 * i + 1 : i + half;
+            double a = p[i0], b = p[i1];
+            p[i0] = (float)(a * cos[i] - b * sin[i]);
+            p[i1] = (float)(b * cos[i] + a * sin[i]);
         }
     }
 }
@@ -88,6 +103,13 @@ void swiglu(const float *gate_up, int n, float *out) {
     }
 }
 
+void geglu(const float *gate_up, int n, float *out) {
+    for (int i = 0; i < n; i++) {
+        double g = gate_up[i];
+        out[i] = (float)(0.5 * g * (1.0 + std::tanh(std::sqrt(2.0 / 3.14159265358979323846) * (g + 0.044715 * g * g * g))) * gate_up[n + i]);
+    }
+}
+
 void softmax(float *x, int n) {
     double mx = x[0];
     for (int i = 1; i < n; i++) mx = std::max(mx, (double)x[i]);
@@ -96,27 +118,30 @@ void softmax(float *x, int n) {
     for (int i = 0; i < n; i++) x[i] = (float)(std::exp(x[i] - mx) / sum);
 }
 
-void attention(const float *q, int T, int pos0, const float *k_cache, const float *v_cache, int n_heads,
-               int n_kv_heads, int head_dim, float *out) {
-    int kv_dim = n_kv_heads * head_dim, group = n_heads / n_kv_heads;
+void attention(const float *q, int T, int pos0, const float *k_cache, const float *v_cache,
+               const AttentionShape &sh, float *out) {
+    const int head_dim = sh.head_dim, kv_dim = sh.n_kv_heads * head_dim, group = sh.n_heads / sh.n_kv_heads;
     for (int t = 0; t < T; t++)
-        for (int h = 0; h < n_heads; h++) {
-            int n = pos0 + t + 1, kvh = h / group;
-            const float *qh = q + (size_t)t * n_heads * head_dim + h * head_dim;
-            std::vector<double> s(n);
+        for (int h = 0; h < sh.n_heads; h++) {
+            const int p = pos0 + t, kvh = h / group;
+            const float *qh = q + (size_t)t * sh.n_heads * head_dim + h * head_dim;
+            std::vector<double> s(p + 1);
             double mx = -1e300;
-            for (int j = 0; j < n; j++) {
+            for (int j = 0; j <= p; j++) {
+                if (sh.window > 0 && p - j >= sh.window) continue;  // masked: older than the window
                 double d = 0;
                 for (int i = 0; i < head_dim; i++) d += (double)qh[i] * k_cache[(size_t)j * kv_dim + kvh * head_dim + i];
-                s[j] = d / std::sqrt((double)head_dim);
+                s[j] = d * sh.scale;
+                if (sh.softcap > 0) s[j] = sh.softcap * std::tanh(s[j] / sh.softcap);
                 mx = std::max(mx, s[j]);
             }
             double sum = 0;
-            for (int j = 0; j < n; j++) sum += (s[j] = std::exp(s[j] - mx));
-            float *o = out + (size_t)t * n_heads * head_dim + h * head_dim;
+            for (int j = 0; j <= p; j++)
+                sum += (s[j] = sh.window > 0 && p - j >= sh.window ? 0.0 : std::exp(s[j] - mx));
+            float *o = out + (size_t)t * sh.n_heads * head_dim + h * head_dim;
             for (int i = 0; i < head_dim; i++) {
                 double acc = 0;
-                for (int j = 0; j < n; j++) acc += s[j] / sum * v_cache[(size_t)j * kv_dim + kvh * head_dim + i];
+                for (int j = 0; j <= p; j++) acc += s[j] / sum * v_cache[(size_t)j * kv_dim + kvh * head_dim + i];
                 o[i] = (float)acc;
             }
         }

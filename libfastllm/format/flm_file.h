@@ -24,7 +24,9 @@ struct MetaValue {
 
 class FlmFile {
 public:
-    static constexpr uint32_t kVersion = 2;  // 2: quantized rows in tiles of 16 (1: row by row)
+    // 3: per-architecture metadata for every family (2: LLaMA only; its keys are read unchanged);
+    // 2: quantized rows in tiles of 16 (1: row by row)
+    static constexpr uint32_t kVersion = 3;
     static constexpr uint64_t kAlignment = 64;
 
     // Throws Error (FASTLLM_ERR_IO / FASTLLM_ERR_BAD_FORMAT) naming the check that failed.

@@ -1,5 +1,7 @@
 // arena.h — one allocation, carved into aligned buffers when a session is created, so the
-// forward pass never allocates. Plan with reserve(), then allocate once, then take() in order.
+// forward pass never allocates. The memory plan is derived, not kept in sync by hand: the same
+// carve function runs twice, first on a planning arena (take() only adds up the sizes and returns
+// nullptr), then, after allocate(), on the real memory.
 #pragma once
 
 #include <cstddef>
@@ -17,26 +19,32 @@ public:
     Arena(const Arena &) = delete;
     Arena &operator=(const Arena &) = delete;
 
-    // Allocates `floats` floats' worth of memory plus alignment slack for `n_buffers` buffers.
-    // Returns false if the memory is not available.
-    bool allocate(size_t floats, size_t n_buffers) {
-        size_t bytes = floats * sizeof(float) + n_buffers * kAlign;
-        if (posix_memalign(&base_, kAlign, bytes) != 0) return false;
-        capacity_ = bytes;
-        return true;
-    }
-    float *take(size_t floats) {
-        size_t bytes = (floats * sizeof(float) + kAlign - 1) / kAlign * kAlign;
-        if (used_ + bytes > capacity_) throw std::bad_alloc();  // a planning bug, caught at session creation
-        float *p = (float *)((char *)base_ + used_);
+    // Planning: nullptr, the size recorded. After allocate(): the next buffer, in the same order.
+    template <typename T = float>
+    T *take(size_t n) {
+        const size_t bytes = (n * sizeof(T) + kAlign - 1) / kAlign * kAlign;
+        if (!base_) {
+            planned_ += bytes;
+            return nullptr;
+        }
+        if (used_ + bytes > capacity_) throw std::bad_alloc();  // a carve that differs from its plan
+        T *p = (T *)((char *)base_ + used_);
         used_ += bytes;
         return p;
     }
+    // Allocates what the planning takes added up; false if the memory is not available.
+    bool allocate() {
+        if (base_ || planned_ == 0) return base_ != nullptr || planned_ == 0;
+        if (posix_memalign(&base_, kAlign, planned_) != 0) return base_ = nullptr, false;
+        capacity_ = planned_;
+        return true;
+    }
+    size_t planned_bytes() const { return planned_; }
     size_t bytes() const { return capacity_; }
 
 private:
     void *base_ = nullptr;
-    size_t capacity_ = 0, used_ = 0;
+    size_t planned_ = 0, capacity_ = 0, used_ = 0;
 };
 
 }  // namespace fastllm

@@ -1,4 +1,5 @@
-// model.h — what fastllm_model is: the mapped file, the architecture's weights and the tokenizer.
+// model.h — what fastllm_model is: the mapped file, the decoder of its architecture (weights and
+// hyperparameters) and the tokenizer.
 // Immutable after construction, so any number of sessions and threads may share it.
 #pragma once
 
@@ -6,7 +7,7 @@
 #include <string>
 
 #include "format/flm_file.h"
-#include "arch/model_llama.h"
+#include "arch/decoder.h"
 #include "text/tokenizer.h"
 
 namespace fastllm {
@@ -16,7 +17,8 @@ public:
     Model(const std::string &path, bool use_mmap, int n_threads);
 
     const FlmFile &file() const { return *file_; }
-    const LlamaModel &llama() const { return *llama_; }
+    const Decoder &decoder() const { return *decoder_; }
+    const DecoderConfig &config() const { return decoder_->config(); }
     const Tokenizer &tokenizer() const { return *tokenizer_; }
     const std::string &architecture() const { return architecture_; }
     const std::string &name() const { return name_; }
@@ -28,7 +30,7 @@ public:
 
 private:
     std::unique_ptr<FlmFile> file_;
-    std::unique_ptr<LlamaModel> llama_;
+    std::unique_ptr<Decoder> decoder_;
     std::unique_ptr<Tokenizer> tokenizer_;
     std::string architecture_, name_, chat_template_;
     bool has_chat_template_ = false;

@@ -23,8 +23,8 @@ int threads_of(const Model &model, const fastllm_session_params &p) {
 }  // namespace
 
 Session::Session(const Model &model, const fastllm_session_params &p)
-    : model_(model), n_threads_(threads_of(model, p)), pool_(n_threads_) {
-    const LlamaConfig &c = model.llama().config();
+    : model_(model), n_threads_(threads_of(model, p)), pool_(n_threads_), backend_(kernels(), pool_) {
+    const DecoderConfig &c = model.config();
     if (p.n_ctx < 0 || p.n_batch < 0 || p.n_threads < 0)
         fail(FASTLLM_ERR_INVALID_ARGUMENT, "session params must not be negative (n_ctx %d, n_batch %d, n_threads %d)",
              p.n_ctx, p.n_batch, p.n_threads);
@@ -32,17 +32,26 @@ Session::Session(const Model &model, const fastllm_session_params &p)
     if (n_ctx_ > c.context_length)
         fail(FASTLLM_ERR_INVALID_ARGUMENT, "n_ctx %d exceeds the model's context length %d", n_ctx_, c.context_length);
     n_batch_ = std::min(p.n_batch ? p.n_batch : 256, n_ctx_);
-    size_t floats = model.llama().state_floats(n_ctx_, n_batch_, n_threads_) + (size_t)c.vocab_size;
-    if (!arena_.allocate(floats, LlamaModel::kStateBuffers + 1))
+    carve(arena_);  // plan
+    if (!arena_.allocate())
         fail(FASTLLM_ERR_OUT_OF_MEMORY, "cannot allocate %.1f MiB for a session with n_ctx %d",
-             floats * 4.0 / (1 << 20), n_ctx_);
-    model.llama().init_state(state_, arena_, n_ctx_, n_batch_, pool_);
-    logits_ = arena_.take((size_t)c.vocab_size);
+             arena_.planned_bytes() / 1048576.0, n_ctx_);
+    carve(arena_);
     tokens_.reserve((size_t)n_ctx_ + 1);
     rows_.resize((size_t)n_batch_);
     row_tokens_.resize((size_t)n_batch_);
-    log(FASTLLM_LOG_INFO, "session: n_ctx %d, n_batch %d, %d threads, %.1f MiB of state (KV cache and activations)",
-        n_ctx_, n_batch_, n_threads_, floats * 4.0 / 1048576.0);
+    log(FASTLLM_LOG_INFO, "session: n_ctx %d, n_batch %d, %d threads, %.1f MiB of state (KV cache %.1f MiB, %s)",
+        n_ctx_, n_batch_, n_threads_, arena_.bytes() / 1048576.0, cache_.bytes() / 1048576.0,
+        dtype_name(cache_.type_k));
+}
+
+void Session::carve(Arena &a) {
+    const Decoder &d = model_.decoder();
+    const DecoderConfig &c = d.config();
+    cache_.carve(a, c.num_layers, n_ctx_, c.kv_dim());
+    d.carve(a, work_, n_batch_);
+    backend_.carve(a, d.max_row_length(), n_batch_, c.context_length);  // any session's positions fit
+    logits_ = a.take((size_t)c.vocab_size);
 }
 
 void Session::reset() {
@@ -68,7 +77,7 @@ void Session::check_tokens(const int32_t *tokens, size_t n) const {
 }
 
 void Session::run_pending(fastllm_logits_mode mode, float *out_logits) {
-    const size_t vocab = (size_t)model_.llama().config().vocab_size;
+    const size_t vocab = (size_t)model_.config().vocab_size;
     const size_t first = n_evaluated_;
     while (n_evaluated_ < tokens_.size()) {
         const int T = (int)std::min<size_t>(n_batch_, tokens_.size() - n_evaluated_);
@@ -77,9 +86,9 @@ void Session::run_pending(fastllm_logits_mode mode, float *out_logits) {
             float *logits = nullptr;
             if (mode == FASTLLM_LOGITS_ALL) logits = out_logits + (i - first) * vocab;
             else if (mode == FASTLLM_LOGITS_LAST && i + 1 == tokens_.size()) logits = out_logits;
-            rows_[t] = ForwardRow{&state_, (int)i, logits};
+            rows_[t] = ForwardRow{&cache_, (int)i, logits};
         }
-        model_.llama().forward(kernels(), state_, tokens_.data() + n_evaluated_, rows_.data(), T);
+        model_.decoder().forward(backend_, work_, tokens_.data() + n_evaluated_, rows_.data(), T);
         n_evaluated_ += T;
     }
 }
@@ -115,7 +124,7 @@ void Session::begin_generation(const int32_t *prompt, size_t n_prompt, const fas
     if (n_evaluated_ == tokens_.size()) n_evaluated_--;  // re-run the last token to get its logits
     run_pending(FASTLLM_LOGITS_LAST, logits_);
     result_.prompt_ms = ms_since(t0);
-    gen_ = std::make_unique<Generation>(p, model_.llama().config().vocab_size, std::move(stops), callback, user_data);
+    gen_ = std::make_unique<Generation>(p, model_.config().vocab_size, std::move(stops), callback, user_data);
     gen_->start = std::chrono::steady_clock::now();
     if (p.max_new_tokens == 0) finish_generation(FASTLLM_STOP_MAX_TOKENS);
 }
@@ -168,22 +177,22 @@ void Session::step(Session *const *sessions, size_t n, int32_t *done) {
             if (sessions[j] == sessions[i]) fail(FASTLLM_ERR_INVALID_ARGUMENT, "session %zu is listed twice", i);
     }
     // Sample for everyone, then evaluate the new tokens of those still going in shared passes,
-    // using the first session's working memory for the activations.
+    // using the first session's working memory and backend for the activations.
     Session &work = *sessions[0];
     size_t n_rows = 0;
     for (size_t i = 0; i < n; i++) {
         Session &s = *sessions[i];
         done[i] = s.sample_next() ? 0 : 1;
         if (done[i]) continue;
-        work.rows_[n_rows] = ForwardRow{&s.state_, (int)s.n_evaluated_, s.logits_};
+        work.rows_[n_rows] = ForwardRow{&s.cache_, (int)s.n_evaluated_, s.logits_};
         work.row_tokens_[n_rows] = s.tokens_.back();
         s.n_evaluated_++;
         if (++n_rows == work.rows_.size()) {
-            work.model_.llama().forward(kernels(), work.state_, work.row_tokens_.data(), work.rows_.data(), (int)n_rows);
+            work.model_.decoder().forward(work.backend_, work.work_, work.row_tokens_.data(), work.rows_.data(), (int)n_rows);
             n_rows = 0;
         }
     }
-    if (n_rows) work.model_.llama().forward(kernels(), work.state_, work.row_tokens_.data(), work.rows_.data(), (int)n_rows);
+    if (n_rows) work.model_.decoder().forward(work.backend_, work.work_, work.row_tokens_.data(), work.rows_.data(), (int)n_rows);
 }
 
 void Session::generate(const int32_t *prompt, size_t n_prompt, const fastllm_sampling_params &p,

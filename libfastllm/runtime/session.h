@@ -1,5 +1,6 @@
-// session.h — what fastllm_session is: one context (token history + KV cache + working memory)
-// over a shared Model. All memory is allocated in the constructor.
+// session.h — what fastllm_session is: one context (token history + its KV cache) over a shared
+// Model, with the working memory and the backend a pass computes with. All memory is allocated in
+// the constructor, in one arena whose plan is derived from the carve functions.
 #pragma once
 
 #include <chrono>
@@ -7,7 +8,9 @@
 #include <string>
 #include <vector>
 
+#include "cpu/backend_cpu.h"
 #include "runtime/arena.h"
+#include "runtime/kv_cache.h"
 #include "fastllm.h"
 #include "runtime/model.h"
 #include "runtime/sampler.h"
@@ -68,12 +71,16 @@ private:
     const Model &model_;
     int n_ctx_, n_batch_, n_threads_;
     ThreadPool pool_;
+    CpuBackend backend_;
     Arena arena_;
-    LlamaState state_;
+    KvCache cache_;
+    Workspace work_;
     std::vector<int32_t> tokens_;  // the context; the tail past n_evaluated_ is not yet in the KV cache
     size_t n_evaluated_ = 0;
     float *logits_;                // last-token logits for generation
     std::vector<ForwardRow> rows_;  // n_batch rows, reused by every forward pass
+    // Carves cache_, work_, the backend's scratch and logits_ from the arena (see arena.h).
+    void carve(Arena &a);
     std::vector<int32_t> row_tokens_;
     std::unique_ptr<Generation> gen_;
     fastllm_generation_result result_{};

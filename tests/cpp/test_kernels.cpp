@@ -205,11 +205,28 @@ static void test_attention(const KernelTable &k) {
     std::vector<float> q = randn((size_t)T * n_heads * hd), kc = randn((size_t)(pos0 + T) * kv_dim),
                        vc = randn((size_t)(pos0 + T) * kv_dim);
     std::vector<float> out((size_t)T * n_heads * hd), outr(out.size()), scores(2 * (pos0 + T));
-    ops::attention(k, q.data(), T, pos0, kc.data(), vc.data(), n_heads, n_kv, hd, out.data(), scores.data(), pos0 + T,
-                   g_pool);
-    ref::attention(q.data(), T, pos0, kc.data(), vc.data(), n_heads, n_kv, hd, outr.data());
-    double e = rel_err(out.data(), outr.data(), out.size());
-    CHECK(e < 1e-5, "attention %s rel err %g", isa_name(k.isa), e);
+    // causal; sliding windows shorter than the context (3) and than one query run (1); a scale and
+    // a soft cap as Gemma 2 sets them
+    const AttentionShape shapes[] = {{n_heads, n_kv, hd, 0.25f, 0.0f, 0},
+                                     {n_heads, n_kv, hd, 0.25f, 0.0f, 3},
+                                     {n_heads, n_kv, hd, 0.25f, 0.0f, 1},
+                                     {n_heads, n_kv, hd, 0.6f, 2.0f, 4}};
+    for (const AttentionShape &sh : shapes) {
+        ops::attention(k, q.data(), T, pos0, kc.data(), vc.data(), sh, out.data(), scores.data(), pos0 + T, g_pool);
+        ref::attention(q.data(), T, pos0, kc.data(), vc.data(), sh, outr.data());
+        double e = rel_err(out.data(), outr.data(), out.size());
+        CHECK(e < 1e-5, "attention %s window %d softcap %g rel err %g", isa_name(k.isa), sh.window, sh.softcap, e);
+    }
+    // A window of 1 attends to the query's own position only: the output is its value row.
+    const AttentionShape own{n_heads, n_kv, hd, 0.25f, 0.0f, 1};
+    ops::attention(k, q.data(), T, pos0, kc.data(), vc.data(), own, out.data(), scores.data(), pos0 + T, g_pool);
+    double worst = 0;
+    for (int t = 0; t < T; t++)
+        for (int h = 0; h < n_heads; h++)
+            for (int i = 0; i < hd; i++)
+                worst = std::max(worst, (double)std::fabs(out[((size_t)t * n_heads + h) * hd + i] -
+                                                          vc[(size_t)(pos0 + t) * kv_dim + (h / (n_heads / n_kv)) * hd + i]));
+    CHECK(worst < 1e-6, "attention %s window 1 is not the own value row (%g)", isa_name(k.isa), worst);
 }
 
 // swiglu and softmax use each ISA's own exp: ordinary values, and ones where exp over- or underflows.
@@ -258,14 +275,48 @@ static void test_elementwise() {
     ops::rmsnorm(x.data(), w.data(), n, 1e-5f, a.data());
     ref::rmsnorm(x.data(), w.data(), n, 1e-5f, b.data());
     CHECK(rel_err(a.data(), b.data(), n) < 1e-6, "rmsnorm");
+    std::vector<float> bias = randn(n);
+    for (NormKind kind : {NormKind::Rms, NormKind::RmsPlusOne, NormKind::Layer}) {
+        ops::norm(kind, x.data(), w.data(), bias.data(), n, 1e-5f, a.data());
+        ref::norm(kind, x.data(), w.data(), bias.data(), n, 1e-5f, b.data());
+        CHECK(rel_err(a.data(), b.data(), n) < 1e-6, "norm kind %d", (int)kind);
+    }
+    // LayerNorm's output has mean b's mean and, with w = 1 and b = 0, unit variance.
+    std::vector<float> ones(n, 1.0f), zeros(n, 0.0f);
+    ops::norm(NormKind::Layer, x.data(), ones.data(), zeros.data(), n, 0.0f, a.data());
+    double mean = 0, var = 0;
+    for (float v : a) mean += v / n;
+    for (float v : a) var += (v - mean) * (v - mean) / n;
+    CHECK(std::fabs(mean) < 1e-5 && std::fabs(var - 1) < 1e-4, "layernorm mean %g var %g", mean, var);
+
+    std::vector<float> gu = randn(2 * n, 2.0f);
+    ops::geglu(gu.data(), n, a.data());
+    ref::geglu(gu.data(), n, b.data());
+    CHECK(rel_err(a.data(), b.data(), n) < 1e-6, "geglu");
 
 
     const int heads = 3, hd = 10;
     std::vector<float> v = randn(heads * hd), cs = randn(hd / 2), sn = randn(hd / 2);
     a = v, b = v;
-    ops::rope(a.data(), heads, hd, cs.data(), sn.data());
-    ref::rope(b.data(), heads, hd, cs.data(), sn.data());
-    CHECK(rel_err(a.data(), b.data(), heads * hd) < 1e-6, "rope");
+    for (int rope_dim : {hd, 6})  // full and partial rotary
+        for (bool interleaved : {false, true}) {
+            a = v, b = v;
+            ops::rope(a.data(), heads, hd, rope_dim, interleaved, cs.data(), sn.data());
+            ref::rope(b.data(), heads, hd, rope_dim, interleaved, cs.data(), sn.data());
+            CHECK(rel_err(a.data(), b.data(), heads * hd) < 1e-6, "rope dim %d interleaved %d", rope_dim, interleaved);
+            bool kept = true;  // partial rotary leaves the dims past rope_dim alone
+            for (int h = 0; h < heads; h++)
+                for (int i = rope_dim; i < hd; i++) kept = kept && a[h * hd + i] == v[h * hd + i];
+            CHECK(kept, "rope dim %d changed dims it does not rotate", rope_dim);
+        }
+    // cos = 0, sin = 1 turns each pair (x0, x1) into (-x1, x0): rotate-half pairs i and i + dim/2.
+    std::vector<float> c0(hd / 2, 0.0f), s1(hd / 2, 1.0f);
+    a = v;
+    ops::rope(a.data(), 1, hd, hd, false, c0.data(), s1.data());
+    CHECK(a[0] == -v[hd / 2] && a[hd / 2] == v[0], "rotate-half pairs");
+    a = v;
+    ops::rope(a.data(), 1, hd, hd, true, c0.data(), s1.data());
+    CHECK(a[0] == -v[1] && a[1] == v[0], "interleaved pairs");
 }
 
 static void test_f16_rounding() {

@@ -1,0 +1,66 @@
+// backend.h — the seam between the decoder and the hardware: every computation of a forward pass
+// goes through these calls, over a batch of T token rows at a time. The CPU backend
+// (cpu/backend_cpu.h) is the only implementation; another (a GPU) implements the same calls
+// without touching the decoder or the family files.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+#include "arch/decoder_config.h"
+#include "format/tensor.h"
+#include "runtime/kv_cache.h"
+
+namespace fastllm {
+
+// cos and sin of every position for one set of RoPE frequencies, built once at load.
+struct RopeTable {
+    int positions = 0, half = 0;  // half = rope dim / 2
+    std::vector<float> cos, sin;  // [positions, half], attention factor included
+    const float *cos_at(int pos) const { return cos.data() + (size_t)pos * half; }
+    const float *sin_at(int pos) const { return sin.data() + (size_t)pos * half; }
+};
+
+// One layer's step from the fused q|k|v projection to the KV cache.
+struct QkvStep {
+    const float *qkv;              // [T, q_dim + 2 kv_dim]
+    float *q;                      // [T, q_dim] out: normed and rotated queries
+    int T, n_heads, n_kv_heads, head_dim;
+    const Tensor *q_norm, *k_norm;  // [head_dim] per-head norms, or nullptr
+    NormKind norm_kind;
+    float norm_eps;
+    int rope_dim;
+    bool rope_interleaved;
+    const RopeTable *const *rope;  // [T]: the table row t rotates with
+    const ForwardRow *rows;        // [T]: where row t's k and v go
+    int layer;
+};
+
+class Backend {
+public:
+    virtual ~Backend() = default;
+    // x[t] = row tokens[t] of E (any dtype) * scale.
+    virtual void embed(const Tensor &E, const int32_t *tokens, int T, float scale, float *x) = 0;
+    // y[T, N] = x[T, K] . W[N, K]^T (+ bias[N] unless empty).
+    virtual void matmul(const Tensor &W, const Tensor &bias, const float *x, int T, float *y) = 0;
+    // out[r] = norm(x[r]) for rows of n values (b: LayerNorm's bias, may be empty).
+    virtual void norm(NormKind kind, float eps, const Tensor &w, const Tensor &b, const float *x, int rows, int n,
+                      float *out) = 0;
+    // The residual add: x[t] += d[t] (d normed in place by post_w first unless post_w is empty), then
+    // out[t] = norm(x[t]) by w, b unless w is empty.
+    virtual void add_norm(NormKind kind, float eps, const Tensor &post_w, float *d, float *x, const Tensor &w,
+                          const Tensor &b, int T, int n, float *out) = 0;
+    // Splits each row's q|k|v, norms the q and k heads (if given), rotates them, and writes k and v
+    // at the row's position in its own cache.
+    virtual void qkv_to_cache(const QkvStep &s) = 0;
+    // Causal attention of T queries of one cache at positions pos0 .. pos0 + T - 1.
+    virtual void attention(const float *q, int T, int pos0, const KvCache &cache, int layer, const AttentionShape &s,
+                           float *out) = 0;
+    // out[t] = act(gate[t]) * up[t] with gate_up[t] = [gate (n) | up (n)].
+    virtual void glu(GluKind kind, const float *gate_up, int T, int n, float *out) = 0;
+    // x[i] = cap * tanh(x[i] / cap).
+    virtual void softcap(float *x, size_t n, float cap) = 0;
+};
+
+}  // namespace fastllm

@@ -1,0 +1,182 @@
+#include "arch/decoder.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <string>
+
+#include "api/error.h"
+
+namespace fastllm {
+
+namespace {
+
+// Looks up a tensor and checks its shape; optional tensors may be absent (empty view).
+Tensor get(const FlmFile &f, const std::string &name, std::initializer_list<int64_t> shape, bool optional = false,
+           bool must_be_f32 = false) {
+    if (optional && !f.has_tensor(name)) return Tensor{};
+    const Tensor &t = f.tensor(name);  // throws "missing tensor"
+    bool ok = t.n_dims == (int)shape.size();
+    int d = 0;
+    for (int64_t want : shape) ok = ok && t.dims[d++] == want;
+    if (!ok) {
+        std::string want, got;
+        for (int64_t v : shape) want += std::to_string(v) + " ";
+        for (int i = 0; i < t.n_dims; i++) got += std::to_string(t.dims[i]) + " ";
+        fail(FASTLLM_ERR_BAD_FORMAT, "%s: tensor '%s' has shape [ %s], the config implies [ %s]", f.path().c_str(),
+             name.c_str(), got.c_str(), want.c_str());
+    }
+    if (must_be_f32 && t.dtype != DType::F32)
+        fail(FASTLLM_ERR_BAD_FORMAT, "%s: tensor '%s' must be f32, is %s", f.path().c_str(), name.c_str(),
+             dtype_name(t.dtype));
+    return t;
+}
+
+RopeTable make_rope_table(const RopeFreqs &freqs, int positions) {
+    RopeTable r;
+    r.positions = positions, r.half = (int)freqs.inv_freq.size();
+    r.cos.resize((size_t)positions * r.half);
+    r.sin.resize(r.cos.size());
+    for (int pos = 0; pos < positions; pos++)
+        for (int i = 0; i < r.half; i++) {
+            const float angle = (float)pos * freqs.inv_freq[i];  // f32 product, as the reference computes it
+            r.cos[(size_t)pos * r.half + i] = (float)(std::cos((double)angle) * freqs.attention_factor);
+            r.sin[(size_t)pos * r.half + i] = (float)(std::sin((double)angle) * freqs.attention_factor);
+        }
+    return r;
+}
+
+}  // namespace
+
+Decoder::Decoder(const FlmFile &f, DecoderConfig config) : cfg_(std::move(config)) {
+    const DecoderConfig &c = cfg_;
+    const int64_t V = c.vocab_size, H = c.hidden_size, I = c.intermediate_size, hd = c.head_dim;
+    const bool layer_norm = c.norm == NormKind::Layer;  // LayerNorm has a bias; RMSNorm has none
+    embedding_ = get(f, "token_embd.weight", {V, H});
+    output_norm_ = get(f, "output_norm.weight", {H}, false, true);
+    output_norm_bias_ = get(f, "output_norm.bias", {H}, !layer_norm, true);
+    output_ = c.tied_embeddings ? embedding_ : get(f, "output.weight", {V, H});
+    for (int l = 0; l < c.num_layers; l++) {
+        const std::string p = "blk." + std::to_string(l) + ".";
+        DecoderLayer L;
+        L.attn_norm = get(f, p + "attn_norm.weight", {H}, false, true);
+        L.attn_norm_bias = get(f, p + "attn_norm.bias", {H}, !layer_norm, true);
+        L.qkv = get(f, p + "attn_qkv.weight", {c.qkv_dim(), H});
+        L.qkv_bias = get(f, p + "attn_qkv.bias", {c.qkv_dim()}, true, true);
+        if (c.qk_norm) {
+            L.q_norm = get(f, p + "attn_q_norm.weight", {hd}, false, true);
+            L.k_norm = get(f, p + "attn_k_norm.weight", {hd}, false, true);
+        }
+        L.attn_output = get(f, p + "attn_output.weight", {H, c.q_dim()});
+        L.attn_output_bias = get(f, p + "attn_output.bias", {H}, true, true);
+        L.ffn_norm = get(f, p + "ffn_norm.weight", {H}, false, true);
+        L.ffn_norm_bias = get(f, p + "ffn_norm.bias", {H}, !layer_norm, true);
+        L.gate_up = get(f, p + "ffn_gate_up.weight", {2 * I, H});
+        L.gate_up_bias = get(f, p + "ffn_gate_up.bias", {2 * I}, true, true);
+        L.down = get(f, p + "ffn_down.weight", {H, I});
+        L.down_bias = get(f, p + "ffn_down.bias", {H}, true, true);
+        if (c.sandwich_norms) {
+            L.post_attn_norm = get(f, p + "post_attention_norm.weight", {H}, false, true);
+            L.post_ffn_norm = get(f, p + "post_ffw_norm.weight", {H}, false, true);
+        }
+        layers_.push_back(L);
+    }
+    for (const auto &kv : f.tensors()) n_params_ += (uint64_t)kv.second.n_elements();
+
+    // RoPE tables, one per set of frequencies; LongRoPE's short set only serves positions below
+    // the original context (a pass reaching past it switches to the long set).
+    for (size_t s = 0; s < c.rope.sets.size(); s++) {
+        const bool short_only = c.rope.long_set >= 0 && (int)s != c.rope.long_set;
+        rope_.push_back(make_rope_table(c.rope.sets[s], short_only ? c.rope.original_context : c.context_length));
+    }
+    for (int set : c.rope.layer_set)
+        if (set < 0 || set >= (int)rope_.size())
+            fail(FASTLLM_ERR_BAD_FORMAT, "%s: a layer names RoPE set %d of %zu", f.path().c_str(), set, rope_.size());
+}
+
+int64_t Decoder::max_row_length() const {
+    return std::max({(int64_t)cfg_.hidden_size, (int64_t)cfg_.q_dim(), (int64_t)cfg_.intermediate_size});
+}
+
+void Decoder::carve(Arena &a, Workspace &w, int B) const {
+    const DecoderConfig &c = cfg_;
+    w.max_batch = B;
+    w.x = a.take((size_t)B * c.hidden_size);
+    w.xb = a.take((size_t)B * c.hidden_size);
+    w.q = a.take((size_t)B * c.q_dim());
+    w.qkv = a.take((size_t)B * c.qkv_dim());
+    w.attn = a.take((size_t)B * c.q_dim());
+    w.gate_up = a.take((size_t)B * 2 * c.intermediate_size);
+    w.act = a.take((size_t)B * c.intermediate_size);
+    w.logits = a.take((size_t)kLogitRows * c.vocab_size);
+    w.rope = a.take<const RopeTable *>((size_t)B);
+}
+
+void Decoder::forward(Backend &be, Workspace &w, const int32_t *tokens, const ForwardRow *rows, int T) const {
+    const DecoderConfig &c = cfg_;
+    const int H = c.hidden_size, I = c.intermediate_size;
+    const NormKind nk = c.norm;
+    const float eps = c.norm_eps;
+    const float scale = c.attn_scale > 0 ? c.attn_scale : 1.0f / std::sqrt((float)c.head_dim);
+    // Runs of rows of one cache at consecutive positions (a prompt): fn(first row, count).
+    auto for_each_run = [&](auto &&fn) {
+        for (int t = 0; t < T;) {
+            int g = 1;
+            while (t + g < T && rows[t + g].cache == rows[t].cache && rows[t + g].pos == rows[t].pos + g) g++;
+            fn(t, g);
+            t += g;
+        }
+    };
+
+    be.embed(embedding_, tokens, T, c.embedding_scale, w.x);
+    be.norm(nk, eps, layers_[0].attn_norm, layers_[0].attn_norm_bias, w.x, T, H, w.xb);
+    for (int l = 0; l < c.num_layers; l++) {
+        const DecoderLayer &L = layers_[l];
+        const int set = c.rope.layer_set.empty() ? 0 : c.rope.layer_set[l];
+        for_each_run([&](int t, int g) {
+            const bool long_rope = c.rope.long_set >= 0 && rows[t + g - 1].pos + 1 > c.rope.original_context;
+            for (int i = 0; i < g; i++) w.rope[t + i] = &rope_[long_rope ? c.rope.long_set : set];
+        });
+
+        // Attention block: (normed input in xb) fused QKV projection, q/k norms and RoPE into the
+        // cache, attention per run of rows, output projection, residual add.
+        be.matmul(L.qkv, L.qkv_bias, w.xb, T, w.qkv);
+        QkvStep qs{w.qkv, w.q, T, c.num_heads, c.num_kv_heads, c.head_dim, c.qk_norm ? &L.q_norm : nullptr,
+                   c.qk_norm ? &L.k_norm : nullptr, nk, eps, c.rope.dim, c.rope.interleaved, w.rope, rows, l};
+        be.qkv_to_cache(qs);
+        const AttentionShape shape{c.num_heads, c.num_kv_heads, c.head_dim, scale, c.attn_softcap, c.window[l]};
+        for_each_run([&](int t, int g) {
+            be.attention(w.q + (size_t)t * c.q_dim(), g, rows[t].pos, *rows[t].cache, l, shape,
+                         w.attn + (size_t)t * c.q_dim());
+        });
+        be.matmul(L.attn_output, L.attn_output_bias, w.attn, T, w.xb);
+        be.add_norm(nk, eps, L.post_attn_norm, w.xb, w.x, L.ffn_norm, L.ffn_norm_bias, T, H, w.xb);
+
+        // MLP block: fused gate/up projection, GLU, down projection, residual add (with the next
+        // layer's input norm).
+        be.matmul(L.gate_up, L.gate_up_bias, w.xb, T, w.gate_up);
+        be.glu(c.glu, w.gate_up, T, I, w.act);
+        be.matmul(L.down, L.down_bias, w.act, T, w.xb);
+        const bool last = l + 1 == c.num_layers;
+        be.add_norm(nk, eps, L.post_ffn_norm, w.xb, w.x, last ? Tensor{} : layers_[l + 1].attn_norm,
+                    last ? Tensor{} : layers_[l + 1].attn_norm_bias, T, H, w.xb);
+    }
+
+    // Output head, for the rows that want logits, kLogitRows at a time.
+    int wanted[kLogitRows];
+    for (int t = 0; t < T;) {
+        int n = 0;
+        for (; t < T && n < kLogitRows; t++)
+            if (rows[t].logits) {
+                be.norm(nk, eps, output_norm_, output_norm_bias_, w.x + (size_t)t * H, 1, H, w.xb + (size_t)n * H);
+                wanted[n++] = t;
+            }
+        if (n == 0) continue;
+        be.matmul(output_, Tensor{}, w.xb, n, w.logits);
+        if (c.final_softcap > 0) be.softcap(w.logits, (size_t)n * c.vocab_size, c.final_softcap);
+        for (int i = 0; i < n; i++)
+            std::memcpy(rows[wanted[i]].logits, w.logits + (size_t)i * c.vocab_size, sizeof(float) * c.vocab_size);
+    }
+}
+
+}  // namespace fastllm

@@ -1,0 +1,64 @@
+// decoder.h — the one decoder forward pass of every family: weights (views into the .flm file),
+// RoPE tables, and forward() over a batch of token rows, configured by DecoderConfig's knobs and
+// computed through a Backend.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "arch/backend.h"
+#include "arch/decoder_config.h"
+#include "format/flm_file.h"
+#include "runtime/arena.h"
+#include "runtime/kv_cache.h"
+
+namespace fastllm {
+
+struct DecoderLayer {
+    Tensor attn_norm, attn_norm_bias;          // [H]
+    Tensor qkv, qkv_bias;                      // [q_dim + 2 kv_dim, H], [q_dim + 2 kv_dim]
+    Tensor q_norm, k_norm;                     // [head_dim] (qk_norm)
+    Tensor attn_output, attn_output_bias;      // [H, q_dim], [H]
+    Tensor post_attn_norm;                     // [H] (sandwich_norms)
+    Tensor ffn_norm, ffn_norm_bias;            // [H]
+    Tensor gate_up, gate_up_bias;              // [2 I, H]: gate rows, then up rows
+    Tensor down, down_bias;                    // [H, I]
+    Tensor post_ffn_norm;                      // [H] (sandwich_norms)
+};
+
+// A pass's working activations for up to max_batch rows (one per session; step() lends the first
+// session's to a pass over several).
+struct Workspace {
+    int max_batch = 0;
+    float *x, *xb, *q, *qkv, *attn, *gate_up, *act;  // [max_batch, ...]
+    float *logits;                                   // [kLogitRows, vocab]: output-head rows before copy-out
+    const RopeTable **rope;                          // [max_batch]: the table each row rotates with
+};
+
+class Decoder {
+public:
+    // Validates every tensor's shape and dtype against the config.
+    Decoder(const FlmFile &file, DecoderConfig config);
+
+    const DecoderConfig &config() const { return cfg_; }
+    DType weight_dtype() const { return layers_[0].qkv.dtype; }
+    uint64_t n_params() const { return n_params_; }
+    // The longest matrix row (for the backend's scratch).
+    int64_t max_row_length() const;
+
+    static constexpr int kLogitRows = 16;  // output-head rows computed per pass over its weights
+    void carve(Arena &a, Workspace &w, int max_batch) const;
+
+    // Runs tokens[0..T) (T <= w.max_batch; ids already validated) with w's buffers; rows[t] says
+    // where token t's K/V and logits go (see ForwardRow).
+    void forward(Backend &be, Workspace &w, const int32_t *tokens, const ForwardRow *rows, int T) const;
+
+private:
+    DecoderConfig cfg_;
+    Tensor embedding_, output_norm_, output_norm_bias_, output_;
+    std::vector<DecoderLayer> layers_;
+    std::vector<RopeTable> rope_;  // one per RopeConfig set
+    uint64_t n_params_ = 0;
+};
+
+}  // namespace fastllm

@@ -1,0 +1,84 @@
+#include "cpu/backend_cpu.h"
+
+#include <cstring>
+
+namespace fastllm {
+
+namespace {
+const float *data_or_null(const Tensor &t) { return t.empty() ? nullptr : t.f32(); }
+}  // namespace
+
+void CpuBackend::carve(Arena &a, int64_t max_k, int max_batch, int max_positions) {
+    const int n_threads = pool_.n_threads();
+    scratch_ = ops::make_matmul_scratch(a.take(ops::matmul_scratch_floats(max_k, n_threads, max_batch)), max_k,
+                                        n_threads, max_batch);
+    scores_stride_ = (size_t)max_positions;
+    scores_ = a.take((size_t)n_threads * scores_stride_);
+}
+
+void CpuBackend::embed(const Tensor &E, const int32_t *tokens, int T, float scale, float *x) {
+    const int64_t H = E.cols();
+    for (int t = 0; t < T; t++) {
+        float *row = x + (size_t)t * H;
+        ops::dequantize_row(k_, E, tokens[t], row);
+        if (scale != 1.0f)
+            for (int64_t i = 0; i < H; i++) row[i] *= scale;
+    }
+}
+
+void CpuBackend::matmul(const Tensor &W, const Tensor &bias, const float *x, int T, float *y) {
+    ops::matmul(k_, W, data_or_null(bias), x, T, y, scratch_, pool_);
+}
+
+void CpuBackend::norm(NormKind kind, float eps, const Tensor &w, const Tensor &b, const float *x, int rows, int n,
+                      float *out) {
+    per_row(rows, [&](int64_t r) {
+        ops::norm(kind, x + (size_t)r * n, w.f32(), data_or_null(b), n, eps, out + (size_t)r * n);
+    });
+}
+
+void CpuBackend::add_norm(NormKind kind, float eps, const Tensor &post_w, float *d, float *x, const Tensor &w,
+                          const Tensor &b, int T, int n, float *out) {
+    per_row(T, [&](int64_t t) {
+        float *xt = x + (size_t)t * n;
+        float *dt = d + (size_t)t * n;
+        if (!post_w.empty()) ops::norm(kind, dt, post_w.f32(), nullptr, n, eps, dt);  // sandwich norm
+        for (int i = 0; i < n; i++) xt[i] += dt[i];
+        if (!w.empty()) ops::norm(kind, xt, w.f32(), data_or_null(b), n, eps, out + (size_t)t * n);
+    });
+}
+
+void CpuBackend::qkv_to_cache(const QkvStep &s) {
+    const int hd = s.head_dim, q_dim = s.n_heads * hd, kv_dim = s.n_kv_heads * hd, qkv_dim = q_dim + 2 * kv_dim;
+    per_row(s.T, [&](int64_t t) {
+        const ForwardRow &r = s.rows[t];
+        const float *row = s.qkv + (size_t)t * qkv_dim;
+        float *q = s.q + (size_t)t * q_dim, *k = r.cache->k_at(s.layer, r.pos), *v = r.cache->v_at(s.layer, r.pos);
+        std::memcpy(q, row, sizeof(float) * q_dim);
+        std::memcpy(k, row + q_dim, sizeof(float) * kv_dim);
+        std::memcpy(v, row + q_dim + kv_dim, sizeof(float) * kv_dim);
+        if (s.q_norm) {
+            for (int h = 0; h < s.n_heads; h++) ops::norm(s.norm_kind, q + h * hd, s.q_norm->f32(), nullptr, hd, s.norm_eps, q + h * hd);
+            for (int h = 0; h < s.n_kv_heads; h++) ops::norm(s.norm_kind, k + h * hd, s.k_norm->f32(), nullptr, hd, s.norm_eps, k + h * hd);
+        }
+        const RopeTable &tab = *s.rope[t];
+        ops::rope(q, s.n_heads, hd, s.rope_dim, s.rope_interleaved, tab.cos_at(r.pos), tab.sin_at(r.pos));
+        ops::rope(k, s.n_kv_heads, hd, s.rope_dim, s.rope_interleaved, tab.cos_at(r.pos), tab.sin_at(r.pos));
+    });
+}
+
+void CpuBackend::attention(const float *q, int T, int pos0, const KvCache &cache, int layer, const AttentionShape &s,
+                           float *out) {
+    ops::attention(k_, q, T, pos0, cache.k_at(layer, 0), cache.v_at(layer, 0), s, out, scores_, scores_stride_, pool_);
+}
+
+void CpuBackend::glu(GluKind kind, const float *gate_up, int T, int n, float *out) {
+    per_row(T, [&](int64_t t) {
+        if (kind == GluKind::Silu) ops::swiglu(k_, gate_up + (size_t)t * 2 * n, n, out + (size_t)t * n);
+        else ops::geglu(gate_up + (size_t)t * 2 * n, n, out + (size_t)t * n);
+    });
+}
+
+void CpuBackend::softcap(float *x, size_t n, float cap) { ops::softcap(x, n, cap); }
+
+}  // namespace fastllm

@@ -1,0 +1,48 @@
+// backend_cpu.h — the Backend (arch/backend.h) on this machine's cores: the ops of cpu/ops.h on
+// the kernel table chosen at run time, split over a thread pool. One per session (its scratch).
+#pragma once
+
+#include "arch/backend.h"
+#include "cpu/kernels.h"
+#include "cpu/ops.h"
+#include "cpu/thread_pool.h"
+#include "runtime/arena.h"
+
+namespace fastllm {
+
+class CpuBackend final : public Backend {
+public:
+    CpuBackend(const KernelTable &k, ThreadPool &pool) : k_(k), pool_(pool) {}
+    // Scratch for passes of up to max_batch rows, matrices of rows up to max_k long, and attention
+    // over up to max_positions keys.
+    void carve(Arena &a, int64_t max_k, int max_batch, int max_positions);
+
+    void embed(const Tensor &E, const int32_t *tokens, int T, float scale, float *x) override;
+    void matmul(const Tensor &W, const Tensor &bias, const float *x, int T, float *y) override;
+    void norm(NormKind kind, float eps, const Tensor &w, const Tensor &b, const float *x, int rows, int n,
+              float *out) override;
+    void add_norm(NormKind kind, float eps, const Tensor &post_w, float *d, float *x, const Tensor &w,
+                  const Tensor &b, int T, int n, float *out) override;
+    void qkv_to_cache(const QkvStep &s) override;
+    void attention(const float *q, int T, int pos0, const KvCache &cache, int layer, const AttentionShape &s,
+                   float *out) override;
+    void glu(GluKind kind, const float *gate_up, int T, int n, float *out) override;
+    void softcap(float *x, size_t n, float cap) override;
+
+private:
+    // fn(t) for t < T, split over the threads by rows.
+    template <typename F>
+    void per_row(int64_t T, F &&fn) {
+        pool_.parallel_for(T, [&](int64_t first, int64_t last, int) {
+            for (int64_t t = first; t < last; t++) fn(t);
+        });
+    }
+
+    const KernelTable &k_;
+    ThreadPool &pool_;
+    ops::MatmulScratch scratch_{};
+    float *scores_ = nullptr;  // [threads, max_positions]
+    size_t scores_stride_ = 0;
+};
+
+}  // namespace fastllm
