@@ -44,9 +44,15 @@ struct KernelTable {
     // y[t * ldy + r] = dot(row r of the tile w, activations of token t) for r < rows (<= 16), rows of
     // length n, and n_tok tokens whose activations follow each other in x (q by n, d and ds by
     // n / 32). Indexed by DType (the quantized ones).
-    void (*dot_rows_quant[kNumDTypes])(const QuantTile &w, int rows, int n, const QuantActs &x, int n_tok, float *y,
-                                       size_t ldy);
+    using QuantDot = void (*)(const QuantTile &w, int rows, int n, const QuantActs &x, int n_tok, float *y, size_t ldy);
+    QuantDot dot_rows_quant[kNumDTypes];
 };
+
+// Sets dot_rows_quant of every quantized dtype to the ISA's kernel for its code width
+// (for_bits(8 / 6 / 4)), so that a new quantized dtype is one row of kDTypes (tensor.h).
+inline void fill_quant_kernels(KernelTable &t, KernelTable::QuantDot (*for_bits)(int bits)) {
+    for (const DTypeTraits &d : kDTypes) t.dot_rows_quant[(int)d.type] = d.quantized ? for_bits(d.bits) : nullptr;
+}
 
 // The tables this build and CPU can run; nullptr for an ISA the CPU (or build) lacks.
 const KernelTable *kernels_for(Isa isa);

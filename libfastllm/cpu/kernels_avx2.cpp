@@ -283,7 +283,12 @@ void dot_rows_quant(const QuantTile &w, int rows, int n, const QuantActs &x, int
     }
 }
 
-const KernelTable kTable = {
+KernelTable::QuantDot quant_for_bits(int bits) {
+    return bits == 8 ? dot_rows_quant<8> : bits == 6 ? dot_rows_quant<6> : dot_rows_quant<4>;
+}
+
+// dot_rows_quant: filled from the dtype table when the table is first asked for
+const KernelTable kPlain = {
     Isa::Avx2,
     {dot_rows<load8_f32, load1_f32>, dot_rows<load8_f16, load1_f16>, dot_rows<load8_bf16, load1_bf16>},
     {to_f32<load8_f32, load1_f32>, to_f32<load8_f16, load1_f16>, to_f32<load8_bf16, load1_bf16>},
@@ -291,12 +296,18 @@ const KernelTable kTable = {
     swiglu,
     exp_shift_sum,
     quantize_acts,
-    {nullptr, nullptr, nullptr, dot_rows_quant<8>, dot_rows_quant<4>, dot_rows_quant<4>, dot_rows_quant<4>,
-     dot_rows_quant<4>, dot_rows_quant<6>}};
+    {}};
 
 }  // namespace
 
-const KernelTable *avx2_kernels() { return &kTable; }
+const KernelTable *avx2_kernels() {
+    static const KernelTable table = [] {
+        KernelTable t = kPlain;
+        fill_quant_kernels(t, quant_for_bits);
+        return t;
+    }();
+    return &table;
+}
 
 }  // namespace fastllm
 #else

@@ -220,7 +220,12 @@ void dot_rows_quant(const QuantTile &w, int rows, int n, const QuantActs &x, int
     }
 }
 
-const KernelTable kTable = {
+KernelTable::QuantDot quant_for_bits(int bits) {
+    return bits == 8 ? dot_rows_quant<8> : bits == 6 ? dot_rows_quant<6> : dot_rows_quant<4>;
+}
+
+// dot_rows_quant: filled from the dtype table when the table is first asked for
+const KernelTable kPlain = {
     Isa::Avx512,
     {nullptr, nullptr, nullptr},  // AVX2's, see avx512_kernels()
     {to_f32<load16_f32, load1_f32>, to_f32<load16_f16, load1_f16>, to_f32<load16_bf16, load1_bf16>},
@@ -228,8 +233,7 @@ const KernelTable kTable = {
     swiglu,
     exp_shift_sum,
     quantize_acts,
-    {nullptr, nullptr, nullptr, dot_rows_quant<8>, dot_rows_quant<4>, dot_rows_quant<4>, dot_rows_quant<4>,
-     dot_rows_quant<4>, dot_rows_quant<6>}};
+    {}};
 
 }  // namespace
 
@@ -238,7 +242,8 @@ const KernelTable kTable = {
 // AVX-512 (110M f16 generation 137 -> 170 tokens/s), for the same arithmetic.
 const KernelTable *avx512_kernels() {
     static const KernelTable *table = []() -> const KernelTable * {
-        static KernelTable t = kTable;
+        static KernelTable t = kPlain;
+        fill_quant_kernels(t, quant_for_bits);
         const KernelTable *avx2 = avx2_kernels();
         if (!avx2) return nullptr;  // not built: cannot happen where this file is
         for (int d = 0; d < 3; d++) t.dot_rows[d] = avx2->dot_rows[d];

@@ -151,18 +151,29 @@ void dot_rows_quant(const QuantTile &w, int rows, int n, const QuantActs &x, int
     for (int t = 0; t < n_tok; t++) dot_rows_quant1<kBits>(w, rows, n, token_acts(x, n, t), y + t * ldy);
 }
 
-const KernelTable kTable = {Isa::Scalar,
+KernelTable::QuantDot quant_for_bits(int bits) {
+    return bits == 8 ? dot_rows_quant<8> : bits == 6 ? dot_rows_quant<6> : dot_rows_quant<4>;
+}
+
+// dot_rows_quant: filled from the dtype table in scalar_kernels()
+const KernelTable kPlain = {Isa::Scalar,
                             {dot_rows_f32, dot_rows_f16, dot_rows_bf16},
                             {to_f32_f32, to_f32_f16, to_f32_bf16},
                             weighted_rows,
                             swiglu,
                             exp_shift_sum,
                             quantize_acts,
-                            {nullptr, nullptr, nullptr, dot_rows_quant<8>, dot_rows_quant<4>, dot_rows_quant<4>,
-                             dot_rows_quant<4>, dot_rows_quant<4>, dot_rows_quant<6>}};
+                            {}};
 
 }  // namespace
 
-const KernelTable *scalar_kernels() { return &kTable; }
+const KernelTable *scalar_kernels() {
+    static const KernelTable table = [] {
+        KernelTable t = kPlain;
+        fill_quant_kernels(t, quant_for_bits);
+        return t;
+    }();
+    return &table;
+}
 
 }  // namespace fastllm

@@ -11,43 +11,39 @@ namespace fastllm {
 enum class DType : uint32_t { F32 = 0, F16 = 1, BF16 = 2, Q8 = 3, Q4_32 = 4, Q4_64 = 5, Q4_128 = 6, Q4M_32 = 7, Q6 = 8 };
 constexpr int kNumDTypes = 9;
 
+// The facts about each dtype, in one table indexed by the enum (checked below).
+struct DTypeTraits {
+    DType type;
+    const char *name;
+    bool quantized;
+    int bits;          // per stored code (quantized) or element (plain)
+    int group;         // weights per scale (1 for plain types)
+    bool has_min;      // a minimum per group beside the scale (q4m)
+    int row_multiple;  // what K (the row length) must be a multiple of: q4 / q6 blocks go in pairs
+};
+inline constexpr DTypeTraits kDTypes[kNumDTypes] = {
+    {DType::F32, "f32", false, 32, 1, false, 1},      {DType::F16, "f16", false, 16, 1, false, 1},
+    {DType::BF16, "bf16", false, 16, 1, false, 1},    {DType::Q8, "q8", true, 8, 32, false, 32},
+    {DType::Q4_32, "q4", true, 4, 32, false, 64},     {DType::Q4_64, "q4_g64", true, 4, 64, false, 64},
+    {DType::Q4_128, "q4_g128", true, 4, 128, false, 128}, {DType::Q4M_32, "q4m", true, 4, 32, true, 64},
+    {DType::Q6, "q6", true, 6, 32, false, 64},
+};
+constexpr bool dtype_table_in_enum_order() {
+    for (int i = 0; i < kNumDTypes; i++)
+        if ((int)kDTypes[i].type != i) return false;
+    return true;
+}
+static_assert(dtype_table_in_enum_order(), "kDTypes must list the dtypes in the order of their codes");
+
 inline bool dtype_is_known(uint32_t code) { return code < (uint32_t)kNumDTypes; }
-inline bool dtype_is_quantized(DType t) { return (uint32_t)t >= 3; }
-inline bool dtype_has_min(DType t) { return t == DType::Q4M_32; }
-// Bits per code of a quantized type.
-inline int dtype_bits(DType t) { return t == DType::Q8 ? 8 : t == DType::Q6 ? 6 : 4; }
-// Weights per scale of a quantized type (1 for plain types).
-inline int dtype_group(DType t) {
-    switch (t) {
-    case DType::Q4_64: return 64;
-    case DType::Q4_128: return 128;
-    case DType::Q8:
-    case DType::Q6:
-    case DType::Q4_32:
-    case DType::Q4M_32: return 32;
-    default: return 1;
-    }
-}
-// What K (the row length) must be a multiple of.
-inline int dtype_row_multiple(DType t) {
-    if (!dtype_is_quantized(t)) return 1;
-    return t == DType::Q8 ? 32 : (dtype_group(t) > 64 ? dtype_group(t) : 64);  // q4, q6: blocks go in pairs
-}
-inline size_t dtype_size(DType t) { return t == DType::F32 ? 4 : 2; }  // plain types only
-inline const char *dtype_name(DType t) {
-    switch (t) {
-    case DType::F32: return "f32";
-    case DType::F16: return "f16";
-    case DType::BF16: return "bf16";
-    case DType::Q8: return "q8";
-    case DType::Q4_32: return "q4";
-    case DType::Q4_64: return "q4_g64";
-    case DType::Q4_128: return "q4_g128";
-    case DType::Q4M_32: return "q4m";
-    case DType::Q6: return "q6";
-    }
-    return "?";
-}
+inline const DTypeTraits &dtype_traits(DType t) { return kDTypes[(int)t]; }
+inline bool dtype_is_quantized(DType t) { return dtype_traits(t).quantized; }
+inline bool dtype_has_min(DType t) { return dtype_traits(t).has_min; }
+inline int dtype_bits(DType t) { return dtype_traits(t).bits; }
+inline int dtype_group(DType t) { return dtype_traits(t).group; }
+inline int dtype_row_multiple(DType t) { return dtype_traits(t).row_multiple; }
+inline size_t dtype_size(DType t) { return (size_t)dtype_traits(t).bits / 8; }  // plain types only
+inline const char *dtype_name(DType t) { return dtype_is_known((uint32_t)t) ? dtype_traits(t).name : "?"; }
 
 inline uint64_t align64(uint64_t n) { return (n + 63) / 64 * 64; }
 
