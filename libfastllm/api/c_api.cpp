@@ -20,7 +20,7 @@ struct fastllm_model {
 };
 struct fastllm_session {
     fastllm::Session impl;
-    fastllm_session(const fastllm::Model &m, const fastllm_session_params &p) : impl(m, p) {}
+    fastllm_session(const fastllm::Model &m, const fastllm::SessionOptions &o) : impl(m, o) {}
 };
 
 namespace {
@@ -228,8 +228,10 @@ fastllm_status fastllm_session_create(const fastllm_model *model, const fastllm_
     REQUIRE(out_session, "out_session");
     *out_session = nullptr;
     REQUIRE(model, "model");
-    fastllm_session_params p = params ? *params : fastllm_session_default_params();
-    return guard([&] { *out_session = new fastllm_session(model->impl, p); });
+    const fastllm_session_params p = params ? *params : fastllm_session_default_params();
+    fastllm::SessionOptions o;
+    o.n_ctx = p.n_ctx, o.n_batch = p.n_batch, o.n_threads = p.n_threads;
+    return guard([&] { *out_session = new fastllm_session(model->impl, o); });
 }
 
 void fastllm_session_free(fastllm_session *session) { delete session; }
@@ -286,14 +288,41 @@ fastllm_sampling_params fastllm_sampling_default_params(void) {
     return p;
 }
 
+namespace {
+
+// The C params -> the core's options (throws for a bad stop list).
+fastllm::SamplingOptions sampling_options(const fastllm_sampling_params *params) {
+    const fastllm_sampling_params p = params ? *params : fastllm_sampling_default_params();
+    fastllm::SamplingOptions o;
+    o.max_new_tokens = p.max_new_tokens, o.temperature = p.temperature, o.top_k = p.top_k, o.top_p = p.top_p;
+    o.min_p = p.min_p, o.repetition_penalty = p.repetition_penalty, o.repeat_last_n = p.repeat_last_n;
+    o.seed = p.seed, o.ignore_eos = p.ignore_eos != 0;
+    if (p.n_stop < 0 || (p.n_stop > 0 && !p.stop)) fastllm::fail(FASTLLM_ERR_INVALID_ARGUMENT, "invalid stop list");
+    for (int i = 0; i < p.n_stop; i++) {
+        if (!p.stop[i]) fastllm::fail(FASTLLM_ERR_INVALID_ARGUMENT, "stop string %d is NULL", i);
+        o.stop.emplace_back(p.stop[i]);
+    }
+    return o;
+}
+
+fastllm_generation_result to_c(const fastllm::GenerationResult &r) {
+    fastllm_generation_result c{};
+    c.n_prompt_tokens = r.n_prompt_tokens, c.n_generated_tokens = r.n_generated_tokens, c.stop_reason = r.stop_reason;
+    c.prompt_ms = r.prompt_ms, c.generate_ms = r.generate_ms;
+    return c;
+}
+
+}  // namespace
+
 fastllm_status fastllm_session_generate(fastllm_session *session, const int32_t *prompt_tokens, size_t n_prompt_tokens,
                                         const fastllm_sampling_params *params, fastllm_stream_callback callback,
                                         void *user_data, fastllm_generation_result *out_result) {
     REQUIRE(session, "session");
-    fastllm_sampling_params p = params ? *params : fastllm_sampling_default_params();
-    fastllm_generation_result result{};
-    fastllm_status s = guard([&] { session->impl.generate(prompt_tokens, n_prompt_tokens, p, callback, user_data, result); });
-    if (out_result) *out_result = result;
+    fastllm::GenerationResult result;
+    fastllm_status s = guard([&] {
+        session->impl.generate(prompt_tokens, n_prompt_tokens, sampling_options(params), callback, user_data, result);
+    });
+    if (out_result) *out_result = to_c(result);
     return s;
 }
 
@@ -301,8 +330,9 @@ fastllm_status fastllm_session_begin_generation(fastllm_session *session, const 
                                                 size_t n_prompt_tokens, const fastllm_sampling_params *params,
                                                 fastllm_stream_callback callback, void *user_data) {
     REQUIRE(session, "session");
-    fastllm_sampling_params p = params ? *params : fastllm_sampling_default_params();
-    return guard([&] { session->impl.begin_generation(prompt_tokens, n_prompt_tokens, p, callback, user_data); });
+    return guard([&] {
+        session->impl.begin_generation(prompt_tokens, n_prompt_tokens, sampling_options(params), callback, user_data);
+    });
 }
 
 fastllm_status fastllm_generate_step(fastllm_session *const *sessions, size_t n_sessions, int32_t *out_done) {
@@ -321,7 +351,7 @@ int fastllm_session_is_generating(const fastllm_session *session) { return sessi
 fastllm_status fastllm_session_generation_result(const fastllm_session *session, fastllm_generation_result *out_result) {
     REQUIRE(session, "session");
     REQUIRE(out_result, "out_result");
-    *out_result = session->impl.generation_result();
+    *out_result = to_c(session->impl.generation_result());
     return FASTLLM_OK;
 }
 

@@ -5,7 +5,7 @@
 
 namespace fastllm {
 
-Sampler::Sampler(const fastllm_sampling_params &params, int vocab_size)
+Sampler::Sampler(const SamplingOptions &params, int vocab_size)
     : p_(params), vocab_size_(vocab_size), state_(params.seed ^ 0x9E3779B97F4A7C15ull) {
     candidates_.reserve((size_t)vocab_size);
 }

@@ -6,13 +6,13 @@
 #include <utility>
 #include <vector>
 
-#include "fastllm.h"
+#include "runtime/options.h"
 
 namespace fastllm {
 
 class Sampler {
 public:
-    Sampler(const fastllm_sampling_params &params, int vocab_size);
+    Sampler(const SamplingOptions &params, int vocab_size);
 
     // logits (vocab_size floats) are modified in place. history: the context so far, oldest first.
     int32_t sample(float *logits, const int32_t *history, size_t n_history);
@@ -20,7 +20,7 @@ public:
 private:
     float uniform();  // [0, 1)
 
-    fastllm_sampling_params p_;
+    SamplingOptions p_;
     int vocab_size_;
     uint64_t state_;
     std::vector<std::pair<float, int32_t>> candidates_;  // sized once, reused every token

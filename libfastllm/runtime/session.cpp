@@ -16,13 +16,13 @@ double ms_since(std::chrono::steady_clock::time_point t0) {
 }  // namespace
 
 namespace {
-int threads_of(const Model &model, const fastllm_session_params &p) {
+int threads_of(const Model &model, const SessionOptions &p) {
     if (p.n_threads < 0) fail(FASTLLM_ERR_INVALID_ARGUMENT, "n_threads must not be negative (%d)", p.n_threads);
     return p.n_threads ? p.n_threads : model.n_threads();
 }
 }  // namespace
 
-Session::Session(const Model &model, const fastllm_session_params &p)
+Session::Session(const Model &model, const SessionOptions &p)
     : model_(model), n_threads_(threads_of(model, p)), pool_(n_threads_), backend_(kernels(), pool_) {
     const DecoderConfig &c = model.config();
     if (p.n_ctx < 0 || p.n_batch < 0 || p.n_threads < 0)
@@ -104,27 +104,21 @@ void Session::eval(const int32_t *tokens, size_t n, fastllm_logits_mode mode, fl
     run_pending(mode, out_logits);
 }
 
-void Session::begin_generation(const int32_t *prompt, size_t n_prompt, const fastllm_sampling_params &p,
+void Session::begin_generation(const int32_t *prompt, size_t n_prompt, const SamplingOptions &p,
                                fastllm_stream_callback callback, void *user_data) {
     if (p.max_new_tokens < 0) fail(FASTLLM_ERR_INVALID_ARGUMENT, "max_new_tokens must not be negative");
-    if (p.n_stop < 0 || (p.n_stop > 0 && !p.stop)) fail(FASTLLM_ERR_INVALID_ARGUMENT, "invalid stop list");
-    std::vector<std::string> stops;
-    for (int i = 0; i < p.n_stop; i++) {
-        if (!p.stop[i]) fail(FASTLLM_ERR_INVALID_ARGUMENT, "stop string %d is NULL", i);
-        stops.emplace_back(p.stop[i]);
-    }
     check_tokens(prompt, n_prompt);
     if (tokens_.empty() && n_prompt == 0) fail(FASTLLM_ERR_INVALID_ARGUMENT, "empty prompt and empty session");
 
-    result_ = fastllm_generation_result{};
-    result_.n_prompt_tokens = (int32_t)n_prompt;
+    result_ = GenerationResult{};
+    result_.n_prompt_tokens = (int)n_prompt;
     gen_.reset();
     auto t0 = std::chrono::steady_clock::now();
     tokens_.insert(tokens_.end(), prompt, prompt + n_prompt);
     if (n_evaluated_ == tokens_.size()) n_evaluated_--;  // re-run the last token to get its logits
     run_pending(FASTLLM_LOGITS_LAST, logits_);
     result_.prompt_ms = ms_since(t0);
-    gen_ = std::make_unique<Generation>(p, model_.config().vocab_size, std::move(stops), callback, user_data);
+    gen_ = std::make_unique<Generation>(p, model_.config().vocab_size, callback, user_data);
     gen_->start = std::chrono::steady_clock::now();
     if (p.max_new_tokens == 0) finish_generation(FASTLLM_STOP_MAX_TOKENS);
 }
@@ -195,8 +189,8 @@ void Session::step(Session *const *sessions, size_t n, int32_t *done) {
     if (n_rows) work.model_.decoder().forward(work.backend_, work.work_, work.row_tokens_.data(), work.rows_.data(), (int)n_rows);
 }
 
-void Session::generate(const int32_t *prompt, size_t n_prompt, const fastllm_sampling_params &p,
-                       fastllm_stream_callback callback, void *user_data, fastllm_generation_result &result) {
+void Session::generate(const int32_t *prompt, size_t n_prompt, const SamplingOptions &p,
+                       fastllm_stream_callback callback, void *user_data, GenerationResult &result) {
     begin_generation(prompt, n_prompt, p, callback, user_data);
     Session *self = this;
     int32_t done = gen_ ? 0 : 1;

@@ -11,6 +11,7 @@
 #include "cpu/backend_cpu.h"
 #include "runtime/arena.h"
 #include "runtime/kv_cache.h"
+#include "runtime/options.h"
 #include "fastllm.h"
 #include "runtime/model.h"
 #include "runtime/sampler.h"
@@ -21,7 +22,7 @@ namespace fastllm {
 
 class Session {
 public:
-    Session(const Model &model, const fastllm_session_params &params);
+    Session(const Model &model, const SessionOptions &options);
 
     const Model &model() const { return model_; }
     int n_ctx() const { return n_ctx_; }
@@ -36,29 +37,28 @@ public:
     // Generation, one token at a time, so that several sessions can advance together:
     // begin_generation evaluates the prompt; step() then samples one token for each session and
     // evaluates all the new tokens in one pass over the weights.
-    void begin_generation(const int32_t *prompt, size_t n_prompt, const fastllm_sampling_params &params,
+    void begin_generation(const int32_t *prompt, size_t n_prompt, const SamplingOptions &params,
                           fastllm_stream_callback callback, void *user_data);
     bool generating() const { return gen_ != nullptr; }
     void cancel_generation() {
         if (gen_) finish_generation(FASTLLM_STOP_CANCELLED);
     }
-    const fastllm_generation_result &generation_result() const { return result_; }
+    const GenerationResult &generation_result() const { return result_; }
     // Advances each session by one token; sets done[i] when session i's generation ended.
     static void step(Session *const *sessions, size_t n, int32_t *done);
 
     // begin_generation + step until done (see fastllm_session_generate).
-    void generate(const int32_t *prompt, size_t n_prompt, const fastllm_sampling_params &params,
-                  fastllm_stream_callback callback, void *user_data, fastllm_generation_result &result);
+    void generate(const int32_t *prompt, size_t n_prompt, const SamplingOptions &params,
+                  fastllm_stream_callback callback, void *user_data, GenerationResult &result);
 
 private:
     struct Generation {
-        fastllm_sampling_params params;
+        SamplingOptions params;
         Sampler sampler;
         TextStream stream;
         std::chrono::steady_clock::time_point start;
-        Generation(const fastllm_sampling_params &p, int vocab, std::vector<std::string> stops,
-                   fastllm_stream_callback cb, void *user)
-            : params(p), sampler(p, vocab), stream(std::move(stops), cb, user) {}
+        Generation(const SamplingOptions &p, int vocab, fastllm_stream_callback cb, void *user)
+            : params(p), sampler(p, vocab), stream(p.stop, cb, user) {}
     };
 
     void check_tokens(const int32_t *tokens, size_t n) const;
@@ -83,7 +83,7 @@ private:
     void carve(Arena &a);
     std::vector<int32_t> row_tokens_;
     std::unique_ptr<Generation> gen_;
-    fastllm_generation_result result_{};
+    GenerationResult result_;
 };
 
 }  // namespace fastllm

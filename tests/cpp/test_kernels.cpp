@@ -334,7 +334,7 @@ static void test_sampler() {
     const int V = 50;
     std::vector<float> logits = randn(V, 2.0f);
     int argmax = (int)(std::max_element(logits.begin(), logits.end()) - logits.begin());
-    fastllm_sampling_params p{};
+    SamplingOptions p;
     p.temperature = 0;
     p.repetition_penalty = 1;
     std::vector<float> l = logits;
@@ -370,7 +370,7 @@ static void test_sampler() {
     CHECK(Sampler(p, V).sample(l.data(), nullptr, 0) == argmax, "tiny top_p picks the argmax");
 
     // A strong repetition penalty moves greedy away from a token already in the history.
-    p = fastllm_sampling_params{};
+    p = SamplingOptions{};
     p.temperature = 0;
     p.repetition_penalty = 1e6f;
     l = logits;
