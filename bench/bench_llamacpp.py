@@ -30,7 +30,7 @@ import numpy as np
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(REPO / "bench"), str(REPO / "bindings" / "python"), str(REPO)]
-from bench_speed import random_checkpoint  # noqa: E402
+from bench_speed import SHAPES, random_checkpoint  # noqa: E402
 from fastllm.bench import bench  # noqa: E402
 
 # (name, --dtype, --group_size, --dtype_config, the llama.cpp file to compare with)
@@ -59,7 +59,8 @@ def bytes_per_token(path: Path) -> int:
     """Weight bytes one decode step reads: every tensor but the embedding (one row of it)."""
     from converter.flm_reader import load_flm
     f = load_flm(path)
-    tied = f.metadata.get("llama.tie_word_embeddings", 0)
+    arch = f.metadata["general.architecture"]
+    tied = f.metadata.get(f"{arch}.tie_word_embeddings", 0)
     return sum(loc.n_bytes for name, loc in f.locations.items() if name != "token_embd.weight" or tied)
 
 
@@ -115,7 +116,7 @@ def bench_llama_cpp(llama_cpp: Path, gguf: Path, threads: int, n_prompt: int, n_
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--shape", choices=("110m", "tinyllama"), default="110m")
+    ap.add_argument("--shape", choices=sorted(SHAPES), default="110m")
     ap.add_argument("--llama_cpp", type=Path, help="llama.cpp source tree with a build/ (outside this repo)")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--prompt_len", type=int, default=128)

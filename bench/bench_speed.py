@@ -22,22 +22,28 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(REPO / "bindings" / "python"), str(REPO)]
 
+# name -> (transformers family, config); the LLaMA shapes, and Qwen2.5-0.5B's (tied head, GQA 7:1, vocab 152k)
 SHAPES = {
-    "tinyllama": dict(hidden_size=2048, intermediate_size=5632, num_hidden_layers=22, num_attention_heads=32,
-                      num_key_value_heads=4, vocab_size=32000, max_position_embeddings=2048),
-    "110m": dict(hidden_size=768, intermediate_size=2048, num_hidden_layers=12, num_attention_heads=12,
-                 num_key_value_heads=12, vocab_size=32000, max_position_embeddings=1024),
+    "tinyllama": ("Llama", dict(hidden_size=2048, intermediate_size=5632, num_hidden_layers=22, num_attention_heads=32,
+                      num_key_value_heads=4, vocab_size=32000, max_position_embeddings=2048)),
+    "110m": ("Llama", dict(hidden_size=768, intermediate_size=2048, num_hidden_layers=12, num_attention_heads=12,
+                           num_key_value_heads=12, vocab_size=32000, max_position_embeddings=1024)),
+    "qwen2.5-0.5b": ("Qwen2", dict(hidden_size=896, intermediate_size=4864, num_hidden_layers=24, num_attention_heads=14,
+                                   num_key_value_heads=2, vocab_size=151936, max_position_embeddings=32768,
+                                   tie_word_embeddings=True, rope_theta=1000000.0)),
 }
 
 
 def random_checkpoint(shape: str, work_dir: Path) -> Path:
     import torch
-    from transformers import LlamaConfig, LlamaForCausalLM
+    import transformers
     out = work_dir / f"random-{shape}"
     if (out / "config.json").exists():
         return out
     torch.manual_seed(0)
-    model = LlamaForCausalLM(LlamaConfig(**SHAPES[shape], bos_token_id=1, eos_token_id=2))
+    family, config = SHAPES[shape]
+    config_class, model_class = (getattr(transformers, family + s) for s in ("Config", "ForCausalLM"))
+    model = model_class(config_class(**config, bos_token_id=1, eos_token_id=2))
     model.save_pretrained(out)
     tok = REPO.parent / "shared" / "models" / "stories260K" / "hf" / "tokenizer.model"
     (out / "tokenizer.model").write_bytes(tok.read_bytes())  # 512 pieces, padded to the vocab
@@ -46,9 +52,9 @@ def random_checkpoint(shape: str, work_dir: Path) -> Path:
 
 def bench_torch(hf_dir: Path, prompt: list[int], n_gen: int, threads: int, repeat: int, dtype: str):
     import torch
-    from transformers import LlamaForCausalLM
+    from transformers import AutoModelForCausalLM
     torch.set_num_threads(threads)
-    model = LlamaForCausalLM.from_pretrained(hf_dir, dtype=torch.float32 if dtype == "f32" else torch.bfloat16).eval()
+    model = AutoModelForCausalLM.from_pretrained(hf_dir, dtype=torch.float32 if dtype == "f32" else torch.bfloat16).eval()
     ids = torch.tensor([prompt])
     pp, tg = [], []
     with torch.inference_mode():
