@@ -155,18 +155,51 @@ typedef struct fastllm_chat_message {
 } fastllm_chat_message;
 
 /* Renders messages into prompt text with a chat template: tmpl, or the model's own when tmpl is
- * NULL. The template's family (ChatML, Llama-2 [INST], Llama-3 headers, Zephyr, Gemma) is
- * recognised from its text and rendered as transformers' apply_chat_template renders it; an
- * unknown template gives FASTLLM_ERR_UNSUPPORTED rather than a wrong prompt, a conversation the
- * template rejects (roles not alternating, ...) FASTLLM_ERR_INVALID_ARGUMENT. add_generation_prompt:
- * 1 to end with the opening of the assistant's turn. Output buffer convention as
- * fastllm_detokenize (NUL-terminated). Tokenize the result with add_bos = 0 (templates that want
- * BOS write it as text). Byte-level BPE models match their special tokens (<|im_start|>, ...) in
- * text as single ids; SentencePiece models treat such text as plain text, as sentencepiece does. */
+ * NULL. The template's family (ChatML, Qwen2.5, Qwen3, Llama-2 [INST], Mistral [INST], Llama-3
+ * headers, Zephyr, Phi-3 / Phi-3.5 / Phi-4-mini, Gemma) is recognised from its text and rendered
+ * as transformers' apply_chat_template renders it. Errors: FASTLLM_ERR_UNSUPPORTED for an unknown
+ * template, or for messages the template would render in a way this library does not (tool
+ * messages of Qwen and Mistral templates), rather than a wrong prompt;
+ * FASTLLM_ERR_INVALID_ARGUMENT for a conversation transformers or the template rejects (an empty
+ * one, roles not alternating, ...). add_generation_prompt: 1 to end with the opening of the
+ * assistant's turn. Output buffer convention as fastllm_detokenize (NUL-terminated). Tokenize the
+ * result with add_bos = 0 (templates that want BOS write it as text). Byte-level BPE models match
+ * their special tokens (<|im_start|>, ...) in text as single ids; SentencePiece models treat such
+ * text as plain text, as sentencepiece does.
+ * Equivalent to fastllm_chat_apply_template_v2 with default params but this add_generation_prompt. */
 FASTLLM_API fastllm_status fastllm_chat_apply_template(const fastllm_model *model, const char *tmpl,
                                                        const fastllm_chat_message *messages, size_t n_messages,
                                                        int add_generation_prompt, char *out_text,
                                                        size_t out_capacity, size_t *out_len);
+
+/* enable_thinking values of fastllm_chat_params. */
+#define FASTLLM_THINKING_UNSET (-1) /* the template's enable_thinking is undefined (the keyword not passed) */
+#define FASTLLM_THINKING_OFF 0      /* enable_thinking=False */
+#define FASTLLM_THINKING_ON 1       /* enable_thinking=True */
+
+typedef struct fastllm_chat_params {
+    int32_t add_generation_prompt; /* 1 (default): end with the opening of the assistant's turn; 0: don't */
+    /* The template variable enable_thinking, as apply_chat_template(..., enable_thinking=...) passes
+     * it: FASTLLM_THINKING_UNSET (default), _OFF or _ON. Templates that do not read it ignore it
+     * (as in transformers); Qwen3's opens the generation with an empty <think></think> block when
+     * it is OFF. Other values: FASTLLM_ERR_INVALID_ARGUMENT. */
+    int32_t enable_thinking;
+    /* NULL (default), or an array of n_messages entries: entry i is message i's reasoning_content
+     * field (UTF-8, NUL-terminated), NULL when the message has none. Qwen3's template puts an
+     * assistant message's reasoning_content into its <think> block (without it, the block is cut
+     * out of the content); templates that do not read the field ignore it. Read during the call
+     * only. */
+    const char *const *reasoning_content;
+} fastllm_chat_params;
+
+FASTLLM_API fastllm_chat_params fastllm_chat_default_params(void);
+
+/* fastllm_chat_apply_template with the options of params (NULL: defaults). Same rendering,
+ * errors and output buffer convention. */
+FASTLLM_API fastllm_status fastllm_chat_apply_template_v2(const fastllm_model *model, const char *tmpl,
+                                                          const fastllm_chat_message *messages, size_t n_messages,
+                                                          const fastllm_chat_params *params, char *out_text,
+                                                          size_t out_capacity, size_t *out_len);
 
 /* ------------------------------------------------------------------------------------------ */
 /* Session: one conversation's state (KV cache and working memory) over a shared model.        */

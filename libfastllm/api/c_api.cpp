@@ -187,20 +187,40 @@ fastllm_status fastllm_token_to_piece(const fastllm_model *model, int32_t token,
     return g ? g : s;
 }
 
-fastllm_status fastllm_chat_apply_template(const fastllm_model *model, const char *tmpl,
-                                           const fastllm_chat_message *messages, size_t n_messages,
-                                           int add_generation_prompt, char *out_text, size_t out_capacity,
-                                           size_t *out_len) {
+fastllm_chat_params fastllm_chat_default_params(void) {
+    fastllm_chat_params p;
+    p.add_generation_prompt = 1;
+    p.enable_thinking = FASTLLM_THINKING_UNSET;
+    p.reasoning_content = nullptr;
+    return p;
+}
+
+fastllm_status fastllm_chat_apply_template_v2(const fastllm_model *model, const char *tmpl,
+                                              const fastllm_chat_message *messages, size_t n_messages,
+                                              const fastllm_chat_params *params, char *out_text, size_t out_capacity,
+                                              size_t *out_len) {
     REQUIRE(model, "model");
     REQUIRE(out_len, "out_len");
     REQUIRE(messages || n_messages == 0, "messages");
+    const fastllm_chat_params p = params ? *params : fastllm_chat_default_params();
+    if (p.enable_thinking < FASTLLM_THINKING_UNSET || p.enable_thinking > FASTLLM_THINKING_ON)
+        return set_error(FASTLLM_ERR_INVALID_ARGUMENT,
+                         "enable_thinking is " + std::to_string(p.enable_thinking) +
+                             "; expected FASTLLM_THINKING_UNSET (-1), _OFF (0) or _ON (1)");
     fastllm_status s = FASTLLM_OK;
     fastllm_status g = guard([&] {
         std::vector<fastllm::ChatMessage> msgs;
         for (size_t i = 0; i < n_messages; i++) {
             if (!messages[i].role || !messages[i].content)
                 fastllm::fail(FASTLLM_ERR_INVALID_ARGUMENT, "message %zu has a NULL role or content", i);
-            msgs.push_back({messages[i].role, messages[i].content});
+            fastllm::ChatMessage m;
+            m.role = messages[i].role;
+            m.content = messages[i].content;
+            if (p.reasoning_content && p.reasoning_content[i]) {
+                m.has_reasoning = true;
+                m.reasoning_content = p.reasoning_content[i];
+            }
+            msgs.push_back(std::move(m));
         }
         const fastllm::Model &m = model->impl;
         if (!tmpl && !m.has_chat_template())
@@ -208,11 +228,23 @@ fastllm_status fastllm_chat_apply_template(const fastllm_model *model, const cha
         const auto &tok = m.tokenizer();
         std::string bos = tok.bos_id() >= 0 ? tok.piece(tok.bos_id()) : "";
         std::string eos = tok.eos_id() >= 0 ? tok.piece(tok.eos_id()) : "";
-        std::string text = fastllm::apply_chat_template(tmpl ? std::string(tmpl) : m.chat_template(), msgs,
-                                                        add_generation_prompt != 0, bos, eos);
+        fastllm::ChatOptions options;
+        options.add_generation_prompt = p.add_generation_prompt != 0;
+        options.enable_thinking = p.enable_thinking;
+        std::string text =
+            fastllm::apply_chat_template(tmpl ? std::string(tmpl) : m.chat_template(), msgs, options, bos, eos);
         s = copy_out(text, out_text, out_capacity, out_len, true);
     });
     return g ? g : s;
+}
+
+fastllm_status fastllm_chat_apply_template(const fastllm_model *model, const char *tmpl,
+                                           const fastllm_chat_message *messages, size_t n_messages,
+                                           int add_generation_prompt, char *out_text, size_t out_capacity,
+                                           size_t *out_len) {
+    fastllm_chat_params p = fastllm_chat_default_params();
+    p.add_generation_prompt = add_generation_prompt;
+    return fastllm_chat_apply_template_v2(model, tmpl, messages, n_messages, &p, out_text, out_capacity, out_len);
 }
 
 fastllm_session_params fastllm_session_default_params(void) {

@@ -68,6 +68,15 @@ class ChatMessage(Structure):
     _fields_ = [("role", c_char_p), ("content", c_char_p)]
 
 
+# fastllm_chat_params.enable_thinking
+THINKING_UNSET, THINKING_OFF, THINKING_ON = -1, 0, 1
+
+
+class ChatParams(Structure):
+    _fields_ = [("add_generation_prompt", c_int32), ("enable_thinking", c_int32),
+                ("reasoning_content", POINTER(c_char_p))]
+
+
 StreamCallback = CFUNCTYPE(c_int, POINTER(c_char), c_size_t, c_void_p)
 LogCallback = CFUNCTYPE(None, c_int, c_char_p, c_void_p)
 
@@ -91,6 +100,9 @@ _PROTOTYPES = {
     "fastllm_token_to_piece": (c_int, [c_void_p, c_int32, c_char_p, c_size_t, POINTER(c_size_t)]),
     "fastllm_chat_apply_template": (c_int, [c_void_p, c_char_p, POINTER(ChatMessage), c_size_t, c_int, c_char_p,
                                             c_size_t, POINTER(c_size_t)]),
+    "fastllm_chat_default_params": (ChatParams, []),
+    "fastllm_chat_apply_template_v2": (c_int, [c_void_p, c_char_p, POINTER(ChatMessage), c_size_t, POINTER(ChatParams),
+                                               c_char_p, c_size_t, POINTER(c_size_t)]),
     "fastllm_session_truncate": (c_int, [c_void_p, c_int32]),
     "fastllm_session_default_params": (SessionParams, []),
     "fastllm_session_create": (c_int, [c_void_p, POINTER(SessionParams), POINTER(c_void_p)]),

@@ -166,18 +166,29 @@ class Model(_Handle):
 
     # -- chat -------------------------------------------------------------------------------
     def apply_chat_template(self, messages: Sequence[dict], add_generation_prompt: bool = True,
-                            template: str | None = None) -> str:
-        """Prompt text for messages ([{"role": ..., "content": ...}]) rendered with the model's chat
-        template (or `template`), as transformers' apply_chat_template renders it."""
+                            template: str | None = None, enable_thinking: bool | None = None) -> str:
+        """Prompt text for messages ([{"role": ..., "content": ...}], an assistant message may carry
+        "reasoning_content") rendered with the model's chat template (or `template`), as
+        transformers' apply_chat_template renders it. enable_thinking: None leaves the template's
+        variable undefined (as not passing the keyword to transformers); False / True pass it
+        (Qwen3's template reads it)."""
         keep = [(m["role"].encode(), m["content"].encode()) for m in messages]
         arr = (raw.ChatMessage * max(len(keep), 1))(*[raw.ChatMessage(r, c) for r, c in keep])
+        params = lib.fastllm_chat_default_params()
+        params.add_generation_prompt = int(add_generation_prompt)
+        if enable_thinking is not None:
+            params.enable_thinking = raw.THINKING_ON if enable_thinking else raw.THINKING_OFF
+        reasoning = [m.get("reasoning_content") for m in messages]
+        if any(r is not None for r in reasoning):
+            params.reasoning_content = (ctypes.c_char_p * len(reasoning))(
+                *[r.encode() if r is not None else None for r in reasoning])
         tmpl = template.encode() if template is not None else None
         out_len = ctypes.c_size_t()
-        capacity = sum(len(r) + len(c) for r, c in keep) + 1024
+        capacity = sum(len(r) + len(c) for r, c in keep) + sum(len(r or "") * 4 for r in reasoning) + 1024
         while True:
             buf = ctypes.create_string_buffer(capacity)
-            status = lib.fastllm_chat_apply_template(self.handle, tmpl, arr, len(keep), int(add_generation_prompt), buf,
-                                                     capacity, ctypes.byref(out_len))
+            status = lib.fastllm_chat_apply_template_v2(self.handle, tmpl, arr, len(keep), ctypes.byref(params), buf,
+                                                        capacity, ctypes.byref(out_len))
             if status != raw.ERR_BUFFER_TOO_SMALL:
                 _check(status)
                 return buf.raw[: out_len.value].decode()
