@@ -12,9 +12,9 @@ the .flm format does not change:
 
     matrices (sharing an input)    their input is the output of       which absorbs 1/s
     q, k, v                        the attention RMSNorm              input_layernorm.weight
-    o                              softmax(..) @ v                    v_proj rows (and bias)
+    o                              softmax(..) @ v                    the v rows (and bias)
     gate, up                       the MLP RMSNorm                    post_attention_layernorm.weight
-    down                           silu(gate) * up                    up_proj rows (and bias)
+    down                           silu(gate) * up                    the up rows (and bias)
 
 With grouped-query attention several query heads read one value head, so the o channels of those
 heads get one common scale per (kv head, dim). Per decoder layer and matrix group, s =
@@ -39,7 +39,11 @@ model (scaled and rounded in place), N_SAMPLE input rows per matrix group, one l
 matrices (the 1.1B shape: 7.3 GB for the whole conversion).
 
     ckpt, report = calibrate(ckpt, hp, policy, "sample.txt", n_tokens=2048)
-    llama.add_tensors(writer, ckpt, hp, "f32")     # the scaled, rounded tensors replace the originals
+    family.add_tensors(writer, ckpt, hp, "f32")    # the scaled, rounded tensors replace the originals
+
+Every family works the same way: which HF matrices are fused into each .flm matrix, and which
+norm or rows absorb 1/s, come from the family's layer_tensors (Phi-3's v rows are the last rows
+of its fused qkv_proj, its up rows the second half of gate_up_proj).
 """
 from __future__ import annotations
 
@@ -145,7 +149,7 @@ def read_text(path) -> list:
 def _load_hf(path: Path):
     try:
         import transformers
-        from transformers import AutoTokenizer, LlamaForCausalLM
+        from transformers import AutoModelForCausalLM, AutoTokenizer
     except ImportError as e:
         raise ConversionError(f"calibration needs transformers: {e}") from None
     try:
@@ -155,10 +159,64 @@ def _load_hf(path: Path):
                               f"transformers: {e}") from None
     kw = {"dtype" if int(transformers.__version__.split(".")[0]) >= 5 else "torch_dtype": torch.float32}
     try:
-        model = LlamaForCausalLM.from_pretrained(str(path), **kw).eval()
+        model = AutoModelForCausalLM.from_pretrained(str(path), **kw).eval()
     except Exception as e:
         raise ConversionError(f"calibration: cannot load {path} with transformers: {e}") from None
     return model, tok
+
+
+@dataclass
+class _Group:
+    """A quantized .flm matrix of one decoder layer and where its scaling goes (HF names without
+    the model. prefix)."""
+    layer: int
+    kind: str            # qkv, o, gate_up, down
+    name: str            # .flm tensor name
+    dtype: str
+    mats: list           # the HF matrices fused into it, in row order (names without .weight)
+    norm: str | None     # qkv, gate_up: the RMSNorm weight that divides by s
+    rows: list           # o, down: [(HF matrix, first row, end row)] producing its input
+
+
+_KINDS = (("qkv", "attn_qkv"), ("o", "attn_output"), ("gate_up", "ffn_gate_up"), ("down", "ffn_down"))
+
+
+def _row_range(spec, start: int, end: int) -> list:
+    """Rows [start, end) of a fused .flm matrix as [(HF matrix, first, end)] of its parts."""
+    out, r0 = [], 0
+    for name, shape in spec.parts:
+        r1 = r0 + shape[0]
+        if r1 > start and r0 < end:
+            out.append((name[: -len(".weight")], max(start, r0) - r0, min(end, r1) - r0))
+        r0 = r1
+    return out
+
+
+def _groups(family, hp, policy) -> list:
+    """The quantized matrices of every layer (the ones the policy gives a quantized dtype)."""
+    q, kv, I = hp.num_heads * hp.head_dim, hp.num_kv_heads * hp.head_dim, hp.intermediate_size
+    groups = []
+    for i in range(hp.num_layers):
+        specs = {s.name: s for s in family.layer_tensors(hp, i)}
+        b = f"blk.{i}."
+        for kind, flm in _KINDS:
+            spec = specs[b + flm + ".weight"]
+            shape = (sum(s[0] for _, s in spec.parts), spec.parts[0][1][1])
+            dtype = policy(spec.name, shape)
+            if dtype not in quantize.QUANT:
+                continue
+            norm, rows = None, []
+            if kind == "qkv":
+                norm = specs[b + "attn_norm.weight"].parts[0][0]
+            elif kind == "gate_up":
+                norm = specs[b + "ffn_norm.weight"].parts[0][0]
+            elif kind == "o":  # the v rows of attn_qkv
+                rows = _row_range(specs[b + "attn_qkv.weight"], q + kv, q + 2 * kv)
+            else:  # the up rows of ffn_gate_up
+                rows = _row_range(specs[b + "ffn_gate_up.weight"], I, 2 * I)
+            groups.append(_Group(i, kind, spec.name, dtype,
+                                 [n[: -len(".weight")] for n, _ in spec.parts], norm, rows))
+    return groups
 
 
 def _sequences(tok, docs, n_tokens: int, seq_len: int) -> list:
@@ -283,23 +341,14 @@ def calibrate(ckpt, hp, policy, text_path, n_tokens: int = DEFAULT_TOKENS, alpha
     """Returns (a ScaledCheckpoint over ckpt, CalibrationReport). policy: the quantize.DtypePolicy
     the writer will use (it decides which matrices are quantized, and to what); alphas: the
     scaling exponents tried (0 is always added)."""
-    from . import llama  # here, not at the top: llama imports nothing from this module, keep it so
+    from .families import FAMILIES, common  # here: the families import nothing from this module
 
     if n_tokens < 2:
         raise ConversionError(f"--calib_tokens must be at least 2, got {n_tokens}")
     docs = read_text(text_path)
-    names = llama._TensorMap(ckpt)
-    H, I = hp.hidden_size, hp.intermediate_size
+    names = common.TensorMap(ckpt, hp.arch)
     nh, nkv, hd = hp.num_heads, hp.num_kv_heads, hp.head_dim
-    groups = []  # (layer, kind, .flm name, dtype)
-    for i in range(hp.num_layers):
-        for kind, name, shape in (("qkv", "attn_qkv", ((nh + 2 * nkv) * hd, H)),
-                                  ("o", "attn_output", (H, nh * hd)),
-                                  ("gate_up", "ffn_gate_up", (2 * I, H)),
-                                  ("down", "ffn_down", (H, I))):
-            dtype = policy(f"blk.{i}.{name}.weight", shape)
-            if dtype in quantize.QUANT:
-                groups.append((i, kind, f"blk.{i}.{name}.weight", dtype))
+    groups = _groups(FAMILIES[hp.arch], hp, policy)
     if not groups:
         raise ConversionError("--calib: no matrix of this model gets a quantized dtype, nothing "
                               "to calibrate")
@@ -312,11 +361,10 @@ def calibrate(ckpt, hp, policy, text_path, n_tokens: int = DEFAULT_TOKENS, alpha
     if progress:
         print(f"calibration: running {total} tokens ({len(seqs)} sequences)", file=sys.stderr)
     keep = np.sort(np.random.default_rng(0).choice(total, min(total, n_sample), replace=False))
-    layers = model.model.layers
     probes, hooks = {}, []
-    for i, kind, _, _ in groups:
-        probes[i, kind] = _Inputs(keep)
-        hooks.append(_input_module(layers[i], kind).register_forward_pre_hook(probes[i, kind]))
+    for g in groups:
+        probes[g.layer, g.kind] = _Inputs(keep)
+        hooks.append(_input_module(model, g).register_forward_pre_hook(probes[g.layer, g.kind]))
     try:
         with torch.no_grad():
             for seq in seqs:
@@ -341,32 +389,31 @@ def calibrate(ckpt, hp, policy, text_path, n_tokens: int = DEFAULT_TOKENS, alpha
         from tqdm import tqdm
         bar = tqdm(total=len(groups), desc="calibration: scaling", unit="matrix", file=sys.stderr)
     try:
-        for i, kind, flm_name, dtype in groups:
-            p = f"layers.{i}."
-            a, m = p + "self_attn.", p + "mlp."
-            mats = _matrices(i, kind)
+        for g in groups:
             w = torch.cat([model.get_parameter("model." + n + ".weight").detach().to(torch.float32)
-                           for n in mats], dim=0).numpy()
-            stat, x = probes[i, kind].stats()
-            tie = (nkv, nh // nkv, hd) if kind == "o" else None
-            alpha, s, err, err0 = _search(stat, x, w, dtype, alphas, tie)
-            report.groups.append(GroupResult(i, flm_name, dtype, alpha, err, err0))
+                           for n in g.mats], dim=0).numpy()
+            stat, x = probes[g.layer, g.kind].stats()
+            tie = (nkv, nh // nkv, hd) if g.kind == "o" else None
+            alpha, s, err, err0 = _search(stat, x, w, g.dtype, alphas, tie)
+            report.groups.append(GroupResult(g.layer, g.name, g.dtype, alpha, err, err0))
             if bar is not None:
                 bar.update(1)
             if alpha == 0:
                 continue
             st = torch.from_numpy(s)
-            for n in mats:  # columns *= s
+            for n in g.mats:  # columns *= s
                 param(n + ".weight").mul_(st)
-            if kind in ("qkv", "gate_up"):  # the RMSNorm before them divides
-                norm = p + ("input_layernorm" if kind == "qkv" else "post_attention_layernorm")
-                param(norm + ".weight").div_(st)
+            if g.norm is not None:  # the RMSNorm before them divides
+                param(g.norm).div_(st)
             else:  # the rows (and bias) of the matrix producing their input divide
-                src = a + "v_proj" if kind == "o" else m + "up_proj"
-                rows = st.reshape(nkv, nh // nkv, hd)[:, 0, :].reshape(-1) if kind == "o" else st
-                param(src + ".weight").div_(rows[:, None])
-                if names.has(src + ".bias"):
-                    param(src + ".bias").div_(rows)
+                rows = st.reshape(nkv, nh // nkv, hd)[:, 0, :].reshape(-1) if g.kind == "o" else st
+                k = 0
+                for src, r0, r1 in g.rows:
+                    part = rows[k:k + r1 - r0]
+                    param(src + ".weight")[r0:r1].div_(part[:, None])
+                    if names.has(src + ".bias"):
+                        param(src + ".bias")[r0:r1].div_(part)
+                    k += r1 - r0
     finally:
         if bar is not None:
             bar.close()
@@ -382,17 +429,9 @@ class _Stop(Exception):
     pass
 
 
-def _input_module(layer, kind: str):
-    """The (first) HF module of a decoder layer that reads the input of the matrix group."""
-    attn, mlp = layer.self_attn, layer.mlp
-    return {"qkv": attn.q_proj, "o": attn.o_proj, "gate_up": mlp.gate_proj, "down": mlp.down_proj}[kind]
-
-
-def _matrices(i: int, kind: str) -> list:
-    """The HF matrices (names without the model. prefix) fused into one .flm matrix."""
-    a, m = f"layers.{i}.self_attn.", f"layers.{i}.mlp."
-    return {"qkv": [a + "q_proj", a + "k_proj", a + "v_proj"], "o": [a + "o_proj"],
-            "gate_up": [m + "gate_proj", m + "up_proj"], "down": [m + "down_proj"]}[kind]
+def _input_module(model, group: _Group):
+    """The (first) HF module that reads the input of the group's matrices."""
+    return model.get_submodule("model." + group.mats[0])
 
 
 def _gptq_layers(model, seqs, groups, work, grids, progress):
@@ -418,8 +457,8 @@ def _gptq_layers(model, seqs, groups, work, grids, progress):
         finally:
             hook.remove()
         by_layer = {}
-        for i, kind, _, dtype in groups:
-            by_layer.setdefault(i, []).append((kind, dtype))
+        for g in groups:
+            by_layer.setdefault(g.layer, []).append(g)
         bar = None
         if progress:
             from tqdm import tqdm
@@ -429,24 +468,23 @@ def _gptq_layers(model, seqs, groups, work, grids, progress):
             for i in range(last + 1):
                 layer = layers[i]
                 xtx, hooks = {}, []
-                for kind, _ in by_layer.get(i, ()):
-                    def gram(module, args, kind=kind):
+                for g in by_layer.get(i, ()):
+                    def gram(module, args, kind=g.kind):
                         x = args[0].reshape(-1, args[0].shape[-1]).to(torch.float64)
                         xtx[kind] = xtx.get(kind, 0) + x.T @ x
 
-                    hooks.append(_input_module(layer, kind).register_forward_pre_hook(gram))
+                    hooks.append(_input_module(model, g).register_forward_pre_hook(gram))
                 try:
                     for args, kwargs in inputs:
                         layer(*args, **kwargs)
                 finally:
                     for h in hooks:
                         h.remove()
-                for kind, dtype in by_layer.get(i, ()):
-                    mats = _matrices(i, kind)
-                    params = [model.get_parameter("model." + n + ".weight") for n in mats]
-                    q, grid = gptq(torch.cat(list(params), dim=0).numpy(), xtx[kind].numpy(), dtype)
+                for g in by_layer.get(i, ()):
+                    params = [model.get_parameter("model." + n + ".weight") for n in g.mats]
+                    q, grid = gptq(torch.cat(list(params), dim=0).numpy(), xtx[g.kind].numpy(), g.dtype)
                     r0 = 0
-                    for n, p in zip(mats, params):
+                    for n, p in zip(g.mats, params):
                         r1 = r0 + p.shape[0]
                         p.copy_(torch.from_numpy(q[r0:r1]))
                         work[n + ".weight"] = p.detach()

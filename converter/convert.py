@@ -1,7 +1,10 @@
 """HuggingFace checkpoint folder (or llama.cpp GGUF file) -> `.flm` file (docs/flm_format.md).
 
+The family (families/: llama, mistral, qwen2, qwen3, phi3) comes from config.json; each family
+module reads its hyperparameters and lays out its tensors, this file only dispatches.
+
     python converter/convert.py --model_path HF_DIR --out_path OUT.flm [--dtype f32|f16|bf16]
-                                [--model_type llama] [--calib FILE [--calib_tokens N]]
+                                [--model_type FAMILY] [--calib FILE [--calib_tokens N]]
     python converter/convert.py --model_path MODEL.gguf --out_path OUT.flm [--dtype ...]
                                 (see gguf_import.py)
 
@@ -37,14 +40,13 @@ import os
 import sys
 from pathlib import Path
 
-from . import calibrate, gguf_import, hf_tokenizer, llama, quantize
+from . import calibrate, gguf_import, hf_tokenizer, quantize
 from .checkpoint import Checkpoint
 from .errors import ConversionError
+from .families import FAMILIES  # ARCH -> the family's module (families/__init__.py)
 from .flm_writer import FlmWriter
 
 DTYPES = quantize.REQUESTS
-# model family name -> its module; each module has ARCHITECTURES and MODEL_TYPE
-FAMILIES = {"llama": llama}
 
 __all__ = ["convert", "main", "detect_model_type", "ConversionError"]
 
@@ -63,10 +65,10 @@ def detect_model_type(config: dict, requested: str | None = None) -> str:
     if archs:
         for arch in archs:
             for name, module in FAMILIES.items():
-                if arch in module.ARCHITECTURES:
+                if arch in module.HF_ARCHITECTURES:
                     detected = name
         if detected is None:
-            supported = ", ".join(a for m in FAMILIES.values() for a in m.ARCHITECTURES)
+            supported = ", ".join(a for m in FAMILIES.values() for a in m.HF_ARCHITECTURES)
             raise ConversionError(f"unsupported architecture {', '.join(map(str, archs))} "
                                   f"(model_type {config.get('model_type')!r}); supported: "
                                   f"{supported}")
@@ -114,20 +116,19 @@ def convert(model_path, out_path, dtype: str = "f32", model_type: str | None = N
     if model_path.suffix.lower() == ".gguf" or gguf_import.is_gguf(model_path):
         return _convert_gguf(model_path, out_path, dtype, policy, model_type, progress)
     ckpt = Checkpoint(model_path)
-    family = detect_model_type(ckpt.config, model_type)
-    assert family == "llama"
+    family = FAMILIES[detect_model_type(ckpt.config, model_type)]
 
-    hp = llama.read_hparams(ckpt.config)
-    tok = hf_tokenizer.read_tokenizer(ckpt, hp.vocab_size, llama.ADD_BOS_DEFAULT)
+    hp = family.read_hparams(ckpt.config)
+    tok = hf_tokenizer.read_tokenizer(ckpt, hp.vocab_size, family.ADD_BOS_DEFAULT)
     if calib is not None:  # the scaled, rounded tensors replace the checkpoint's
         ckpt, _ = calibrate.calibrate(ckpt, hp, policy, calib, calib_tokens, progress=progress)
 
     writer = FlmWriter(out_path, dtype_policy=policy)
-    tied = llama.add_tensors(writer, ckpt, hp, "f32")  # float data; the policy picks each dtype
-    writer.add_string("general.architecture", "llama")
+    tied = family.add_tensors(writer, ckpt, hp, "f32")  # float data; the policy picks each dtype
+    writer.add_string("general.architecture", family.ARCH)
     writer.add_string("general.name", model_path.resolve().name)
     writer.add_string("general.source", "hf")
-    llama.add_metadata(writer, hp, tied)
+    family.add_metadata(writer, hp, tied)
     hf_tokenizer.add_tokenizer_metadata(writer, tok)
     writer.write(progress=progress, desc=f"{out_path.name} ({dtype})")
     return str(out_path)
@@ -136,11 +137,8 @@ def convert(model_path, out_path, dtype: str = "f32", model_type: str | None = N
 def _convert_gguf(model_path: Path, out_path: Path, dtype: str, policy, model_type,
                   progress) -> str:
     """A llama.cpp GGUF file instead of an HF folder: see gguf_import.py."""
-    if model_type is not None and model_type not in gguf_import.SUPPORTED_ARCHITECTURES:
-        raise ConversionError(f"unsupported --model_type {model_type!r} for a GGUF file "
-                              f"(supported: {', '.join(gguf_import.SUPPORTED_ARCHITECTURES)})")
     return gguf_import.convert_gguf(model_path, out_path, dtype=dtype, progress=progress,
-                                    dtype_policy=policy)
+                                    dtype_policy=policy, model_type=model_type)
 
 
 def main(argv=None, prog: str = "convert.py") -> int:

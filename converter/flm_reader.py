@@ -1,4 +1,4 @@
-"""Reads `.flm` files (docs/flm_format.md, versions 1 and 2) with numpy only.
+"""Reads `.flm` files (docs/flm_format.md, versions 1 to 3) with numpy only.
 
     meta, tensors = read_flm("model.flm")
     dtype, shape, data = tensors["token_embd.weight"]
@@ -27,7 +27,7 @@ import numpy as np
 from . import quantize
 
 MAGIC = b"FASTLLM\0"
-SUPPORTED_VERSIONS = (1, 2)  # 1 differs only in the layout of quantized tensors, which it may not hold here
+SUPPORTED_VERSIONS = (1, 2, 3)  # 1 differs only in the layout of quantized tensors, which it may not hold here
 ALIGNMENT = 64
 HEADER_SIZE = 40
 MAX_DIMS = 4

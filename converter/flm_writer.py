@@ -1,4 +1,4 @@
-"""Writes `.flm` files (docs/flm_format.md, version 2).
+"""Writes `.flm` files (docs/flm_format.md, version 3).
 
 Usage:
 
@@ -35,7 +35,8 @@ import numpy as np
 from . import quantize
 
 MAGIC = b"FASTLLM\0"
-VERSION = 2  # 2: quantized rows in tiles of 16 (version 1 stored them row by row)
+VERSION = 3  # 3: families besides llama, and keys a version-2 reader would ignore and so misread
+# (rope.dim, rope.long_inv_freq, sliding windows, q/k norms); 2: quantized rows in tiles of 16
 ALIGNMENT = 64
 HEADER_SIZE = 40
 

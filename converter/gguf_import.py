@@ -7,23 +7,34 @@ or, with the repository root on sys.path:
     from converter.gguf_import import convert_gguf
     convert_gguf("model.gguf", "model.flm", dtype="f16")
 
-The file is read with the `gguf` package (PyPI). Only the `llama` architecture is supported (it
-covers LLaMA 1/2/3, SmolLM, TinyLlama, ...); any other is refused with a ConversionError that
-names it.
+The file is read with the `gguf` package (PyPI). The architectures (general.architecture) are
+those of llama.cpp's converter for our families: `llama` (LLaMA 1/2/3, SmolLM, TinyLlama,
+Mistral, ...), `qwen2`, `qwen3` and `phi3`; any other is refused with a ConversionError that
+names it and lists these. A `llama` file converts as the llama family; `--model_type mistral`
+writes it as mistral instead (llama.cpp writes Mistral as `llama`).
 
-Hyperparameters: the `llama.*` GGUF keys are turned into a HuggingFace-style config dict, which
-goes through the same `llama.read_hparams` as a config.json, so the RoPE inverse frequencies are
-computed exactly as for an HF checkpoint. A `rope_freqs.weight` tensor (what llama.cpp's converter
-writes for Llama 3.1-style rope scaling: one divisor per frequency) divides them.
+Hyperparameters: the `A.*` GGUF keys are turned into a HuggingFace-style config dict, which goes
+through the family's own read_hparams, as a config.json would, so the RoPE inverse frequencies
+are computed exactly as for an HF checkpoint. Per architecture, as llama.cpp's converter writes
+them:
+  llama   a `rope_freqs.weight` tensor (Llama 3.1-style scaling: one divisor per frequency)
+          divides the frequencies; `attention.sliding_window` (Mistral) is kept
+  qwen2   q/k/v biases; `attention.sliding_window` (+ `sliding_window_pattern`) if written
+  qwen3   attn_q_norm / attn_k_norm; `attention.key_length` is head_dim
+  phi3    `rope.dimension_count` (the rotated dims), `rope.scaling.original_context_length`,
+          `rope_factors_long.weight` / `rope_factors_short.weight` (LongRoPE's factors),
+          `rope.scaling.attn_factor`, `attention.sliding_window` (0: none)
 
 Weights: every tensor is dequantized to float32 (F32/F16/F64 directly, everything else with
 `gguf.quants.dequantize`: BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, the K-quants, the IQ types, ...),
 then rounded to the requested dtype (norms and biases stay f32). GGUF lists dims innermost
-first; the reader's arrays are already [out, in]. llama.cpp's converter reorders the rows of
-attn_q and attn_k inside each head so that its RoPE can rotate adjacent pairs (x[2i], x[2i+1]);
-our RoPE rotates halves (x[i], x[i + hd/2]) as HF's does, so the reordering is undone here.
-Q, K, V are then fused into attn_qkv and gate, up into ffn_gate_up. Without `output.weight`
-the output head is tied to the embedding.
+first; the reader's arrays are already [out, in]. For the `llama` architecture only, llama.cpp's
+converter reorders the rows of attn_q and attn_k inside each head so that its RoPE can rotate
+adjacent pairs (x[2i], x[2i+1]); our RoPE rotates halves (x[i], x[i + hd/2]) as HF's does, so the
+reordering is undone here. The tensors are then laid out as the family lays out its HF tensors
+(GGUF_NAMES maps the names): Q, K, V fused into attn_qkv (phi3 files hold attn_qkv already) and
+gate, up into ffn_gate_up (phi3 files hold both in ffn_up, 2 x intermediate rows). Without
+`output.weight` the output head is tied to the embedding.
 
 Tokenizer: `tokenizer.ggml.model` "llama" (SentencePiece) becomes our `spm` keys, "gpt2"
 (byte-level BPE) our `bpe` keys; see read_tokenizer.
@@ -31,20 +42,51 @@ Tokenizer: `tokenizer.ggml.model` "llama" (SentencePiece) becomes our `spm` keys
 
 from __future__ import annotations
 
+import math
 import re
 from pathlib import Path
 
 import numpy as np
 import torch
 
-from . import bpe_tokenizer
-from . import hf_tokenizer
-from . import llama
-from . import quantize
+from . import bpe_tokenizer, hf_tokenizer, quantize
 from .errors import ConversionError
+from .families import FAMILIES, common
 from .flm_writer import FlmWriter
 
-SUPPORTED_ARCHITECTURES = ("llama",)
+# general.architecture -> the family it converts as (Mistral's files say llama)
+GGUF_FAMILIES = {m.GGUF_ARCH: m for m in FAMILIES.values() if m.GGUF_ARCH == m.ARCH}
+SUPPORTED_ARCHITECTURES = tuple(GGUF_FAMILIES)
+# llama.cpp reorders the q / k rows for its RoPE only when it writes these architectures
+PERMUTED_ARCHITECTURES = ("llama",)
+
+# HF tensor names (without `model.`, after `layers.N.`) -> llama.cpp's (after `blk.N.`), as
+# gguf-py's TensorNameMap maps them; Phi-3's gate_up_proj becomes ffn_up (2 x intermediate rows)
+GGUF_NAMES = {
+    "embed_tokens.weight": "token_embd.weight",
+    "norm.weight": "output_norm.weight",
+    "lm_head.weight": "output.weight",
+    "input_layernorm.weight": "attn_norm.weight",
+    "self_attn.q_proj.weight": "attn_q.weight",
+    "self_attn.k_proj.weight": "attn_k.weight",
+    "self_attn.v_proj.weight": "attn_v.weight",
+    "self_attn.q_proj.bias": "attn_q.bias",
+    "self_attn.k_proj.bias": "attn_k.bias",
+    "self_attn.v_proj.bias": "attn_v.bias",
+    "self_attn.qkv_proj.weight": "attn_qkv.weight",
+    "self_attn.q_norm.weight": "attn_q_norm.weight",
+    "self_attn.k_norm.weight": "attn_k_norm.weight",
+    "self_attn.o_proj.weight": "attn_output.weight",
+    "self_attn.o_proj.bias": "attn_output.bias",
+    "post_attention_layernorm.weight": "ffn_norm.weight",
+    "mlp.gate_proj.weight": "ffn_gate.weight",
+    "mlp.up_proj.weight": "ffn_up.weight",
+    "mlp.gate_up_proj.weight": "ffn_up.weight",
+    "mlp.down_proj.weight": "ffn_down.weight",
+    "mlp.gate_proj.bias": "ffn_gate.bias",
+    "mlp.up_proj.bias": "ffn_up.bias",
+    "mlp.down_proj.bias": "ffn_down.bias",
+}
 GGUF_MAGIC = b"GGUF"
 
 # tokenizer.ggml.pre -> our tokenizer.pre (docs/flm_format.md)
@@ -70,8 +112,8 @@ _BPE_TYPES = {
 }
 _BYTE_PIECE = re.compile(r"<0x[0-9A-Fa-f]{2}>")
 
-__all__ = ["convert_gguf", "is_gguf", "read_gguf", "gguf_config", "read_tokenizer",
-           "unpermute_rope_rows"]
+__all__ = ["convert_gguf", "is_gguf", "read_gguf", "gguf_config", "read_hparams",
+           "read_tokenizer", "unpermute_rope_rows"]
 
 
 def is_gguf(path) -> bool:
@@ -118,6 +160,7 @@ class GgufModel:
         if self.version not in (2, 3):
             raise ConversionError(f"{self.path}: GGUF version {self.version} is not supported "
                                   f"(2 and 3 are)")
+        self.arch = self.get_str("general.architecture")
 
     # metadata
     def has(self, key: str) -> bool:
@@ -258,9 +301,25 @@ def check_architecture(g: GgufModel) -> str:
     return arch
 
 
-def gguf_config(g: GgufModel) -> dict:
-    """An HF-style LlamaConfig dict (the keys llama.read_hparams reads) from the GGUF metadata."""
+def gguf_family(g: GgufModel, model_type: str | None = None):
+    """The family the file converts as: its architecture's, or `model_type` when that family's
+    files have this architecture (mistral for a llama file)."""
+    arch = check_architecture(g)
+    if model_type is None:
+        return GGUF_FAMILIES[arch]
+    family = FAMILIES.get(model_type)
+    if family is None or family.GGUF_ARCH != arch:
+        ok = [f.ARCH for f in FAMILIES.values() if f.GGUF_ARCH == arch]
+        raise ConversionError(f"--model_type {model_type} does not fit {g.path}, whose "
+                              f"architecture is {arch} (it converts as: {', '.join(ok)})")
+    return family
+
+
+def gguf_config(g: GgufModel, family=None) -> dict:
+    """An HF-style config dict for `family` (default: the file's; the keys its read_hparams
+    reads) from the GGUF metadata."""
     a = check_architecture(g)
+    family = family or GGUF_FAMILIES[a]
     experts = g.get_int(f"{a}.expert_count", 0)
     if experts:
         raise ConversionError(f"{g.path}: mixture-of-experts models ({a}.expert_count = "
@@ -279,10 +338,6 @@ def gguf_config(g: GgufModel) -> dict:
             raise ConversionError(f"{g.path}: embedding_length ({hidden}) is not a multiple of "
                                   f"head_count ({heads}) and there is no attention.key_length")
         head_dim = hidden // heads
-    rot = g.get_positive(f"{a}.rope.dimension_count", head_dim)
-    if rot != head_dim:
-        raise ConversionError(f"{g.path}: rope.dimension_count ({rot}) differs from the head "
-                              f"size ({head_dim}): partial rotary embeddings are not supported")
 
     vocab = g.get_positive(f"{a}.vocab_size")
     if vocab is None:
@@ -295,13 +350,14 @@ def gguf_config(g: GgufModel) -> dict:
             raise ConversionError(f"{g.path}: cannot tell the vocabulary size (no "
                                   f"{a}.vocab_size, no tokens, no token_embd.weight)")
 
+    layers = g.get_positive(f"{a}.block_count", _REQUIRED)
     config = {
-        "architectures": ["LlamaForCausalLM"],
-        "model_type": "llama",
+        "architectures": [family.HF_ARCHITECTURES[0]],
+        "model_type": family.MODEL_TYPE,
         "vocab_size": vocab,
         "hidden_size": hidden,
         "intermediate_size": g.get_positive(f"{a}.feed_forward_length", _REQUIRED),
-        "num_hidden_layers": g.get_positive(f"{a}.block_count", _REQUIRED),
+        "num_hidden_layers": layers,
         "num_attention_heads": heads,
         "num_key_value_heads": kv_heads,
         "head_dim": head_dim,
@@ -312,9 +368,66 @@ def gguf_config(g: GgufModel) -> dict:
         "hidden_act": "silu",
         "tie_word_embeddings": "output.weight" not in g.tensors,
         "attention_bias": "blk.0.attn_q.bias" in g.tensors,
-        "mlp_bias": "blk.0.ffn_gate.bias" in g.tensors,
+        "mlp_bias": "blk.0.ffn_down.bias" in g.tensors,
+        "sliding_window": g.get_int(f"{a}.attention.sliding_window") or None,  # 0: none
     }
+    rot = g.get_positive(f"{a}.rope.dimension_count", head_dim)
+    if a == "phi3":
+        _phi3_config(g, a, config, rot)
+    elif rot != head_dim:
+        raise ConversionError(f"{g.path}: rope.dimension_count ({rot}) differs from the head "
+                              f"size ({head_dim}): partial rotary embeddings are not supported "
+                              f"for {a}")
+    if a in ("qwen2", "qwen3") and config["sliding_window"]:
+        # Qwen2Config: the window needs use_sliding_window; which layers use it: the pattern
+        config["use_sliding_window"] = True
+        pattern = g.value(f"{a}.attention.sliding_window_pattern")
+        if isinstance(pattern, list):
+            if len(pattern) != layers:
+                raise ConversionError(f"{g.path}: {a}.attention.sliding_window_pattern has "
+                                      f"{len(pattern)} entries for {layers} layers")
+            config["layer_types"] = ["sliding_attention" if p else "full_attention" for p in pattern]
+        else:
+            config["max_window_layers"] = 0
     return config
+
+
+def _phi3_config(g: GgufModel, a: str, config: dict, rot: int) -> None:
+    """Phi-3's rotary dims, original context and LongRoPE factors, as llama.cpp writes them."""
+    head_dim = config["head_dim"]
+    if rot != head_dim:
+        factor = rot / head_dim
+        if int(head_dim * factor) != rot:
+            raise ConversionError(f"{g.path}: rope.dimension_count {rot} of head size {head_dim} "
+                                  f"is not a partial_rotary_factor transformers can express")
+        config["partial_rotary_factor"] = factor
+    original = g.get_positive(f"{a}.rope.scaling.original_context_length")
+    if original is not None:
+        config["original_max_position_embeddings"] = original
+    names = ("rope_factors_long.weight", "rope_factors_short.weight")
+    present = [n for n in names if n in g.tensors]
+    if not present:
+        return
+    if len(present) == 1:
+        raise ConversionError(f"{g.path}: {present[0]} without its pair ({', '.join(names)})")
+    factors = {}
+    for n in names:
+        if g.shape(n) != (rot // 2,):
+            raise ConversionError(f"{g.path}: {n} has shape {list(g.shape(n))}, expected "
+                                  f"[{rot // 2}] (rope.dimension_count / 2)")
+        g.check_type(n)
+        factors[n] = [float(x) for x in g.dequantize(n)]
+    scaling = {"rope_type": "longrope", "long_factor": factors[names[0]],
+               "short_factor": factors[names[1]]}
+    attn = g.get_float(f"{a}.rope.scaling.attn_factor")
+    if attn is not None:
+        # llama.cpp stores transformers' default as float32; keep the exact default then
+        orig = original or 4096
+        scale = config["max_position_embeddings"] / orig
+        default = 1.0 if scale <= 1.0 else math.sqrt(1 + math.log(scale) / math.log(orig))
+        if np.float32(default) != np.float32(attn):
+            scaling["attention_factor"] = attn
+    config["rope_scaling"] = scaling
 
 
 def _rope_scaling(g: GgufModel, a: str):
@@ -335,18 +448,21 @@ def _rope_scaling(g: GgufModel, a: str):
             return None
         return {"rope_type": "linear", "factor": factor}
     raise ConversionError(f"{g.path}: rope scaling type {kind!r} is not supported (supported: "
-                          f"none, linear, and llama3-style rope_freqs)")
+                          f"none, linear, llama3-style rope_freqs and phi3's LongRoPE factors)")
 
 
-def read_hparams(g: GgufModel) -> llama.LlamaHParams:
-    config = gguf_config(g)
-    hp = llama.read_hparams(config)
+def read_hparams(g: GgufModel, family=None) -> common.HParams:
+    family = family or GGUF_FAMILIES[check_architecture(g)]
+    config = gguf_config(g, family)
+    hp = family.read_hparams(config)
+    if config["sliding_window"] and hp.sliding_window is None and hp.sliding_window_layers is None:
+        hp.sliding_window = config["sliding_window"]  # a llama file (Mistral): every layer
     if "rope_freqs.weight" in g.tensors:
         # llama.cpp stores Llama 3.1's frequency scaling as one divisor per frequency
         shape = g.shape("rope_freqs.weight")
-        if shape != (hp.head_dim // 2,):
+        if shape != (hp.rope.dim // 2,):
             raise ConversionError(f"{g.path}: rope_freqs.weight has shape {list(shape)}, "
-                                  f"expected [{hp.head_dim // 2}]")
+                                  f"expected [{hp.rope.dim // 2}]")
         if hp.rope.rope_type != "default":
             raise ConversionError(f"{g.path}: both rope_freqs.weight and rope scaling type "
                                   f"{hp.rope.rope_type!r}; not supported")
@@ -354,8 +470,8 @@ def read_hparams(g: GgufModel) -> llama.LlamaHParams:
         divisors = g.dequantize("rope_freqs.weight")
         if not np.all(np.isfinite(divisors)) or not np.all(divisors > 0):
             raise ConversionError(f"{g.path}: rope_freqs.weight must be positive and finite")
-        inv = torch.from_numpy(hp.inv_freq) / torch.from_numpy(divisors)
-        hp.inv_freq = inv.to(torch.float32).numpy().copy()
+        inv = torch.from_numpy(hp.rope.inv_freq) / torch.from_numpy(divisors)
+        hp.rope.inv_freq = inv.to(torch.float32).numpy().copy()
         hp.rope.rope_type = "llama3"
     return hp
 
@@ -376,11 +492,33 @@ def unpermute_rope_rows(w: np.ndarray, n_head: int) -> np.ndarray:
     return np.ascontiguousarray(w.reshape(n_head, half, 2, *rest).swapaxes(1, 2).reshape(w.shape))
 
 
-def add_tensors(writer, g: GgufModel, hp: llama.LlamaHParams, dtype: str) -> bool:
-    """Declares every `.flm` tensor on the writer (the data is dequantized when the writer asks
-    for it). Returns whether the output head is tied to the embedding."""
-    H, I, V = hp.hidden_size, hp.intermediate_size, hp.vocab_size
-    hd, nh, nkv = hp.head_dim, hp.num_heads, hp.num_kv_heads
+def _gguf_parts(g: GgufModel, hp: common.HParams, name: str, shape: tuple) -> list:
+    """The GGUF tensors (name, shape, heads to un-permute or 0) holding one HF tensor's rows."""
+    if name.startswith("layers."):
+        _, i, rest = name.split(".", 2)
+        b = f"blk.{i}."
+        gname = b + GGUF_NAMES[rest]
+    else:
+        b, rest, gname = "", name, GGUF_NAMES[name]
+    q, kv = hp.num_heads * hp.head_dim, hp.num_kv_heads * hp.head_dim
+    split = shape[1:]
+    if rest == "self_attn.qkv_proj.weight" and gname not in g.tensors and b + "attn_q.weight" in g.tensors:
+        # fused in the HF checkpoint, separate in this file (llama.cpp's loader takes either)
+        return [(b + "attn_q.weight", (q, *split), 0), (b + "attn_k.weight", (kv, *split), 0),
+                (b + "attn_v.weight", (kv, *split), 0)]
+    if rest == "mlp.gate_up_proj.weight" and b + "ffn_gate.weight" in g.tensors:
+        half = shape[0] // 2
+        return [(b + "ffn_gate.weight", (half, *split), 0), (b + "ffn_up.weight", (half, *split), 0)]
+    heads = 0
+    if g.arch in PERMUTED_ARCHITECTURES:
+        heads = {"attn_q": hp.num_heads, "attn_k": hp.num_kv_heads}.get(gname.split(".")[-2], 0)
+    return [(gname, shape, heads)]
+
+
+def add_tensors(writer, g: GgufModel, family, hp: common.HParams, dtype: str) -> bool:
+    """Declares every `.flm` tensor on the writer, laid out as the family lays out its HF
+    tensors (the data is dequantized when the writer asks for it). Returns whether the output
+    head is tied to the embedding."""
     used = set()
 
     def check(name: str, shape: tuple) -> None:
@@ -393,12 +531,13 @@ def add_tensors(writer, g: GgufModel, hp: llama.LlamaHParams, dtype: str) -> boo
         g.check_type(name)
         used.add(name)
 
-    def declare(out_name: str, out_dtype: str, parts: list):
-        """parts: [(gguf name, shape, heads to un-permute or 0)], concatenated along dim 0."""
+    def declare(spec: common.TensorSpec):
+        parts = [p for name, shape in spec.parts for p in _gguf_parts(g, hp, name, shape)]
         for name, shape, _ in parts:
             check(name, shape)
         shape = list(parts[0][1])
         shape[0] = sum(s[0] for _, s, _ in parts)
+        out_dtype = dtype if spec.matrix else "f32"
 
         def produce():
             arrays = []
@@ -408,53 +547,23 @@ def add_tensors(writer, g: GgufModel, hp: llama.LlamaHParams, dtype: str) -> boo
                     a = unpermute_rope_rows(a, heads)
                 arrays.append(a)
             a = arrays[0] if len(arrays) == 1 else np.concatenate(arrays, axis=0)
-            return llama.to_numpy(torch.from_numpy(a), out_dtype, out_name)
+            return common.to_numpy(torch.from_numpy(a), out_dtype, spec.name)
 
-        writer.add_tensor(out_name, out_dtype, tuple(shape), produce)
+        writer.add_tensor(spec.name, out_dtype, tuple(shape), produce)
 
-    declare("token_embd.weight", dtype, [("token_embd.weight", (V, H), 0)])
-    for i in range(hp.num_layers):
-        b = f"blk.{i}."
-        declare(b + "attn_norm.weight", "f32", [(b + "attn_norm.weight", (H,), 0)])
-        declare(b + "attn_qkv.weight", dtype, [
-            (b + "attn_q.weight", (nh * hd, H), nh),
-            (b + "attn_k.weight", (nkv * hd, H), nkv),
-            (b + "attn_v.weight", (nkv * hd, H), 0),
-        ])
-        if hp.attention_bias:
-            declare(b + "attn_qkv.bias", "f32", [
-                (b + "attn_q.bias", (nh * hd,), nh),
-                (b + "attn_k.bias", (nkv * hd,), nkv),
-                (b + "attn_v.bias", (nkv * hd,), 0),
-            ])
-        declare(b + "attn_output.weight", dtype, [(b + "attn_output.weight", (H, nh * hd), 0)])
-        if hp.attention_bias:
-            declare(b + "attn_output.bias", "f32", [(b + "attn_output.bias", (H,), 0)])
-        declare(b + "ffn_norm.weight", "f32", [(b + "ffn_norm.weight", (H,), 0)])
-        declare(b + "ffn_gate_up.weight", dtype, [
-            (b + "ffn_gate.weight", (I, H), 0),
-            (b + "ffn_up.weight", (I, H), 0),
-        ])
-        if hp.mlp_bias:
-            declare(b + "ffn_gate_up.bias", "f32", [
-                (b + "ffn_gate.bias", (I,), 0),
-                (b + "ffn_up.bias", (I,), 0),
-            ])
-        declare(b + "ffn_down.weight", dtype, [(b + "ffn_down.weight", (H, I), 0)])
-        if hp.mlp_bias:
-            declare(b + "ffn_down.bias", "f32", [(b + "ffn_down.bias", (H,), 0)])
-    declare("output_norm.weight", "f32", [("output_norm.weight", (H,), 0)])
-
+    for spec in common.model_tensors(hp, family.layer_tensors):
+        declare(spec)
     tied = "output.weight" not in g.tensors
     if not tied:
-        declare("output.weight", dtype, [("output.weight", (V, H), 0)])
+        declare(common.output_tensor(hp))
 
-    ignored = {"rope_freqs.weight"}  # folded into llama.rope.inv_freq by read_hparams
+    # folded into the rope keys by read_hparams
+    ignored = {"rope_freqs.weight", "rope_factors_long.weight", "rope_factors_short.weight"}
     extra = [n for n in g.tensors
              if n not in used and n not in ignored and not n.endswith(".attn_rot_embd")]
     if extra:
         shown = ", ".join(extra[:5]) + (f" and {len(extra) - 5} more" if len(extra) > 5 else "")
-        raise ConversionError(f"{g.path}: tensors this LLaMA model does not use: {shown}")
+        raise ConversionError(f"{g.path}: tensors this {hp.arch} model does not use: {shown}")
     return tied
 
 
@@ -572,24 +681,26 @@ def read_tokenizer(g: GgufModel, vocab: int):
 # ---- the conversion ---------------------------------------------------------------------------
 
 def convert_gguf(model_path, out_path, dtype: str = "f32", progress: bool = True,
-                 group_size: int = 32, dtype_config=(), dtype_policy=None) -> str:
+                 group_size: int = 32, dtype_config=(), dtype_policy=None, model_type=None) -> str:
     """Converts the GGUF file `model_path` to `out_path`; returns out_path.
     dtype, group_size, dtype_config: as for convert.convert (quantize.DtypePolicy picks each
-    tensor's dtype from them), or dtype_policy: an already built policy.
-    Raises ConversionError for anything wrong with the input; on any error nothing is written."""
+    tensor's dtype from them), or dtype_policy: an already built policy; model_type: the family
+    to write (see gguf_family). Raises ConversionError for anything wrong with the input; on any
+    error nothing is written."""
     if dtype_policy is None:
         dtype_policy = quantize.DtypePolicy(dtype, group_size, dtype_config)
     out_path = Path(out_path)
     g = read_gguf(model_path)
-    hp = read_hparams(g)
+    family = gguf_family(g, model_type)
+    hp = read_hparams(g, family)
     tok = read_tokenizer(g, hp.vocab_size)
 
     writer = FlmWriter(out_path, dtype_policy=dtype_policy)
-    tied = add_tensors(writer, g, hp, "f32")  # float data; the policy picks each dtype
-    writer.add_string("general.architecture", "llama")
+    tied = add_tensors(writer, g, family, hp, "f32")  # float data; the policy picks each dtype
+    writer.add_string("general.architecture", family.ARCH)
     writer.add_string("general.name", g.get_str("general.name") or Path(model_path).stem)
     writer.add_string("general.source", "gguf")
-    llama.add_metadata(writer, hp, tied)
+    family.add_metadata(writer, hp, tied)
     hf_tokenizer.add_tokenizer_metadata(writer, tok)  # spm or bpe keys
     writer.write(progress=progress, desc=f"{out_path.name} ({dtype})")
     return str(out_path)

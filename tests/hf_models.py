@@ -1,14 +1,22 @@
-"""Builds small random-weight HuggingFace LLaMA checkpoints for tests.
+"""Builds small random-weight HuggingFace checkpoints of every family for tests.
 
     path = make_llama(tmp_path, vocab_size=515, num_key_value_heads=2)
     path = make_llama(tmp_path, safe_serialization=False)              # pytorch_model.bin
     path = make_llama(tmp_path, max_shard_size="20KB")                 # sharded safetensors
     path = make_llama(tmp_path, rope_theta=500000.0, rope_scaling={...}, config_style="v5")
-    model = load_model(path)                                           # the HF reference
+    path = make_model(tmp_path, "qwen3", num_key_value_heads=2)        # llama mistral qwen2 qwen3 phi3
+    model = load_model(path)                                           # the HF reference (its class)
 
 The weights are random with a fixed seed (every parameter, norms and biases included, so that a
-swapped or misplaced tensor shows), saved in float32. The tokenizer files come from the
-stories260K model in ../shared (512 SentencePiece pieces).
+swapped or misplaced tensor shows), saved in float32. Tokenizers (`tokenizer=`):
+  "spm"   the stories260K model's in ../shared (512 SentencePiece pieces): llama, mistral;
+  "phi3"  the same pieces plus Phi-3's added tokens (<|endoftext|> <|assistant|> <|system|>
+          <|end|> <|user|> at 512..516, special, declared in tokenizer.json and
+          tokenizer_config.json as Phi-3 declares them) and its chat template: phi3;
+  "bpe"   a byte-level BPE tokenizer.json in Qwen2's layout (Qwen2 split pattern, NFC, 400
+          tokens trained with `tokenizers` on TinyStories text, then <|endoftext|> <|im_start|>
+          <|im_end|>) and a ChatML template: qwen2, qwen3;
+  None    none.
 
 config.json is rewritten in one of two styles, whatever transformers version wrote it:
   "v4": rope_theta + rope_scaling (transformers 4.x),
@@ -31,8 +39,7 @@ SHARED = Path(os.environ.get("FASTLLM_SHARED", REPO.parent / "shared"))  # data 
 STORIES_HF = SHARED / "models" / "stories260K" / "hf"
 TOKENIZER_FILES = ("tokenizer.model", "tokenizer_config.json", "special_tokens_map.json")
 
-DEFAULTS = dict(
-    vocab_size=512,
+DEFAULTS = dict(  # vocab_size and the special ids come from the tokenizer (TOKENIZER_CONFIG)
     hidden_size=64,
     intermediate_size=96,
     num_hidden_layers=2,
@@ -41,8 +48,6 @@ DEFAULTS = dict(
     max_position_embeddings=128,
     rms_norm_eps=1e-5,
     tie_word_embeddings=False,
-    bos_token_id=1,
-    eos_token_id=2,
 )
 
 
@@ -61,7 +66,7 @@ def _parse_size(size) -> int:
 
 
 def rope_of(config) -> tuple:
-    """(theta, rope_type, scaling fields) of a LlamaConfig, for both transformers styles."""
+    """(theta, rope_type, scaling fields) of a transformers config, for both styles."""
     params = getattr(config, "rope_parameters", None)
     if isinstance(params, dict) and params:
         fields = {k: v for k, v in params.items() if k not in ("rope_theta", "rope_type", "type")}
@@ -80,7 +85,12 @@ def rewrite_config(path: Path, style: str, config) -> None:
     theta, rope_type, fields = rope_of(config)
     for k in ("rope_theta", "rope_scaling", "rope_parameters"):
         cfg.pop(k, None)
-    if style == "v4":
+    if style == "v4":  # partial_rotary_factor and (Phi-3) original_max_position_embeddings top-level
+        prf = fields.pop("partial_rotary_factor", None)
+        if prf is not None and prf != 1.0:
+            cfg["partial_rotary_factor"] = prf
+        if "original_max_position_embeddings" in cfg:
+            fields.pop("original_max_position_embeddings", None)
         cfg["rope_theta"] = theta
         cfg["rope_scaling"] = None if rope_type == "default" else {"rope_type": rope_type, **fields}
     elif style == "v5":
@@ -146,18 +156,63 @@ def make_llama(tmp_dir, name: str = "tiny-llama", seed: int = 0,
     """Builds and saves a random LlamaForCausalLM in tmp_dir/name; returns that folder.
     config_overrides go to transformers.LlamaConfig (rope_theta / rope_scaling are accepted by
     both 4.x and 5.x)."""
-    from transformers import LlamaConfig, LlamaForCausalLM
+    return make_model(tmp_dir, "llama", name=name, seed=seed, safe_serialization=safe_serialization,
+                      max_shard_size=max_shard_size, config_style=config_style,
+                      tokenizer="spm" if tokenizer else None, **config_overrides)
 
+
+# family -> (config class, model class, default tokenizer, the family's tiny-model defaults)
+FAMILIES = {
+    "llama": ("LlamaConfig", "LlamaForCausalLM", "spm", {}),
+    "mistral": ("MistralConfig", "MistralForCausalLM", "spm", {}),
+    "qwen2": ("Qwen2Config", "Qwen2ForCausalLM", "bpe", {}),
+    "qwen3": ("Qwen3Config", "Qwen3ForCausalLM", "bpe", dict(head_dim=32)),
+    "phi3": ("Phi3Config", "Phi3ForCausalLM", "phi3", {}),
+}
+
+PHI3_ADDED = ["<|endoftext|>", "<|assistant|>", "<|system|>", "<|end|>", "<|user|>"]
+PHI3_TEMPLATE = ("{% for message in messages %}{% if message['role'] == 'system' %}"
+                 "{{'<|system|>\n' + message['content'] + '<|end|>\n'}}{% elif message['role'] == 'user' %}"
+                 "{{'<|user|>\n' + message['content'] + '<|end|>\n'}}{% elif message['role'] == 'assistant' %}"
+                 "{{'<|assistant|>\n' + message['content'] + '<|end|>\n'}}{% endif %}{% endfor %}"
+                 "{% if add_generation_prompt %}{{ '<|assistant|>\n' }}{% else %}{{ eos_token }}{% endif %}")
+QWEN_ADDED = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+QWEN_BPE_SIZE = 400  # trained tokens; the added ones follow
+CHATML_TEMPLATE = ("{% for message in messages %}{{'<|im_start|>' + message['role'] + '\n' + "
+                   "message['content'] + '<|im_end|>' + '\n'}}{% endfor %}"
+                   "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}")
+
+# tokenizer -> the config fields it implies
+TOKENIZER_CONFIG = {
+    "spm": dict(vocab_size=512, bos_token_id=1, eos_token_id=2),
+    "phi3": dict(vocab_size=520, bos_token_id=1, eos_token_id=512, pad_token_id=512),
+    "bpe": dict(vocab_size=416, bos_token_id=QWEN_BPE_SIZE, eos_token_id=QWEN_BPE_SIZE + 2),
+    None: dict(vocab_size=512, bos_token_id=1, eos_token_id=2),
+}
+
+
+def make_model(tmp_dir, family: str, name: str | None = None, seed: int = 0,
+               tokenizer="default", safe_serialization: bool = True, max_shard_size=None,
+               config_style: str | None = None, **config_overrides) -> Path:
+    """Builds and saves a random model of `family` in tmp_dir/name (default: tiny-FAMILY);
+    returns that folder. config_overrides go to the family's transformers config class;
+    config_style: as rewrite_config ("v4", "v5"), None leaves save_pretrained's."""
+    import transformers
+
+    config_cls, model_cls, default_tok, family_defaults = FAMILIES[family]
+    tokenizer = default_tok if tokenizer == "default" else tokenizer
     kwargs = dict(DEFAULTS)
+    kwargs.update(TOKENIZER_CONFIG[tokenizer])
+    kwargs.update(family_defaults)
     kwargs.update(config_overrides)
     if kwargs["num_key_value_heads"] is None:
         kwargs["num_key_value_heads"] = kwargs["num_attention_heads"]
-    config = LlamaConfig(**kwargs)
+    config = getattr(transformers, config_cls)(**kwargs)
     torch.manual_seed(seed)
-    model = LlamaForCausalLM(config).to(torch.float32).eval()
+    model = getattr(transformers, model_cls)(config).to(torch.float32).eval()
     _randomize(model, seed)
 
-    path = Path(tmp_dir) / name
+    path = Path(tmp_dir) / (name or f"tiny-{family}")
     path.mkdir(parents=True, exist_ok=True)
     save_kwargs = {}
     if max_shard_size is not None:
@@ -167,15 +222,100 @@ def make_llama(tmp_dir, name: str = "tiny-llama", seed: int = 0,
         _save_bin(model, path, max_shard_size)
     if config_style is not None:
         rewrite_config(path, config_style, config)
-    if tokenizer:
+    if tokenizer == "spm":
         for f in TOKENIZER_FILES:
             shutil.copy(STORIES_HF / f, path / f)
+    elif tokenizer == "phi3":
+        write_phi3_tokenizer(path)
+    elif tokenizer == "bpe":
+        write_qwen_tokenizer(path)
+    elif tokenizer is not None:
+        raise ValueError(f"unknown tokenizer {tokenizer!r}")
     return path
 
 
+def _added(i: int, text: str, special: bool = True, rstrip: bool = False) -> dict:
+    """An added token as tokenizer.json lists it."""
+    return {"id": i, "content": text, "single_word": False, "lstrip": False, "rstrip": rstrip,
+            "normalized": False, "special": special}
+
+
+def _decoder(added: list) -> dict:
+    """tokenizer_config.json's added_tokens_decoder for tokenizer.json's added tokens."""
+    return {str(a["id"]): {k: v for k, v in a.items() if k != "id"} for a in added}
+
+
+def write_phi3_tokenizer(path: Path) -> None:
+    """stories260K's SentencePiece files plus Phi-3's added tokens, as Phi-3-mini declares them
+    (tokenizer.json added_tokens and tokenizer_config.json added_tokens_decoder; the role tokens
+    strip the whitespace after them), its eos / pad <|endoftext|>, no BOS added, its template."""
+    shutil.copy(STORIES_HF / "tokenizer.model", path / "tokenizer.model")
+    data = json.loads((STORIES_HF / "tokenizer.json").read_text(encoding="utf-8"))
+    data["added_tokens"] += [_added(512 + k, t, rstrip=t != "<|endoftext|>")
+                             for k, t in enumerate(PHI3_ADDED)]
+    # no BOS, as add_bos_token says (transformers 5.24 loads phi3 tokenizers from tokenizer.json
+    # alone, whose post-processor would otherwise add one)
+    data["post_processor"] = None
+    (path / "tokenizer.json").write_text(json.dumps(data, ensure_ascii=False), encoding="utf-8")
+    config = {
+        "add_bos_token": False, "add_eos_token": False, "added_tokens_decoder": _decoder(data["added_tokens"]),
+        "bos_token": "<s>", "chat_template": PHI3_TEMPLATE, "clean_up_tokenization_spaces": False,
+        "eos_token": "<|endoftext|>", "legacy": False, "model_max_length": 4096,
+        "pad_token": "<|endoftext|>", "padding_side": "left", "sp_model_kwargs": {},
+        "tokenizer_class": "LlamaTokenizer", "unk_token": "<unk>", "use_default_system_prompt": False,
+    }
+    (path / "tokenizer_config.json").write_text(json.dumps(config, indent=2), encoding="utf-8")
+    (path / "special_tokens_map.json").write_text(json.dumps(
+        {"bos_token": "<s>", "eos_token": "<|endoftext|>", "pad_token": "<|endoftext|>",
+         "unk_token": "<unk>"}, indent=2), encoding="utf-8")
+
+
+_QWEN_JSON = {}
+
+
+def qwen_tokenizer_json() -> dict:
+    """A byte-level BPE tokenizer.json in Qwen2's layout (trained once per process)."""
+    if not _QWEN_JSON:
+        from tokenizers import (AddedToken, Regex, Tokenizer, decoders, models, normalizers,
+                                pre_tokenizers, processors, trainers)
+
+        from converter.bpe_tokenizer import QWEN2_PATTERN
+        tok = Tokenizer(models.BPE())
+        tok.normalizer = normalizers.NFC()
+        tok.pre_tokenizer = pre_tokenizers.Sequence([
+            pre_tokenizers.Split(Regex(QWEN2_PATTERN), behavior="isolated", invert=False),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, trim_offsets=False, use_regex=False)])
+        tok.decoder = decoders.ByteLevel(add_prefix_space=False, trim_offsets=False, use_regex=False)
+        tok.post_processor = processors.ByteLevel(add_prefix_space=False, trim_offsets=False,
+                                                  use_regex=False)
+        text = (STORIES_HF.parent / "text" / "tinystories_sample.txt").read_text(encoding="utf-8")
+        trainer = trainers.BpeTrainer(vocab_size=QWEN_BPE_SIZE, show_progress=False,
+                                      initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+        tok.train_from_iterator(text.splitlines(), trainer)
+        assert tok.get_vocab_size() == QWEN_BPE_SIZE
+        tok.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in QWEN_ADDED])
+        _QWEN_JSON["data"] = json.loads(tok.to_str())
+    return json.loads(json.dumps(_QWEN_JSON["data"]))
+
+
+def write_qwen_tokenizer(path: Path) -> None:
+    """tokenizer.json (qwen_tokenizer_json) and a tokenizer_config.json as Qwen2.5-Instruct's:
+    no BOS, eos <|im_end|>, pad <|endoftext|>, the ChatML template."""
+    data = qwen_tokenizer_json()
+    (path / "tokenizer.json").write_text(json.dumps(data, ensure_ascii=False), encoding="utf-8")
+    config = {
+        "add_prefix_space": False, "added_tokens_decoder": _decoder(data["added_tokens"]),
+        "bos_token": None, "chat_template": CHATML_TEMPLATE, "clean_up_tokenization_spaces": False,
+        "eos_token": "<|im_end|>", "errors": "replace", "model_max_length": 32768,
+        "pad_token": "<|endoftext|>", "split_special_tokens": False,
+        "tokenizer_class": "Qwen2Tokenizer", "unk_token": None,
+    }
+    (path / "tokenizer_config.json").write_text(json.dumps(config, indent=2), encoding="utf-8")
+
+
 def load_model(path):
-    """The HF reference: LlamaForCausalLM.from_pretrained(path) in float32."""
-    from transformers import LlamaForCausalLM
-    return LlamaForCausalLM.from_pretrained(path, dtype=torch.float32) \
-        if transformers_major() >= 5 else LlamaForCausalLM.from_pretrained(
+    """The HF reference: the checkpoint's own class (AutoModelForCausalLM) in float32."""
+    from transformers import AutoModelForCausalLM
+    return AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32) \
+        if transformers_major() >= 5 else AutoModelForCausalLM.from_pretrained(
             path, torch_dtype=torch.float32)

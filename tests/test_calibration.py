@@ -7,12 +7,13 @@ import pytest
 import torch
 
 from conftest import STORIES
-from converter import calibrate, hf_tokenizer, llama, quantize
+from converter import calibrate, hf_tokenizer, quantize
 from converter.checkpoint import Checkpoint
 from converter.convert import ConversionError, convert, main
+from converter.families import llama
 from converter.flm_reader import read_flm
 from converter.flm_writer import FlmWriter
-from hf_models import load_model, make_llama
+from hf_models import load_model, make_llama, make_model
 
 CALIB_TEXT = STORIES / "text" / "tinystories_sample.txt"
 EVAL_TEXT = STORIES / "text" / "tinystories_valid_head.txt"
@@ -81,6 +82,33 @@ def test_folding_keeps_the_function(tmp_path, monkeypatch, bias):
     with fastllm.Model(flm, threads=2) as m:
         got = m.forward(ids)
     assert np.abs(got - expected).max() <= 1e-4 * scale
+
+
+@pytest.mark.parametrize("family", ["qwen2", "qwen3", "phi3"])
+def test_folding_keeps_the_function_in_every_family(tmp_path, monkeypatch, family):
+    """As above, on transformers alone: the family's layout says which rows absorb 1/s (Qwen2's
+    v rows carry a bias; Qwen3 normalises q and k per head; Phi-3's v rows are the last rows of
+    its fused qkv_proj and its up rows the second half of gate_up_proj)."""
+    from converter.families import FAMILIES
+    extra = dict(attention_bias=True) if family == "qwen3" else {}
+    path = make_model(tmp_path, family, num_attention_heads=4, num_key_value_heads=2,
+                      intermediate_size=128, **extra)
+    ckpt = Checkpoint(path)
+    hp = FAMILIES[family].read_hparams(ckpt.config)
+    _force_alpha(monkeypatch)
+    monkeypatch.setattr(calibrate, "_gptq_layers", lambda *args: None)
+    scaled, report = calibrate.calibrate(ckpt, hp, quantize.DtypePolicy("int4"), CALIB_TEXT,
+                                         n_tokens=200)
+    assert len(report.groups) == 4 * hp.num_layers
+    ref = load_model(path).eval()
+    ids = list(np.random.default_rng(0).integers(3, hp.vocab_size - 20, 40))
+    with torch.no_grad():
+        expected = ref(torch.tensor([ids])).logits[0].numpy()
+        ref.load_state_dict({**ref.state_dict(), **scaled.overrides})
+        folded = ref(torch.tensor([ids])).logits[0].numpy()
+    for name in scaled.overrides:  # every override really changed its tensor
+        assert not torch.allclose(scaled.get(name), ckpt.get(name).float(), rtol=1e-3, atol=0), name
+    assert np.abs(folded - expected).max() <= 1e-5 * np.abs(expected).max()
 
 
 def test_alpha_zero_is_a_candidate():

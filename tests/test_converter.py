@@ -349,8 +349,8 @@ def test_unsupported_architecture(tmp_path):
 
 def test_model_type_without_architectures(tmp_path):
     path = make_llama(tmp_path)
-    edit_config(path, architectures=None, model_type="mistral")
-    with pytest.raises(ConversionError, match="mistral"):
+    edit_config(path, architectures=None, model_type="gpt2")
+    with pytest.raises(ConversionError, match="gpt2"):
         convert(path, tmp_path / "out.flm", progress=False)
     edit_config(path, model_type="llama")
     convert(path, tmp_path / "out.flm", progress=False, model_type="llama")
@@ -493,7 +493,7 @@ def test_writer_reader_roundtrip(tmp_path):
     assert f.tensors["x4"].shape == (1, 1, 3, 4)
     raw = (tmp_path / "t.flm").read_bytes()
     assert raw[:8] == b"FASTLLM\0"
-    assert struct.unpack_from("<IIQQQ", raw, 8) == (2, 0, 7, 4, f.data_offset)
+    assert struct.unpack_from("<IIQQQ", raw, 8) == (3, 0, 7, 4, f.data_offset)
     assert all(loc.offset % 64 == 0 for loc in f.locations.values())
     assert f.file_size == f.data_offset + f.locations["x4"].offset + 48
 
@@ -527,7 +527,7 @@ def test_reader_rejects_malformed(tmp_path):
 
     check(b"", "shorter than")
     check(b"GGUF" + good[4:], "bad magic")
-    check(good[:8] + struct.pack("<I", 3) + good[12:], "unsupported .flm version 3")
+    check(good[:8] + struct.pack("<I", 4) + good[12:], "unsupported .flm version 4")
     check(good[:32] + struct.pack("<Q", f.data_offset + 1) + good[40:], "not a multiple of 64")
     check(good[:-4], "run past the end")
     # the second tensor's table entry: make its offset equal the first's -> overlap

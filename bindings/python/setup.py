@@ -43,7 +43,9 @@ class BuildPyWithLibrary(build_py):
         super().run()
         package = Path(self.build_lib) / "fastllm"
         shutil.copyfile(build_library(), package / "libfastllm.so")
-        # the converter package, sub-packages included, as fastllm.converter
+        # the converter package, sub-packages included, as fastllm.converter (a fresh copy: no
+        # module deleted from the checkout lingers from an earlier build)
+        shutil.rmtree(package / "converter", ignore_errors=True)
         for source in (ROOT / "converter").rglob("*.py"):
             target = package / "converter" / source.relative_to(ROOT / "converter")
             target.parent.mkdir(parents=True, exist_ok=True)
