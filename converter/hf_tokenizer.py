@@ -8,11 +8,18 @@ plus the HF side files:
   tokenizer_config.json    add_bos_token, chat_template (a string, or a list of named templates),
                            bos_token / eos_token / unk_token / pad_token, added_tokens_decoder
   special_tokens_map.json  bos_token / eos_token / unk_token / pad_token (when the config has none)
+  added_tokens.json        added tokens of older SentencePiece folders (text -> id)
   chat_template.jinja      the chat template, where newer transformers versions keep it
   config.json / generation_config.json   eos_token_id (an int or a list), bos_token_id
 
 For BPE, add_bos is tokenizer_config's add_bos_token when it says, else whether tokenizer.json's
 post-processor starts a sequence with a special token (Llama 3 does; GPT-2 and SmolLM do not).
+
+SentencePiece folders may add tokens beyond (or over) the model's pieces, as Phi-3 does
+(`<|user|>`, `<|end|>`, ... at 32000+): from tokenizer.json's added_tokens, tokenizer_config's
+added_tokens_decoder and added_tokens.json (tokenizer.json wins, as for llama.cpp's converter),
+each is stored at its id as a control token (type 3) when special, else user-defined (type 4),
+so that the tokenizer can match them in text as transformers does.
 """
 
 from __future__ import annotations
@@ -23,7 +30,7 @@ from . import bpe_tokenizer
 from .bpe_tokenizer import BpeTokenizerInfo, bpe_tokenizer_info
 from .checkpoint import Checkpoint, read_json
 from .errors import ConversionError
-from .spm_tokenizer import UNUSED, load_spm
+from .spm_tokenizer import CONTROL, UNUSED, USER_DEFINED, load_spm
 
 TOKENIZER_MODEL = "tokenizer.model"
 TOKENIZER_JSON = "tokenizer.json"
@@ -179,6 +186,32 @@ def _read_bpe(ckpt: Checkpoint, vocab_size: int, hf, where: str) -> BpeTokenizer
         ignore_merges=hf.ignore_merges, chat_template=_chat_template(ckpt), where=where)
 
 
+def _spm_added_tokens(ckpt: Checkpoint) -> dict:
+    """id -> (text, special) of the tokens a SentencePiece folder adds to its model's pieces."""
+    added = {}
+    legacy = read_json(ckpt.file("added_tokens.json"), required=False) or {}
+    if not isinstance(legacy, dict):
+        raise ConversionError("added_tokens.json: expected an object of token -> id")
+    for text, i in legacy.items():
+        added[i] = (text, False)
+    decoder = (ckpt.tokenizer_config or {}).get("added_tokens_decoder") or {}
+    if not isinstance(decoder, dict):
+        raise ConversionError("tokenizer_config.json: added_tokens_decoder must be an object")
+    for k, v in decoder.items():
+        if not (str(k).isdigit() and isinstance(v, dict) and isinstance(v.get("content"), str)):
+            raise ConversionError(f"tokenizer_config.json: bad added_tokens_decoder entry {k!r}: {v!r}")
+        added[int(k)] = (v["content"], bool(v.get("special", False)))
+    data = read_json(ckpt.file(TOKENIZER_JSON), required=False) or {}
+    for a in (data.get("added_tokens") or []) if isinstance(data, dict) else []:
+        if not (isinstance(a, dict) and isinstance(a.get("content"), str) and isinstance(a.get("id"), int)):
+            raise ConversionError(f"{TOKENIZER_JSON}: bad added token {a!r}")
+        added[a["id"]] = (a["content"], bool(a.get("special", False)))
+    for i, (text, _) in added.items():
+        if isinstance(i, bool) or not isinstance(i, int) or i < 0 or not text:
+            raise ConversionError(f"added token {text!r} has a bad id {i!r}")
+    return added
+
+
 def _read_spm(ckpt: Checkpoint, vocab_size: int, add_bos_default: bool) -> TokenizerInfo:
     path = ckpt.file(TOKENIZER_MODEL)
     spm = load_spm(path)
@@ -186,19 +219,36 @@ def _read_spm(ckpt: Checkpoint, vocab_size: int, add_bos_default: bool) -> Token
     if n > vocab_size:
         raise ConversionError(f"{TOKENIZER_MODEL} has {n} pieces, more than the model's "
                               f"vocab_size {vocab_size}")
-    tokens, scores, types = list(spm.pieces), list(spm.scores), list(spm.types)
+    tokens = list(spm.pieces) + [None] * (vocab_size - n)
+    scores = list(spm.scores) + [0.0] * (vocab_size - n)
+    types = list(spm.types) + [UNUSED] * (vocab_size - n)
+    added = _spm_added_tokens(ckpt)
+    for i, (text, special) in sorted(added.items()):
+        if i >= vocab_size:
+            raise ConversionError(f"added token {text!r} has id {i}, outside the model's "
+                                  f"vocab_size {vocab_size}")
+        if i < n and tokens[i] == text:
+            continue  # one of the model's own pieces (<unk>, <s>, ...): its type stands
+        tokens[i], scores[i], types[i] = text, 0.0, CONTROL if special else USER_DEFINED
     existing = set(tokens)
-    k = 0
-    while len(tokens) < vocab_size:
-        piece = f"<extra_{k}>"
-        k += 1
-        if piece in existing:
-            continue
-        tokens.append(piece)
-        scores.append(0.0)
-        types.append(UNUSED)
+    n_padded, k = 0, 0
+    for i in range(n, vocab_size):  # the ids nothing names: unused padding
+        if tokens[i] is None:
+            while f"<extra_{k}>" in existing:
+                k += 1
+            tokens[i] = f"<extra_{k}>"
+            k += 1
+            n_padded += 1
 
-    eos_ids = _eos_ids(ckpt, vocab_size, (spm.eos_id if spm.eos_id >= 0 else None, TOKENIZER_MODEL))
+    # bos / eos / unk / pad: the ones the tokenizer files name (Phi-3's eos is <|endoftext|>,
+    # not the model's </s>), else the trainer's
+    ids = {"bos": spm.bos_id, "eos": spm.eos_id, "unk": spm.unk_id, "pad": spm.pad_id}
+    for name, text in _special_token_texts(ckpt).items():
+        found = [i for i, (t, _) in added.items() if t == text] or \
+                [i for i, t in enumerate(tokens[:n]) if t == text]
+        if found:
+            ids[name] = found[0]
+    eos_ids = _eos_ids(ckpt, vocab_size, (ids["eos"] if ids["eos"] >= 0 else None, TOKENIZER_MODEL))
 
     tc = ckpt.tokenizer_config or {}
     add_bos = tc.get("add_bos_token", add_bos_default)
@@ -207,13 +257,13 @@ def _read_spm(ckpt: Checkpoint, vocab_size: int, add_bos_default: bool) -> Token
 
     return TokenizerInfo(
         tokens=tokens, scores=scores, types=types,
-        bos_id=spm.bos_id, eos_id=spm.eos_id, unk_id=spm.unk_id, pad_id=spm.pad_id,
+        bos_id=ids["bos"], eos_id=ids["eos"], unk_id=ids["unk"], pad_id=ids["pad"],
         eos_ids=eos_ids, add_bos=bool(add_bos),
         add_dummy_prefix=spm.add_dummy_prefix,
         remove_extra_whitespaces=spm.remove_extra_whitespaces,
         byte_fallback=spm.byte_fallback,
         chat_template=_chat_template(ckpt),
-        n_padded=vocab_size - n,
+        n_padded=n_padded,
     )
 
 
