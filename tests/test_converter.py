@@ -286,6 +286,24 @@ def test_legacy_rope_scaling_type_key(tmp_path):
     assert f.metadata["llama.rope.type"] == "linear"
 
 
+def test_rope_scaling_wins_over_rope_parameters(tmp_path):
+    """Both styles in one config.json: transformers 5.24 takes a non-empty rope_scaling, and the
+    top-level rope_theta fills in its missing theta."""
+    path = make_llama(tmp_path)
+    edit_config(path, rope_parameters={"rope_type": "linear", "factor": 2.0, "rope_theta": 5000.0},
+                rope_scaling={"rope_type": "linear", "factor": 3.0}, rope_theta=7000.0)
+    f = check_conversion(path, tmp_path / "out.flm")
+    assert f.metadata["llama.rope.theta"] == 7000.0
+
+
+def test_top_level_original_context_overrides_llama3s(tmp_path):
+    """A top-level original_max_position_embeddings replaces the rope dict's when the model is
+    built (transformers' standardize_rope_params)."""
+    path = make_llama(tmp_path, rope_theta=500000.0, rope_scaling=LLAMA3, head_dim=32)
+    edit_config(path, original_max_position_embeddings=64)
+    check_conversion(path, tmp_path / "out.flm")
+
+
 def test_eos_ids_add_bos_and_chat_template(tmp_path):
     path = make_llama(tmp_path, vocab_size=515, eos_token_id=[2, 9])
     gen = json.loads((path / "generation_config.json").read_text())
