@@ -6,6 +6,7 @@
 #include "format/flm_file.h"
 #include "text/tokenizer_bpe.h"
 #include "text/tokenizer_spm.h"
+#include "text/unicode.h"
 
 namespace fastllm {
 
@@ -30,6 +31,114 @@ int32_t Tokenizer::read_special_ids(const FlmFile &file, int64_t vocab_size, boo
         }
     add_bos_ = file.get_int("tokenizer.add_bos", add_bos_default ? 1 : 0) != 0;
     return id_or_none("tokenizer.unk_id");
+}
+
+void Tokenizer::read_added_strip(const FlmFile &file, AddedTokens &added) const {
+    for (const char *key : {"tokenizer.added_lstrip", "tokenizer.added_rstrip"}) {
+        if (!file.has(key)) continue;
+        bool left = key[16] == 'l';
+        for (int64_t id : file.get_ints(key)) {
+            if (id < 0 || id >= vocab_size())
+                fail(FASTLLM_ERR_BAD_FORMAT, "%s: %s names token %lld, outside the vocabulary of %d", file.path().c_str(),
+                     key, (long long)id, vocab_size());
+            added.set_strip((int32_t)id, left, !left);
+        }
+    }
+}
+
+void AddedTokens::add(const std::string &text, int32_t id) {
+    int32_t node = 0;
+    for (unsigned char b : text) {
+        auto &next = trie_[node].next;
+        auto it = std::find_if(next.begin(), next.end(), [b](const auto &p) { return p.first == b; });
+        if (it != next.end()) {
+            node = it->second;
+        } else {
+            int32_t child = (int32_t)trie_.size();
+            trie_[node].next.emplace_back(b, child);
+            trie_.emplace_back();
+            node = child;
+        }
+    }
+    if (trie_[node].id < 0) trie_[node].id = id;
+    if (!text.empty()) first_byte_[(unsigned char)text[0]] = true;
+}
+
+void AddedTokens::set_strip(int32_t id, bool lstrip, bool rstrip) {
+    for (auto [on, list] : {std::pair{lstrip, &lstrip_}, std::pair{rstrip, &rstrip_}}) {
+        auto at = std::lower_bound(list->begin(), list->end(), id);
+        if (on && (at == list->end() || *at != id)) list->insert(at, id);
+    }
+}
+
+bool AddedTokens::find(std::string_view text, size_t from, size_t &start, size_t &len, int32_t &id) const {
+    for (size_t i = from; i < text.size(); i++) {
+        if (!first_byte_[(unsigned char)text[i]]) continue;
+        int32_t node = 0, best = -1;
+        size_t best_len = 0;
+        for (size_t k = i; k < text.size(); k++) {
+            unsigned char b = text[k];
+            const auto &next = trie_[node].next;
+            auto it = std::find_if(next.begin(), next.end(), [b](const auto &p) { return p.first == b; });
+            if (it == next.end()) break;
+            node = it->second;
+            if (trie_[node].id >= 0) {
+                best = trie_[node].id;
+                best_len = k + 1 - i;
+            }
+        }
+        if (best >= 0) {
+            start = i;
+            len = best_len;
+            id = best;
+            return true;
+        }
+    }
+    return false;
+}
+
+namespace {
+// Start of the run of whitespace that ends at `end` (not before `floor`).
+size_t whitespace_before(std::string_view text, size_t end, size_t floor) {
+    size_t start = end;
+    while (start > floor) {
+        size_t b = start - 1;
+        while (b > floor && ((unsigned char)text[b] & 0xC0) == 0x80) b--;  // back to a character's first byte
+        size_t i = b;
+        uint32_t cp = unicode::decode_utf8(text, i);
+        if (i != start || cp == unicode::kInvalid || !unicode::is_whitespace(cp)) break;
+        start = b;
+    }
+    return start;
+}
+// End of the run of whitespace that starts at `start`.
+size_t whitespace_after(std::string_view text, size_t start) {
+    while (start < text.size()) {
+        size_t i = start;
+        uint32_t cp = unicode::decode_utf8(text, i);
+        if (cp == unicode::kInvalid || !unicode::is_whitespace(cp)) break;
+        start = i;
+    }
+    return start;
+}
+}  // namespace
+
+std::vector<AddedTokens::Piece> AddedTokens::split(std::string_view text) const {
+    std::vector<Piece> out;
+    size_t pos = 0, start, len;
+    int32_t id;
+    bool after_token = false;
+    while (!empty() && find(text, pos, start, len, id)) {
+        size_t end = start + len;
+        if (std::binary_search(lstrip_.begin(), lstrip_.end(), id)) start = whitespace_before(text, start, pos);
+        if (std::binary_search(rstrip_.begin(), rstrip_.end(), id)) end = whitespace_after(text, end);
+        if (start > pos) out.push_back({text.substr(pos, start - pos), -1, after_token});
+        out.push_back({text.substr(start, end - start), id, after_token});
+        after_token = true;
+        pos = end;
+    }
+    if (pos < text.size()) out.push_back({text.substr(pos), -1, after_token});
+    return out;
 }
 
 std::unique_ptr<Tokenizer> make_tokenizer(const FlmFile &file, int64_t vocab_size) {

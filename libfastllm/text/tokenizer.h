@@ -12,6 +12,39 @@ namespace fastllm {
 
 class FlmFile;
 
+// Added tokens (special tokens such as <|im_start|>, <|end|>) are cut out of the raw text before
+// the model's own encoding, as HuggingFace tokenizers' AddedVocabulary does: the leftmost match
+// wins, the longest of those starting there; a token with lstrip / rstrip also takes the
+// whitespace (Unicode White_Space) before / after it, which then gives no tokens. Text that lies
+// between matches is encoded by the tokenizer; `after_token` says whether it follows a match.
+class AddedTokens {
+public:
+    // Adds a token text (non-empty); the first id added for a text wins.
+    void add(const std::string &text, int32_t id);
+    void set_strip(int32_t id, bool lstrip, bool rstrip);
+    bool empty() const { return trie_[0].next.empty(); }
+
+    struct Piece {
+        std::string_view text;  // text to encode (id < 0), or the matched text
+        int32_t id;             // the added token, -1 for text
+        bool after_token;       // text that follows an added token (not the start of the input)
+    };
+    // The pieces of text in order: runs of text (never empty) and added tokens.
+    std::vector<Piece> split(std::string_view text) const;
+
+private:
+    struct Node {
+        int32_t id = -1;                                // added token ending here
+        std::vector<std::pair<uint8_t, int32_t>> next;  // byte -> child node
+    };
+    // Leftmost-longest token in text at or after `from`; false if none.
+    bool find(std::string_view text, size_t from, size_t &start, size_t &len, int32_t &id) const;
+
+    std::vector<Node> trie_{1};
+    bool first_byte_[256] = {};
+    std::vector<int32_t> lstrip_, rstrip_;  // ids, sorted
+};
+
 class Tokenizer {
 public:
     virtual ~Tokenizer() = default;
@@ -34,6 +67,10 @@ protected:
     // Reads and range-checks tokenizer.bos_id / eos_id / eos_ids / add_bos (shared by every
     // tokenizer); returns tokenizer.unk_id (-1 if absent).
     int32_t read_special_ids(const FlmFile &file, int64_t vocab_size, bool add_bos_default);
+    // The lstrip / rstrip flags of added tokens: the optional id lists tokenizer.added_lstrip and
+    // tokenizer.added_rstrip (ids out of range are a format error; flags of ids that are not
+    // added tokens have no effect).
+    void read_added_strip(const FlmFile &file, AddedTokens &added) const;
 
     std::vector<std::string> pieces_;
     int32_t bos_id_ = -1, eos_id_ = -1;

@@ -165,7 +165,6 @@ BpeTokenizer::BpeTokenizer(const FlmFile &file, int64_t vocab_size) {
     // text, then the lower id), the added-token trie.
     types_.resize(pieces_.size());
     bytes_.resize(pieces_.size());
-    trie_.emplace_back();
     for (size_t id = 0; id < pieces_.size(); id++) {
         int64_t t = types[id];
         if (t != NORMAL && t != SPECIAL && t != ADDED && t != UNUSED)
@@ -189,23 +188,10 @@ BpeTokenizer::BpeTokenizer(const FlmFile &file, int64_t vocab_size) {
         bytes_[id] = in_alphabet ? raw : text;
         if (t == SPECIAL || t == ADDED) {
             if (text.empty()) fail(FASTLLM_ERR_BAD_FORMAT, "%s: added token %zu is empty", path, id);
-            int32_t node = 0;
-            for (unsigned char b : text) {
-                auto &next = trie_[node].next;
-                auto it = std::find_if(next.begin(), next.end(), [b](const auto &p) { return p.first == b; });
-                if (it != next.end()) {
-                    node = it->second;
-                } else {
-                    int32_t child = (int32_t)trie_.size();
-                    trie_[node].next.emplace_back(b, child);
-                    trie_.emplace_back();
-                    node = child;
-                }
-            }
-            if (trie_[node].id < 0) trie_[node].id = (int32_t)id;
-            added_first_byte_[(unsigned char)text[0]] = true;
+            added_.add(text, (int32_t)id);
         }
     }
+    read_added_strip(file, added_);
     for (size_t id = 0; id < pieces_.size(); id++)
         if (types_[id] == SPECIAL || types_[id] == ADDED) vocab_.emplace(pieces_[id], (int32_t)id);
     for (int b = 0; b < 256; b++) byte_token_[b] = lookup(abc.text[b]);
@@ -235,44 +221,13 @@ int32_t BpeTokenizer::lookup(const std::string &token) const {
     return it == vocab_.end() ? -1 : it->second;
 }
 
-bool BpeTokenizer::find_added(std::string_view text, size_t from, size_t &start, size_t &len, int32_t &id) const {
-    if (trie_[0].next.empty()) return false;
-    for (size_t i = from; i < text.size(); i++) {
-        if (!added_first_byte_[(unsigned char)text[i]]) continue;
-        int32_t node = 0, best = -1;
-        size_t best_len = 0;
-        for (size_t k = i; k < text.size(); k++) {
-            unsigned char b = text[k];
-            const auto &next = trie_[node].next;
-            auto it = std::find_if(next.begin(), next.end(), [b](const auto &p) { return p.first == b; });
-            if (it == next.end()) break;
-            node = it->second;
-            if (trie_[node].id >= 0) {
-                best = trie_[node].id;
-                best_len = k + 1 - i;
-            }
-        }
-        if (best >= 0) {
-            start = i;
-            len = best_len;
-            id = best;
-            return true;
-        }
-    }
-    return false;
-}
-
 std::vector<int32_t> BpeTokenizer::encode(std::string_view text, bool add_bos) const {
     std::vector<int32_t> out;
     if (add_bos && bos_id_ >= 0) out.push_back(bos_id_);
-    size_t pos = 0, start, len;
-    int32_t id;
-    while (find_added(text, pos, start, len, id)) {
-        encode_text(text.substr(pos, start - pos), out);
-        out.push_back(id);
-        pos = start + len;
+    for (const auto &piece : added_.split(text)) {
+        if (piece.id >= 0) out.push_back(piece.id);
+        else encode_text(piece.text, out);
     }
-    encode_text(text.substr(pos), out);
     return out;
 }
 

@@ -1,5 +1,5 @@
 // tokenizer_bpe.h — GPT-2-style byte-level BPE (GPT-2, Llama 3, Qwen2, SmolLM): added tokens
-// are cut out of the text first, the rest is split by a hand-written version of the model's
+// are cut out of the text first (AddedTokens), the rest is split by a hand-written version of the model's
 // pre-tokenizer regex, each piece's bytes are mapped to GPT-2's byte alphabet and merged by
 // rank. Matches HuggingFace `tokenizers` token for token (docs/flm_format.md, "bpe").
 #pragma once
@@ -27,17 +27,10 @@ private:
     struct Merge {
         int32_t rank, result;
     };
-    struct TrieNode {
-        int32_t id = -1;                                // added token ending here
-        std::vector<std::pair<uint8_t, int32_t>> next;  // byte -> child node
-    };
-
     // Pre-tokenizer split of text (no added tokens in it) followed by BPE of each piece.
     void encode_text(std::string_view text, std::vector<int32_t> &out) const;
     // BPE of one pre-token's bytes.
     void encode_word(std::string_view word, std::vector<int32_t> &out) const;
-    // Leftmost-longest added token in text at or after `from`; false if none.
-    bool find_added(std::string_view text, size_t from, size_t &start, size_t &len, int32_t &id) const;
     int32_t lookup(const std::string &token) const;
 
     Pre pre_ = Pre::GPT2;
@@ -47,8 +40,7 @@ private:
     std::unordered_map<std::string, int32_t> vocab_;  // token text -> id (types 1, 3, 4)
     std::unordered_map<uint64_t, Merge> merges_;      // (left id << 32 | right id) -> merge
     int32_t byte_token_[256];                         // token of each single byte, -1 if none
-    std::vector<TrieNode> trie_;                      // added tokens (types 3, 4)
-    bool added_first_byte_[256] = {};
+    AddedTokens added_;                               // types 3, 4
 };
 
 }  // namespace fastllm

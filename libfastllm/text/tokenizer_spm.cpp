@@ -52,13 +52,39 @@ SpmTokenizer::SpmTokenizer(const FlmFile &file, int64_t vocab_size) {
         unsigned byte;
         if (t == BYTE && pieces_[id].size() == 6 && std::sscanf(pieces_[id].c_str(), "<0x%02X>", &byte) == 1)
             byte_ids_[byte] = (int32_t)id;
+        const std::string &p = pieces_[id];
+        if ((t == CONTROL || t == USER_DEFINED) && !p.empty() && p != "<s>" && p != "</s>" &&
+            p.find(kSpace) == std::string::npos)
+            added_.add(p, (int32_t)id);
     }
+    read_added_strip(file, added_);
+    std::string prefix = file.get_string("tokenizer.prefix_after_added", "never");
+    if (prefix == "never") prefix_after_added_ = Prefix::NEVER;
+    else if (prefix == "always") prefix_after_added_ = Prefix::ALWAYS;
+    else if (prefix == "unless_space") prefix_after_added_ = Prefix::UNLESS_SPACE;
+    else
+        fail(FASTLLM_ERR_BAD_FORMAT, "%s: tokenizer.prefix_after_added is '%s' (expected never, always or unless_space)",
+             path, prefix.c_str());
 }
 
-std::vector<int32_t> SpmTokenizer::encode(std::string_view text_in, bool add_bos) const {
+std::vector<int32_t> SpmTokenizer::encode(std::string_view text, bool add_bos) const {
     std::vector<int32_t> out;
     if (add_bos && bos_id_ >= 0) out.push_back(bos_id_);
+    for (const auto &piece : added_.split(text)) {
+        if (piece.id >= 0) {
+            out.push_back(piece.id);
+            continue;
+        }
+        bool prefix = add_dummy_prefix_;
+        if (piece.after_token && prefix_after_added_ == Prefix::NEVER) prefix = false;
+        if (piece.after_token && prefix_after_added_ == Prefix::UNLESS_SPACE)
+            prefix = prefix && piece.text[0] != ' ' && piece.text.substr(0, kSpace.size()) != kSpace;
+        encode_text(piece.text, prefix, out);
+    }
+    return out;
+}
 
+void SpmTokenizer::encode_text(std::string_view text_in, bool dummy_prefix, std::vector<int32_t> &out) const {
     // Normalise as the SentencePiece identity normaliser does.
     std::string text(text_in);
     if (remove_extra_whitespaces_) {
@@ -68,8 +94,8 @@ std::vector<int32_t> SpmTokenizer::encode(std::string_view text_in, bool add_bos
         while (!t.empty() && t.back() == ' ') t.pop_back();
         text = t;
     }
-    if (text.empty()) return out;
-    if (add_dummy_prefix_) text = " " + text;
+    if (text.empty()) return;
+    if (dummy_prefix) text = " " + text;
     text = replace_all(text, " ", kSpace);
 
     // Symbols: one per UTF-8 character, in a doubly linked list.
@@ -124,7 +150,6 @@ std::vector<int32_t> SpmTokenizer::encode(std::string_view text_in, bool add_bos
             out.push_back(unk_id_);
         }
     }
-    return out;
 }
 
 std::string SpmTokenizer::piece_bytes(int32_t id) const {
