@@ -164,8 +164,10 @@ typedef struct fastllm_chat_message {
  * one, roles not alternating, ...). add_generation_prompt: 1 to end with the opening of the
  * assistant's turn. Output buffer convention as fastllm_detokenize (NUL-terminated). Tokenize the
  * result with add_bos = 0 (templates that want BOS write it as text). Byte-level BPE models match
- * their special tokens (<|im_start|>, ...) in text as single ids; SentencePiece models treat such
- * text as plain text, as sentencepiece does.
+ * their special tokens (<|im_start|>, ...) in text as single ids; SentencePiece models match
+ * their added tokens (Phi-3's <|user|>, <|end|>, ...) too, but treat the text <s>, </s> and <unk>
+ * as plain text, as sentencepiece does (so a template that writes BOS as text does not give the
+ * BOS id with them).
  * Equivalent to fastllm_chat_apply_template_v2 with default params but this add_generation_prompt. */
 FASTLLM_API fastllm_status fastllm_chat_apply_template(const fastllm_model *model, const char *tmpl,
                                                        const fastllm_chat_message *messages, size_t n_messages,
