@@ -610,3 +610,13 @@ def test_chat_params_layout_matches_the_header(tmp_path):
     subprocess.run([cc, "-I", str(REPO / "include"), str(src), "-o", str(exe)], check=True)
     c_layout = [int(x) for x in subprocess.run([str(exe)], capture_output=True, text=True, check=True).stdout.split()]
     assert c_layout == [ctypes.sizeof(raw.ChatParams)] + [getattr(raw.ChatParams, f).offset for f in fields]
+
+
+def test_line_breaks_inside_string_literals_count_as_the_escape(stories_model):
+    """A template whose Jinja strings hold real line breaks instead of \\n renders the same."""
+    template = PHI3.replace("\\n", "\n")
+    assert template != PHI3
+    for messages in CONVERSATIONS[:4]:
+        for gen in (True, False):
+            assert stories_model.apply_chat_template(messages, gen, template=template) == \
+                hf_render(template, messages, gen)

@@ -46,17 +46,23 @@ std::string rstrip_nl(const std::string &s) {
 }
 std::string strip_nl(const std::string &s) { return lstrip_nl(rstrip_nl(s)); }
 
-// The template with its double quotes made single: the markers below are written with single
-// quotes and match either spelling of a Jinja string literal.
-std::string single_quoted(std::string t) {
-    for (char &c : t)
-        if (c == '"') c = '\'';
-    return t;
+// The template spelled as the markers below are: double quotes made single and line breaks
+// written as Jinja's escape \n, so that a marker matches either spelling of a string literal
+// (no marker spans a line of the template).
+std::string normalized(const std::string &t) {
+    std::string out;
+    out.reserve(t.size());
+    for (char c : t) {
+        if (c == '"') out += '\'';
+        else if (c == '\n') out += "\\n";
+        else out += c;
+    }
+    return out;
 }
 
 struct Chat {
     const std::string &tmpl;  // as given
-    const std::string &norm;  // single_quoted(tmpl)
+    const std::string &norm;  // normalized(tmpl)
     const std::vector<ChatMessage> &msgs;
     const ChatOptions &opt;
     const std::string &bos, &eos;
@@ -422,7 +428,7 @@ std::string render_phi3(const Chat &c) {
 
 struct Family {
     const char *name;
-    bool (*recognises)(const std::string &single_quoted_template);  // may refuse a variant (throws)
+    bool (*recognises)(const std::string &normalized_template);  // may refuse a variant (throws)
     std::string (*render)(const Chat &chat);
 };
 
@@ -443,11 +449,11 @@ const Family &find_family(const std::string &norm, const std::string &tmpl) {
 
 }  // namespace
 
-const char *detect_chat_family(const std::string &tmpl) { return find_family(single_quoted(tmpl), tmpl).name; }
+const char *detect_chat_family(const std::string &tmpl) { return find_family(normalized(tmpl), tmpl).name; }
 
 std::string apply_chat_template(const std::string &tmpl, const std::vector<ChatMessage> &msgs, const ChatOptions &opt,
                                 const std::string &bos, const std::string &eos) {
-    const std::string norm = single_quoted(tmpl);
+    const std::string norm = normalized(tmpl);
     const Family &family = find_family(norm, tmpl);
     if (msgs.empty())  // as transformers' apply_chat_template
         fail(FASTLLM_ERR_INVALID_ARGUMENT, "cannot apply a chat template to an empty conversation");
