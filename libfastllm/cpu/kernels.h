@@ -48,10 +48,11 @@ struct KernelTable {
     QuantDot dot_rows_quant[kNumDTypes];
 };
 
-// Sets dot_rows_quant of every quantized dtype to the ISA's kernel for its code width
+// `plain` with dot_rows_quant of every quantized dtype set to the ISA's kernel for its code width
 // (for_bits(8 / 6 / 4)), so that a new quantized dtype is one row of kDTypes (tensor.h).
-inline void fill_quant_kernels(KernelTable &t, KernelTable::QuantDot (*for_bits)(int bits)) {
-    for (const DTypeTraits &d : kDTypes) t.dot_rows_quant[(int)d.type] = d.quantized ? for_bits(d.bits) : nullptr;
+inline KernelTable with_quant_kernels(KernelTable plain, KernelTable::QuantDot (*for_bits)(int bits)) {
+    for (const DTypeTraits &d : kDTypes) plain.dot_rows_quant[(int)d.type] = d.quantized ? for_bits(d.bits) : nullptr;
+    return plain;
 }
 
 // The tables this build and CPU can run; nullptr for an ISA the CPU (or build) lacks.

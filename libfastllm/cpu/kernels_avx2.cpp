@@ -301,11 +301,7 @@ const KernelTable kPlain = {
 }  // namespace
 
 const KernelTable *avx2_kernels() {
-    static const KernelTable table = [] {
-        KernelTable t = kPlain;
-        fill_quant_kernels(t, quant_for_bits);
-        return t;
-    }();
+    static const KernelTable table = with_quant_kernels(kPlain, quant_for_bits);
     return &table;
 }
 

@@ -242,8 +242,7 @@ const KernelTable kPlain = {
 // AVX-512 (110M f16 generation 137 -> 170 tokens/s), for the same arithmetic.
 const KernelTable *avx512_kernels() {
     static const KernelTable *table = []() -> const KernelTable * {
-        static KernelTable t = kPlain;
-        fill_quant_kernels(t, quant_for_bits);
+        static KernelTable t = with_quant_kernels(kPlain, quant_for_bits);
         const KernelTable *avx2 = avx2_kernels();
         if (!avx2) return nullptr;  // not built: cannot happen where this file is
         for (int d = 0; d < 3; d++) t.dot_rows[d] = avx2->dot_rows[d];

@@ -168,11 +168,7 @@ const KernelTable kPlain = {Isa::Scalar,
 }  // namespace
 
 const KernelTable *scalar_kernels() {
-    static const KernelTable table = [] {
-        KernelTable t = kPlain;
-        fill_quant_kernels(t, quant_for_bits);
-        return t;
-    }();
+    static const KernelTable table = with_quant_kernels(kPlain, quant_for_bits);
     return &table;
 }
 
