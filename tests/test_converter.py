@@ -330,7 +330,8 @@ def test_trained_tokenizer_options(tmp_path):
     """A freshly trained sentencepiece model with non-default options (checks the decoder on
     negative-free custom ids, user-defined pieces and the normalizer flags)."""
     import sentencepiece
-    text = (ROOT.parent / "shared" / "models" / "corpora" / "tinyshakespeare.txt").read_text()
+    from conftest import SHARED
+    text = (SHARED / "models" / "corpora" / "tinyshakespeare.txt").read_text()
     buf = io.BytesIO()
     sentencepiece.SentencePieceTrainer.train(
         sentence_iterator=iter(text[:50000].splitlines()), model_writer=buf, vocab_size=300,
