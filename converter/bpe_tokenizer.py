@@ -21,8 +21,9 @@ from a tokenizer.json:
   decoder        ByteLevel
   normalizer     none; NFC is accepted with a warning (fastllm does not normalize, so text
                  that is not already NFC may tokenize differently)
-  added_tokens   special -> type 3, others -> type 4; the lstrip / rstrip / single_word flags
-                 are not implemented (a warning names the tokens that set them)
+  added_tokens   special -> type 3, others -> type 4; lstrip / rstrip -> the id lists
+                 tokenizer.added_lstrip / added_rstrip; single_word is not implemented (a
+                 warning names the tokens that set it)
 """
 
 from __future__ import annotations
@@ -76,6 +77,8 @@ class BpeTokenizerInfo:
     chat_template: str | None
     n_padded: int           # ids added to reach vocab_size (type UNUSED, `<extra_N>`)
     ignore_merges: bool = False
+    added_lstrip: list = field(default_factory=list)  # added tokens that take the spaces before them
+    added_rstrip: list = field(default_factory=list)  # ... and after them
 
 
 def bpe_tokenizer_info(tokens, types, merges, pre: str, vocab_size: int, *,
@@ -204,6 +207,8 @@ class HfBpe:
     pre: str
     ignore_merges: bool = False
     added: dict = field(default_factory=dict)   # id -> (content, special)
+    lstrip: set = field(default_factory=set)    # ids of added tokens with lstrip / rstrip
+    rstrip: set = field(default_factory=set)
     template_bos: str | None = None   # token the post-processor puts first, if any
 
     def tokens_and_types(self) -> tuple[list, list]:
@@ -353,14 +358,16 @@ def read_tokenizer_json(data: dict, where: str = "tokenizer.json") -> HfBpe:
             raise ConversionError(f"{where}: added token {a['content']!r} has id {a['id']}, which "
                                   f"is the vocabulary's {seen[a['id']]!r}")
         added[a["id"]] = (a["content"], bool(a.get("special", False)))
-        if a.get("lstrip") or a.get("rstrip") or a.get("single_word"):
+        if a.get("single_word"):
             flagged.append(a["content"])
     if flagged:
-        warnings.warn(f"{where}: the lstrip / rstrip / single_word flags of added tokens are not "
-                      f"implemented (set on {', '.join(map(repr, flagged[:5]))}"
+        warnings.warn(f"{where}: the single_word flag of added tokens is not implemented (set on "
+                      f"{', '.join(map(repr, flagged[:5]))}"
                       f"{' ...' if len(flagged) > 5 else ''})", stacklevel=2)
+    listed = data.get("added_tokens") or []
     hf = HfBpe(vocab=vocab, merges=merges, pre=pre, ignore_merges=bool(model.get("ignore_merges")),
-               added=added)
+               added=added, lstrip={a["id"] for a in listed if a.get("lstrip")},
+               rstrip={a["id"] for a in listed if a.get("rstrip")})
     hf.template_bos = _template_bos(data.get("post_processor"))
     return hf
 

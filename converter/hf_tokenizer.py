@@ -19,12 +19,19 @@ SentencePiece folders may add tokens beyond (or over) the model's pieces, as Phi
 (`<|user|>`, `<|end|>`, ... at 32000+): from tokenizer.json's added_tokens, tokenizer_config's
 added_tokens_decoder and added_tokens.json (tokenizer.json wins, as for llama.cpp's converter),
 each is stored at its id as a control token (type 3) when special, else user-defined (type 4),
-so that the tokenizer can match them in text as transformers does.
+so that the tokenizer can match them in text as transformers does. Their lstrip / rstrip flags
+become the id lists tokenizer.added_lstrip / added_rstrip (BPE folders too), and how transformers
+gives the text after an added token its dummy prefix becomes tokenizer.prefix_after_added:
+  the folder's tokenizer.json as is (transformers does so for model types whose hub tokenizer
+  class it distrusts: phi3)    a Prepend("▁") normalizer -> always; a Metaspace pre-tokenizer
+                               with prepend_scheme always -> unless_space, first / never -> never
+  otherwise LlamaTokenizer     legacy=true -> unless_space, legacy=false (its default) -> never;
+                               add_prefix_space=false -> never
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from . import bpe_tokenizer
 from .bpe_tokenizer import BpeTokenizerInfo, bpe_tokenizer_info
@@ -54,6 +61,9 @@ class TokenizerInfo:
     byte_fallback: bool
     chat_template: str | None
     n_padded: int  # pieces added to reach vocab_size
+    added_lstrip: list = field(default_factory=list)  # ids of added tokens that eat the spaces before
+    added_rstrip: list = field(default_factory=list)  # ... and after them
+    prefix_after_added: str = "never"                 # never / always / unless_space
 
 
 def _ids(value, where: str) -> list:
@@ -179,16 +189,19 @@ def _read_bpe(ckpt: Checkpoint, vocab_size: int, hf, where: str) -> BpeTokenizer
                                   f"{hf.template_bos!r} is not in the vocabulary")
     eos = ids.get("eos", -1)
     eos_ids = _eos_ids(ckpt, vocab_size, (eos if eos >= 0 else None, where))
-    return bpe_tokenizer_info(
+    info = bpe_tokenizer_info(
         tokens, types, hf.merges, hf.pre, vocab_size,
         bos_id=ids.get("bos", -1), eos_id=eos, unk_id=ids.get("unk", -1),
         pad_id=ids.get("pad", -1), eos_ids=eos_ids, add_bos=add_bos,
         ignore_merges=hf.ignore_merges, chat_template=_chat_template(ckpt), where=where)
+    info.added_lstrip, info.added_rstrip = sorted(hf.lstrip), sorted(hf.rstrip)
+    return info
 
 
-def _spm_added_tokens(ckpt: Checkpoint) -> dict:
-    """id -> (text, special) of the tokens a SentencePiece folder adds to its model's pieces."""
-    added = {}
+def _spm_added_tokens(ckpt: Checkpoint) -> tuple[dict, set, set]:
+    """id -> (text, special) of the tokens a SentencePiece folder adds to its model's pieces, and
+    the ids of those that lstrip / rstrip."""
+    added, flags = {}, {}
     legacy = read_json(ckpt.file("added_tokens.json"), required=False) or {}
     if not isinstance(legacy, dict):
         raise ConversionError("added_tokens.json: expected an object of token -> id")
@@ -201,15 +214,44 @@ def _spm_added_tokens(ckpt: Checkpoint) -> dict:
         if not (str(k).isdigit() and isinstance(v, dict) and isinstance(v.get("content"), str)):
             raise ConversionError(f"tokenizer_config.json: bad added_tokens_decoder entry {k!r}: {v!r}")
         added[int(k)] = (v["content"], bool(v.get("special", False)))
+        flags[int(k)] = v
     data = read_json(ckpt.file(TOKENIZER_JSON), required=False) or {}
     for a in (data.get("added_tokens") or []) if isinstance(data, dict) else []:
         if not (isinstance(a, dict) and isinstance(a.get("content"), str) and isinstance(a.get("id"), int)):
             raise ConversionError(f"{TOKENIZER_JSON}: bad added token {a!r}")
         added[a["id"]] = (a["content"], bool(a.get("special", False)))
+        flags[a["id"]] = a
     for i, (text, _) in added.items():
         if isinstance(i, bool) or not isinstance(i, int) or i < 0 or not text:
             raise ConversionError(f"added token {text!r} has a bad id {i!r}")
-    return added
+    lstrip = {i for i, a in flags.items() if a.get("lstrip")}
+    rstrip = {i for i, a in flags.items() if a.get("rstrip")}
+    return added, lstrip, rstrip
+
+
+# model types whose tokenizer.json transformers loads as is, whatever tokenizer_class says
+# (transformers' MODELS_WITH_INCORRECT_HUB_TOKENIZER_CLASS, the SentencePiece families here)
+TOKENIZER_JSON_AS_IS = {"phi3"}
+
+
+def _prefix_after_added(ckpt: Checkpoint) -> str:
+    """How transformers prefixes the text after an added token (see the module docstring)."""
+    tc = ckpt.tokenizer_config or {}
+    data = read_json(ckpt.file(TOKENIZER_JSON), required=False)
+    if ckpt.config.get("model_type") in TOKENIZER_JSON_AS_IS and isinstance(data, dict):
+        normalizers = [data.get("normalizer") or {}]
+        normalizers += normalizers[0].get("normalizers") or []
+        if any(isinstance(n, dict) and n.get("type") == "Prepend" for n in normalizers):
+            return "always"
+        pre = [data.get("pre_tokenizer") or {}]
+        pre += pre[0].get("pretokenizers") or []
+        for p in pre:
+            if isinstance(p, dict) and p.get("type") == "Metaspace":
+                return "unless_space" if p.get("prepend_scheme", "always") == "always" else "never"
+        return "never"
+    if tc.get("add_prefix_space") is False:
+        return "never"
+    return "unless_space" if tc.get("legacy") is True else "never"
 
 
 def _read_spm(ckpt: Checkpoint, vocab_size: int, add_bos_default: bool) -> TokenizerInfo:
@@ -222,7 +264,7 @@ def _read_spm(ckpt: Checkpoint, vocab_size: int, add_bos_default: bool) -> Token
     tokens = list(spm.pieces) + [None] * (vocab_size - n)
     scores = list(spm.scores) + [0.0] * (vocab_size - n)
     types = list(spm.types) + [UNUSED] * (vocab_size - n)
-    added = _spm_added_tokens(ckpt)
+    added, lstrip, rstrip = _spm_added_tokens(ckpt)
     for i, (text, special) in sorted(added.items()):
         if i >= vocab_size:
             raise ConversionError(f"added token {text!r} has id {i}, outside the model's "
@@ -264,6 +306,8 @@ def _read_spm(ckpt: Checkpoint, vocab_size: int, add_bos_default: bool) -> Token
         byte_fallback=spm.byte_fallback,
         chat_template=_chat_template(ckpt),
         n_padded=n_padded,
+        added_lstrip=sorted(i for i in lstrip if i in added), added_rstrip=sorted(i for i in rstrip if i in added),
+        prefix_after_added=_prefix_after_added(ckpt),
     )
 
 
@@ -286,6 +330,7 @@ def add_tokenizer_metadata(writer, tok) -> None:
         writer.add_i64("tokenizer.add_dummy_prefix", int(tok.add_dummy_prefix))
         writer.add_i64("tokenizer.remove_extra_whitespaces", int(tok.remove_extra_whitespaces))
         writer.add_i64("tokenizer.byte_fallback", int(tok.byte_fallback))
+        writer.add_string("tokenizer.prefix_after_added", getattr(tok, "prefix_after_added", "never"))
     # the keys every tokenizer shares
     writer.add_i64("tokenizer.bos_id", tok.bos_id)
     writer.add_i64("tokenizer.eos_id", tok.eos_id)
@@ -293,5 +338,8 @@ def add_tokenizer_metadata(writer, tok) -> None:
     writer.add_i64("tokenizer.pad_id", tok.pad_id)
     writer.add_i64_array("tokenizer.eos_ids", tok.eos_ids)
     writer.add_i64("tokenizer.add_bos", int(tok.add_bos))
+    for key in ("added_lstrip", "added_rstrip"):
+        if getattr(tok, key, None):
+            writer.add_i64_array("tokenizer." + key, list(getattr(tok, key)))
     if tok.chat_template is not None:
         writer.add_string("tokenizer.chat_template", tok.chat_template)

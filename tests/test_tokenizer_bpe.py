@@ -310,6 +310,25 @@ def test_added_tokens(split_case):
         assert c.ref.token_to_id(t) in ids
 
 
+def test_added_tokens_that_strip_spaces(root):
+    """lstrip / rstrip added tokens (Phi-4-mini's and many chat models' role tokens) take the
+    whitespace beside them, as `tokenizers` does; the converter writes them as id lists."""
+    ref = gpt2_reference(QWEN2_PATTERN)
+    flags = [("<|l|>", True, False), ("<|r|>", False, True), ("<|both|>", True, True), ("<|none|>", False, False)]
+    for text, lstrip, rstrip in flags:
+        ref.add_special_tokens([AddedToken(text, lstrip=lstrip, rstrip=rstrip, special=True, normalized=False)])
+    path = hf_folder(root, "strip", 50257 + len(flags))
+    ref.save(str(path / "tokenizer.json"))
+    flm = convert(path, root / "strip.flm")
+    meta = read_flm(flm)[0]
+    assert meta["tokenizer.added_lstrip"].tolist() == [50257, 50259]
+    assert meta["tokenizer.added_rstrip"].tolist() == [50258, 50259]
+    with fastllm.Model(flm, threads=1) as m:
+        for text in ("a <|l|> b", "a  \n<|l|>b", "a<|r|>  \n b", "x <|both|>\t y", "x <|none|> y",
+                     "<|r|> <|l|>", "  <|l|>", "<|r|>   ", "é <|both|> 日本"):
+            assert m.tokenize(text, add_bos=False) == ref.encode(text, add_special_tokens=False).ids, text
+
+
 def test_bos(gpt2, smollm, llama3, qwen2):
     assert gpt2.model.info["bos_id"] == 50256  # config.json's bos_token_id
     assert smollm.model.info["bos_id"] == 1    # tokenizer_config.json's bos_token
@@ -540,8 +559,8 @@ def test_tokenizer_json_warnings():
     with pytest.warns(UserWarning, match="NFC"):
         read_tokenizer_json(toy_json(normalizer={"type": "NFC"}))
     data = toy_json()
-    data["added_tokens"][0]["lstrip"] = True
-    with pytest.warns(UserWarning, match="lstrip"):
+    data["added_tokens"][0]["single_word"] = True
+    with pytest.warns(UserWarning, match="single_word"):
         read_tokenizer_json(data)
 
 
