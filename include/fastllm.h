@@ -38,9 +38,9 @@ extern "C" {
  * version. The ABI version changes whenever a struct layout or a function signature changes, or a
  * function that the bindings need is added; bindings compare it with fastllm_abi_version(). */
 #define FASTLLM_VERSION_MAJOR 0
-#define FASTLLM_VERSION_MINOR 2
+#define FASTLLM_VERSION_MINOR 3
 #define FASTLLM_VERSION_PATCH 0
-#define FASTLLM_ABI_VERSION 2
+#define FASTLLM_ABI_VERSION 3
 
 typedef enum fastllm_status {
     FASTLLM_OK = 0,
@@ -100,6 +100,13 @@ FASTLLM_API fastllm_model_params fastllm_model_default_params(void);
  * every session that uses it is freed. params may be NULL (defaults). */
 FASTLLM_API fastllm_status fastllm_model_load(const char *path, const fastllm_model_params *params,
                                               fastllm_model **out_model);
+/* Loads a .flm model from the size bytes at data (a file inside a game's asset pack, say), with
+ * the same checks as fastllm_model_load; messages call it "<memory>". The bytes are copied into
+ * memory the model owns, so data may be freed as soon as this returns (a file path with mmap
+ * avoids the copy); params->use_mmap is ignored. */
+FASTLLM_API fastllm_status fastllm_model_load_from_memory(const void *data, size_t size,
+                                                          const fastllm_model_params *params,
+                                                          fastllm_model **out_model);
 FASTLLM_API void fastllm_model_free(fastllm_model *model);
 
 typedef struct fastllm_model_info {

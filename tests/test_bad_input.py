@@ -196,3 +196,28 @@ def test_bad_parameters(stories_model):
             s.eval([])
     with pytest.raises(fastllm.FastLLMError):
         fastllm.Model(__file__, threads=-3)
+
+
+# -- loading from memory ------------------------------------------------------------------------
+
+def test_load_from_memory_equals_the_file(stories_flm, good):
+    with fastllm.Model(stories_flm, threads=1) as a:
+        buf = bytearray(good)
+        with fastllm.Model.from_bytes(buf, threads=1) as b:
+            buf[:] = b"\0" * len(buf)  # the library took a copy: the caller's buffer may change
+            ids = a.tokenize("Once upon a time", add_bos=True)
+            assert b.tokenize("Once upon a time", add_bos=True) == ids
+            assert (a.forward(ids) == b.forward(ids)).all()
+            assert b.generate("Once", max_new_tokens=8, temperature=0) == a.generate("Once", max_new_tokens=8,
+                                                                                     temperature=0)
+
+
+def test_load_from_memory_refuses_what_the_file_loader_refuses(good):
+    for data, words in [(b"", "empty"), (good[:30], "truncated"), (b"GGUF" + good[4:], "bad magic"),
+                        (good[:len(good) // 2], "past the end")]:
+        with pytest.raises(fastllm.FastLLMError) as e:
+            fastllm.Model.from_bytes(data)
+        assert e.value.status == raw.ERR_BAD_FORMAT and words in str(e.value) and "<memory>" in str(e.value)
+    handle = ctypes.c_void_p(1)
+    assert lib.fastllm_model_load_from_memory(None, 10, None, ctypes.byref(handle)) == raw.ERR_INVALID_ARGUMENT
+    assert handle.value is None and "data" in lib.fastllm_last_error().decode()

@@ -4,6 +4,7 @@ NPC demo built out of tree against it both ways), and the library's log routing.
 import json
 import logging
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -117,11 +118,12 @@ def test_abi_mismatch_is_an_import_error_naming_both_versions(tmp_path):
     pkg = tmp_path / "fastllm"
     shutil.copytree(REPO / "bindings" / "python" / "fastllm", pkg)
     lib_py = pkg / "_lib.py"
-    lib_py.write_text(lib_py.read_text().replace("FASTLLM_ABI_VERSION = 2", "FASTLLM_ABI_VERSION = 99"))
+    abi = re.search(r"#define FASTLLM_ABI_VERSION (\d+)", (REPO / "include" / "fastllm.h").read_text()).group(1)
+    lib_py.write_text(lib_py.read_text().replace(f"FASTLLM_ABI_VERSION = {abi}", "FASTLLM_ABI_VERSION = 99"))
     r = subprocess.run([sys.executable, "-c", "import fastllm"], capture_output=True, text=True, cwd=tmp_path,
                        env=clean_env(PYTHONPATH=str(tmp_path), FASTLLM_LIBRARY=str(BUILD / "libfastllm.so")))
     assert r.returncode == 1 and "ImportError" in r.stderr
-    assert "library ABI version 2, this Python package needs 99" in r.stderr
+    assert f"library ABI version {abi}, this Python package needs 99" in r.stderr
 
 
 # -- logging --------------------------------------------------------------------------------------
@@ -213,7 +215,7 @@ def test_static_library_through_the_cmake_package(prefix, stories_flm, tmp_path)
     (tmp_path / "src").mkdir()
     shutil.copyfile(REPO / "bindings" / "examples" / "c" / "simple.c", tmp_path / "src" / "simple.c")
     (tmp_path / "src" / "CMakeLists.txt").write_text(
-        "cmake_minimum_required(VERSION 3.16)\nproject(static_check C CXX)\nfind_package(fastllm 0.2 REQUIRED)\n"
+        "cmake_minimum_required(VERSION 3.16)\nproject(static_check C CXX)\nfind_package(fastllm 0.3 REQUIRED)\n"
         "add_executable(simple simple.c)\ntarget_link_libraries(simple PRIVATE fastllm::fastllm_static)\n")
     sh("cmake", "-S", tmp_path / "src", "-B", tmp_path / "build", f"-DCMAKE_PREFIX_PATH={prefix}")
     sh("cmake", "--build", tmp_path / "build")

@@ -2,6 +2,7 @@
 // arguments, runs the C++ core inside guard(), and turns any exception into a status code plus
 // the thread's last-error message. Nothing here exits or aborts.
 #include <cstring>
+#include <memory>
 #include <new>
 #include <string>
 
@@ -116,7 +117,21 @@ fastllm_status fastllm_model_load(const char *path, const fastllm_model_params *
     REQUIRE(path, "path");
     fastllm_model_params p = params ? *params : fastllm_model_default_params();
     if (p.n_threads < 0) return set_error(FASTLLM_ERR_INVALID_ARGUMENT, "n_threads must not be negative");
-    return guard([&] { *out_model = new fastllm_model(std::string(path), p.use_mmap != 0, p.n_threads); });
+    return guard([&] {
+        *out_model = new fastllm_model(std::make_unique<fastllm::FlmFile>(path, p.use_mmap != 0), p.n_threads);
+    });
+}
+
+fastllm_status fastllm_model_load_from_memory(const void *data, size_t size, const fastllm_model_params *params,
+                                              fastllm_model **out_model) {
+    REQUIRE(out_model, "out_model");
+    *out_model = nullptr;
+    REQUIRE(data, "data");
+    fastllm_model_params p = params ? *params : fastllm_model_default_params();
+    if (p.n_threads < 0) return set_error(FASTLLM_ERR_INVALID_ARGUMENT, "n_threads must not be negative");
+    return guard([&] {
+        *out_model = new fastllm_model(std::make_unique<fastllm::FlmFile>("<memory>", data, (uint64_t)size), p.n_threads);
+    });
 }
 
 void fastllm_model_free(fastllm_model *model) { delete model; }

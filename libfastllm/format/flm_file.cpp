@@ -122,6 +122,21 @@ FlmFile::FlmFile(const std::string &path, bool use_mmap) : path_(path) {
     }
 }
 
+FlmFile::FlmFile(const std::string &name, const void *data, uint64_t size) : path_(name), size_(size) {
+    if (size_ == 0) fail(FASTLLM_ERR_BAD_FORMAT, "%s: empty buffer, not a .flm model", name.c_str());
+    void *buf = nullptr;
+    if (posix_memalign(&buf, kAlignment, size_) != 0)
+        fail(FASTLLM_ERR_OUT_OF_MEMORY, "cannot allocate %llu bytes for '%s'", (unsigned long long)size_, name.c_str());
+    std::memcpy(buf, data, size_);
+    bytes_ = (const uint8_t *)buf;
+    try {
+        parse();
+    } catch (...) {
+        release();
+        throw;
+    }
+}
+
 FlmFile::~FlmFile() { release(); }
 
 void FlmFile::release() {

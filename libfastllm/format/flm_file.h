@@ -31,6 +31,9 @@ public:
 
     // Throws Error (FASTLLM_ERR_IO / FASTLLM_ERR_BAD_FORMAT) naming the check that failed.
     FlmFile(const std::string &path, bool use_mmap);
+    // A copy of the size bytes at data (into aligned memory this object owns), called name in
+    // messages; the same checks.
+    FlmFile(const std::string &name, const void *data, uint64_t size);
     ~FlmFile();
     FlmFile(const FlmFile &) = delete;
     FlmFile &operator=(const FlmFile &) = delete;

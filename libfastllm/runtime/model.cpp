@@ -10,9 +10,9 @@
 
 namespace fastllm {
 
-Model::Model(const std::string &path, bool use_mmap, int n_threads) {
+Model::Model(std::unique_ptr<FlmFile> file, int n_threads) : file_(std::move(file)) {
     const auto t0 = std::chrono::steady_clock::now();
-    file_ = std::make_unique<FlmFile>(path, use_mmap);
+    const std::string &path = file_->path();
     architecture_ = file_->get_string("general.architecture");
     const Family *family = find_family(architecture_);
     if (!family)

@@ -14,7 +14,8 @@ namespace fastllm {
 
 class Model {
 public:
-    Model(const std::string &path, bool use_mmap, int n_threads);
+    // Takes the opened file (a path's or a buffer's); throws for what it cannot run.
+    Model(std::unique_ptr<FlmFile> file, int n_threads);
 
     const FlmFile &file() const { return *file_; }
     const Decoder &decoder() const { return *decoder_; }

@@ -11,7 +11,7 @@ from ctypes import (CFUNCTYPE, POINTER, Structure, c_char, c_char_p, c_double, c
                     c_uint64, c_void_p)
 from pathlib import Path
 
-FASTLLM_ABI_VERSION = 2
+FASTLLM_ABI_VERSION = 3
 
 # fastllm_status
 OK = 0
@@ -92,6 +92,7 @@ _PROTOTYPES = {
     "fastllm_log_set": (None, [LogCallback, c_void_p]),
     "fastllm_model_default_params": (ModelParams, []),
     "fastllm_model_load": (c_int, [c_char_p, POINTER(ModelParams), POINTER(c_void_p)]),
+    "fastllm_model_load_from_memory": (c_int, [c_char_p, c_size_t, POINTER(ModelParams), POINTER(c_void_p)]),
     "fastllm_model_free": (None, [c_void_p]),
     "fastllm_model_get_info": (c_int, [c_void_p, POINTER(ModelInfo)]),
     "fastllm_model_chat_template": (c_char_p, [c_void_p]),

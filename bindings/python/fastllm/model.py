@@ -105,6 +105,22 @@ class Model(_Handle):
         params.use_mmap = int(use_mmap)
         handle = ctypes.c_void_p()
         _check(lib.fastllm_model_load(str(path).encode(), ctypes.byref(params), ctypes.byref(handle)))
+        self._adopt(handle)
+
+    @classmethod
+    def from_bytes(cls, data, threads: int = 0) -> "Model":
+        """A model from the bytes of a .flm file (bytes, bytearray, memoryview); the library copies
+        them, so data may be dropped afterwards."""
+        data = data if isinstance(data, bytes) else bytes(data)
+        params = lib.fastllm_model_default_params()
+        params.n_threads = threads
+        handle = ctypes.c_void_p()
+        _check(lib.fastllm_model_load_from_memory(data, len(data), ctypes.byref(params), ctypes.byref(handle)))
+        model = cls.__new__(cls)
+        model._adopt(handle)
+        return model
+
+    def _adopt(self, handle) -> None:
         self._handle = handle
         self._sessions: weakref.WeakSet[Session] = weakref.WeakSet()
         info = raw.ModelInfo()
