@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# The sanitizer job (docs/reliability.md), run by scripts/test.sh: builds the library, its tests,
+# the fuzz replay programs and fastllm-server with AddressSanitizer + UndefinedBehaviorSanitizer
+# into build-asan/ (every report fatal), then runs the C++ tests (leaks checked too) and the
+# pytest files that drive the C API hardest against that build. Python loads the ASan runtime
+# first (LD_PRELOAD); leak checking is off there, as CPython itself keeps memory at exit.
+# Then the 8-session thread test under ThreadSanitizer (build-tsan/, without OpenBLAS, whose own
+# threads TSan cannot see into).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+cmake -S . -B build-asan -DCMAKE_BUILD_TYPE=RelWithDebInfo -DFASTLLM_SANITIZE=address >/dev/null
+cmake --build build-asan -j2 >/dev/null
+export UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1
+ASAN_OPTIONS=halt_on_error=1:detect_leaks=1 ctest --test-dir build-asan --output-on-failure
+ASAN_OPTIONS=halt_on_error=1:detect_leaks=0 LD_PRELOAD="$(gcc -print-file-name=libasan.so)" \
+  FASTLLM_BUILD_DIR="$PWD/build-asan" FASTLLM_LIBRARY="$PWD/build-asan/libfastllm.so" \
+  python3 -m pytest -q -p no:cacheprovider \
+    tests/test_api.py tests/test_bad_input.py tests/test_tokenizer_spm.py tests/test_tokenizer_bpe.py \
+    tests/test_special_tokens.py tests/test_chat_template.py tests/test_batched_generation.py \
+    tests/test_server.py tests/test_fuzz_corpus.py tests/test_reliability.py "$@"
+
+cmake -S . -B build-tsan -DCMAKE_BUILD_TYPE=RelWithDebInfo -DFASTLLM_SANITIZE=thread -DFASTLLM_BLAS=OFF \
+  -DFASTLLM_SERVER=OFF -DFASTLLM_BUILD_EXAMPLES=OFF >/dev/null
+cmake --build build-tsan -j2 --target test_threads >/dev/null
+SHARED="${FASTLLM_SHARED:-$PWD/../shared}"
+[ -f build-tsan/stories260K.flm ] || python3 converter/convert.py --model_path "$SHARED/models/stories260K/hf" \
+  --out_path build-tsan/stories260K.flm >/dev/null
+TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1 build-tsan/test_threads build-tsan/stories260K.flm 2

@@ -1,0 +1,82 @@
+"""Writes the committed seed corpora of the fuzz targets into tests/fuzz/corpus/ (run once; the
+fuzzers grow their own corpora from these in build-fuzz/). Usage: make_seeds.py"""
+import json
+import struct
+import sys
+import tempfile
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+REPO = HERE.parents[1]
+sys.path[:0] = [str(REPO), str(REPO / "tests"), str(REPO / "bindings" / "python")]
+
+from converter.convert import convert  # noqa: E402
+from hf_models import make_model  # noqa: E402
+
+MICRO = dict(hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2,
+             num_key_value_heads=1)
+
+
+def write(target, name, data: bytes):
+    d = HERE / "corpus" / target
+    d.mkdir(parents=True, exist_ok=True)
+    (d / name).write_bytes(data)
+
+
+def flm_seeds():
+    """Micro models of the families (one layer, hidden 16), in the dtypes with their own code paths."""
+    with tempfile.TemporaryDirectory() as tmp:
+        for family, dtype in [("llama", "f32"), ("qwen2", "int8"), ("qwen3", "f16"), ("phi3", "bf16"),
+                              ("mistral", "f32")]:
+            extra = dict(head_dim=8) if family == "qwen3" else {}
+            folder = make_model(tmp, family, name=family, **MICRO, **extra)
+            out = Path(tmp) / f"{family}.flm"
+            convert(str(folder), str(out), dtype=dtype, progress=False)
+            write("flm", f"{family}-{dtype}", out.read_bytes())  # no .flm: *.flm is ignored
+
+
+def tokenizer_seeds():
+    texts = ["Hello world", "<|im_start|>user\nHi<|im_end|>\n", "<|user|>\nHi there<|end|>\n<|assistant|>\n",
+             "  two  spaces\tand tab\n\n", "日本語 é 🙂", "123456 3.14 don't", "\xff\xfe invalid"]
+    for i, t in enumerate(texts):
+        data = t.encode("utf-8", "surrogateescape") if "\xff" not in t else b"\xff\xfe invalid \x00 nul"
+        for model in (0, 1):
+            write("tokenizer", f"encode-{i}-{model}", bytes([model | (i % 2) << 1]) + data)
+    for model in (0, 1):
+        write("tokenizer", f"decode-{model}", bytes([model | 2 << 1]) + struct.pack("<6i", 1, 2, 300, 515, -1, 1 << 30))
+        write("tokenizer", f"pieces-{model}", bytes([model | 3 << 1]) + struct.pack("<4i", 0, 3, 259, 516))
+
+
+def chat_template_seeds():
+    from test_chat_template import TEMPLATES
+    convo = ["system", "Be brief.", "user", "Hi <think>x</think>", "assistant", "<think>\nhmm\n</think>\n\nHello",
+             "user", "And then?"]
+    for name, text in TEMPLATES.items():
+        for flags in (1, 0 | 2 << 1, 1 | 8):
+            write("chat_template", f"{name}-{flags}", bytes([flags]) + "\0".join([text] + convo).encode())
+    write("chat_template", "own-template", bytes([1]) + "\0".join([""] + convo[2:4]).encode())
+
+
+def server_request_seeds():
+    bodies = [
+        {"model": "m", "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 8, "stream": True,
+         "stream_options": {"include_usage": True}, "temperature": 0.5, "stop": ["\n", "END"], "seed": 3},
+        {"prompt": "Once upon", "max_tokens": 4, "top_p": 0.9, "top_k": 40, "min_p": 0.05, "repetition_penalty": 1.1},
+        {"prompt": [1, 2, 3], "max_tokens": 2, "ignore_eos": True, "n": 1, "logprobs": None},
+        {"messages": [{"role": "developer", "content": [{"type": "text", "text": "x"}]}], "response_format": {"type": "text"}},
+        {"content": "Hello", "add_special": True},
+        {"tokens": [1, 2, 3]},
+    ]
+    for i, b in enumerate(bodies):
+        write("server_request", f"body-{i}.json", json.dumps(b).encode())
+    write("server_request", "not-json", b'{"prompt": "x", ')
+
+
+if __name__ == "__main__":
+    flm_seeds()
+    tokenizer_seeds()
+    chat_template_seeds()
+    server_request_seeds()
+    for d in sorted((HERE / "corpus").iterdir()):
+        files = list(d.iterdir())
+        print(d.name, len(files), "files", sum(f.stat().st_size for f in files), "bytes")
