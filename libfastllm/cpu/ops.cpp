@@ -39,6 +39,7 @@ size_t matmul_scratch_floats(int64_t K, int n_threads, int max_T) {
 
 MatmulScratch make_matmul_scratch(float *memory, int64_t K, int n_threads, int max_T) {
     MatmulScratch s;
+    if (!memory) return s;  // the arena's planning pass: no offsets from a null pointer
     s.f32 = memory;
     float *p = memory + (size_t)n_threads * std::max(kRowBlock, kBlasRowBlock) * (size_t)K;
     s.acts.q = (int8_t *)p;
