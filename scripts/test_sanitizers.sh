@@ -3,7 +3,8 @@
 # the fuzz replay programs and fastllm-server with AddressSanitizer + UndefinedBehaviorSanitizer
 # into build-asan/ (every report fatal), then runs the C++ tests (leaks checked too) and the
 # pytest files that drive the C API hardest against that build. Python loads the ASan runtime
-# first (LD_PRELOAD); leak checking is off there, as CPython itself keeps memory at exit.
+# first, and libstdc++ with it, so that ASan can intercept exceptions (LD_PRELOAD); leak checking
+# is off there, as CPython itself keeps memory at exit.
 # Then the 8-session thread test under ThreadSanitizer (build-tsan/, without OpenBLAS, whose own
 # threads TSan cannot see into).
 set -euo pipefail
@@ -12,7 +13,7 @@ cmake -S . -B build-asan -DCMAKE_BUILD_TYPE=RelWithDebInfo -DFASTLLM_SANITIZE=ad
 cmake --build build-asan -j2 >/dev/null
 export UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1
 ASAN_OPTIONS=halt_on_error=1:detect_leaks=1 ctest --test-dir build-asan --output-on-failure
-ASAN_OPTIONS=halt_on_error=1:detect_leaks=0 LD_PRELOAD="$(gcc -print-file-name=libasan.so)" \
+ASAN_OPTIONS=halt_on_error=1:detect_leaks=0 LD_PRELOAD="$(gcc -print-file-name=libasan.so) $(gcc -print-file-name=libstdc++.so)" \
   FASTLLM_BUILD_DIR="$PWD/build-asan" FASTLLM_LIBRARY="$PWD/build-asan/libfastllm.so" \
   python3 -m pytest -q -p no:cacheprovider \
     tests/test_api.py tests/test_bad_input.py tests/test_tokenizer_spm.py tests/test_tokenizer_bpe.py \

@@ -315,7 +315,14 @@ fastllm_status fastllm_session_truncate(fastllm_session *session, int32_t n_keep
 fastllm_status fastllm_session_eval(fastllm_session *session, const int32_t *tokens, size_t n_tokens,
                                     fastllm_logits_mode mode, float *out_logits) {
     REQUIRE(session, "session");
-    return guard([&] { session->impl.eval(tokens, n_tokens, mode, out_logits); });
+    // A C caller can pass any int; loading an enum outside its values is undefined in C++
+    // (UBSan found it), so the value is read as the int it is passed as.
+    static_assert(sizeof mode == sizeof(int), "enums are ints in this ABI");
+    int m;
+    std::memcpy(&m, &mode, sizeof m);
+    if (m != FASTLLM_LOGITS_NONE && m != FASTLLM_LOGITS_LAST && m != FASTLLM_LOGITS_ALL)
+        return set_error(FASTLLM_ERR_INVALID_ARGUMENT, "unknown logits mode " + std::to_string(m));
+    return guard([&] { session->impl.eval(tokens, n_tokens, (fastllm_logits_mode)m, out_logits); });
 }
 
 fastllm_sampling_params fastllm_sampling_default_params(void) {

@@ -94,8 +94,6 @@ void Session::run_pending(fastllm_logits_mode mode, float *out_logits) {
 }
 
 void Session::eval(const int32_t *tokens, size_t n, fastllm_logits_mode mode, float *out_logits) {
-    if (mode != FASTLLM_LOGITS_NONE && mode != FASTLLM_LOGITS_LAST && mode != FASTLLM_LOGITS_ALL)
-        fail(FASTLLM_ERR_INVALID_ARGUMENT, "unknown logits mode %d", (int)mode);
     if (mode != FASTLLM_LOGITS_NONE && !out_logits) fail(FASTLLM_ERR_INVALID_ARGUMENT, "out_logits is NULL");
     if (n == 0) fail(FASTLLM_ERR_INVALID_ARGUMENT, "no tokens to evaluate");
     check_tokens(tokens, n);
