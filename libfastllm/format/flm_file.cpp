@@ -85,7 +85,8 @@ FlmFile::FlmFile(const std::string &path, bool use_mmap) : path_(path) {
         if (p == MAP_FAILED) {
             int e = errno;
             ::close(fd);
-            fail(FASTLLM_ERR_IO, "cannot mmap '%s': %s", path.c_str(), std::strerror(e));
+            fail(e == ENOMEM ? FASTLLM_ERR_OUT_OF_MEMORY : FASTLLM_ERR_IO, "cannot mmap '%s': %s", path.c_str(),
+                 std::strerror(e));
         }
         ::madvise(p, size_, MADV_WILLNEED);
 #ifdef MADV_HUGEPAGE
