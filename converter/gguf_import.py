@@ -645,7 +645,7 @@ def read_tokenizer(g: GgufModel, vocab: int):
         n_padded = _pad(tokens, vocab, g)
         scores = [float(s) for s in scores] + [0.0] * n_padded
         types += [GGUF_UNUSED] * n_padded
-        return hf_tokenizer.TokenizerInfo(
+        info = hf_tokenizer.TokenizerInfo(
             tokens=tokens, scores=scores, types=types,
             bos_id=bos, eos_id=eos, unk_id=unk, pad_id=pad, eos_ids=eos_ids,
             add_bos=g.get_bool("tokenizer.ggml.add_bos_token", True),
@@ -655,6 +655,15 @@ def read_tokenizer(g: GgufModel, vocab: int):
             chat_template=chat_template,
             n_padded=n_padded,
         )
+        # GGUF keeps no added-token flags, so its text means what llama.cpp makes of it: text
+        # after an added token gets the dummy prefix, and for phi3 every control token but
+        # <unk>, <s>, </s> and <|endoftext|> takes the whitespace after it (as Phi-3's own
+        # tokenizer.json says too).
+        info.prefix_after_added = "always"
+        if g.arch == "phi3":
+            info.added_rstrip = [i for i, (t, ty) in enumerate(zip(tokens, types)) if ty == GGUF_CONTROL
+                                 and t not in ("<unk>", "<s>", "</s>", "<|endoftext|>")]
+        return info
 
     pre_name = g.get_str("tokenizer.ggml.pre")
     if pre_name is None:
