@@ -217,7 +217,7 @@ json parse_body(const std::string &body) {
         std::string why = "malformed JSON";
         try {
             json again = json::parse(body);
-        } catch (const json::parse_error &e) {
+        } catch (const json::exception &e) {  // parse_error, or out_of_range for a number like 1e999
             why = e.what();
         }
         throw bad_request("the request body is not valid JSON: " + why, "", "invalid_json");

@@ -391,6 +391,7 @@ BAD = [
     ("/v1/completions", b"\xff\xfe{}", 400, None),
     ("/v1/completions", b"", 400, None),
     ("/v1/completions", b"[" * 100000, 400, None),
+    ("/v1/completions", b'{"prompt": [1, 488e8888888]}', 400, None),  # a number JSON cannot hold (fuzz_server_request)
     ("/v1/completions", {}, 400, "prompt"),
     ("/v1/completions", {"prompt": 5}, 400, "prompt"),
     ("/v1/completions", {"prompt": []}, 400, "prompt"),
