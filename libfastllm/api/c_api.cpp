@@ -74,6 +74,28 @@ fastllm_status copy_out(const std::string &s, char *out, size_t capacity, size_t
     return FASTLLM_OK;
 }
 
+// The C params -> the core's options (throws for a bad stop list).
+fastllm::SamplingOptions sampling_options(const fastllm_sampling_params *params) {
+    const fastllm_sampling_params p = params ? *params : fastllm_sampling_default_params();
+    fastllm::SamplingOptions o;
+    o.max_new_tokens = p.max_new_tokens, o.temperature = p.temperature, o.top_k = p.top_k, o.top_p = p.top_p;
+    o.min_p = p.min_p, o.repetition_penalty = p.repetition_penalty, o.repeat_last_n = p.repeat_last_n;
+    o.seed = p.seed, o.ignore_eos = p.ignore_eos != 0;
+    if (p.n_stop < 0 || (p.n_stop > 0 && !p.stop)) fastllm::fail(FASTLLM_ERR_INVALID_ARGUMENT, "invalid stop list");
+    for (int i = 0; i < p.n_stop; i++) {
+        if (!p.stop[i]) fastllm::fail(FASTLLM_ERR_INVALID_ARGUMENT, "stop string %d is NULL", i);
+        o.stop.emplace_back(p.stop[i]);
+    }
+    return o;
+}
+
+fastllm_generation_result to_c(const fastllm::GenerationResult &r) {
+    fastllm_generation_result c{};
+    c.n_prompt_tokens = r.n_prompt_tokens, c.n_generated_tokens = r.n_generated_tokens, c.stop_reason = r.stop_reason;
+    c.prompt_ms = r.prompt_ms, c.generate_ms = r.generate_ms;
+    return c;
+}
+
 }  // namespace
 
 extern "C" {
@@ -341,32 +363,6 @@ fastllm_sampling_params fastllm_sampling_default_params(void) {
     p.ignore_eos = 0;
     return p;
 }
-
-namespace {
-
-// The C params -> the core's options (throws for a bad stop list).
-fastllm::SamplingOptions sampling_options(const fastllm_sampling_params *params) {
-    const fastllm_sampling_params p = params ? *params : fastllm_sampling_default_params();
-    fastllm::SamplingOptions o;
-    o.max_new_tokens = p.max_new_tokens, o.temperature = p.temperature, o.top_k = p.top_k, o.top_p = p.top_p;
-    o.min_p = p.min_p, o.repetition_penalty = p.repetition_penalty, o.repeat_last_n = p.repeat_last_n;
-    o.seed = p.seed, o.ignore_eos = p.ignore_eos != 0;
-    if (p.n_stop < 0 || (p.n_stop > 0 && !p.stop)) fastllm::fail(FASTLLM_ERR_INVALID_ARGUMENT, "invalid stop list");
-    for (int i = 0; i < p.n_stop; i++) {
-        if (!p.stop[i]) fastllm::fail(FASTLLM_ERR_INVALID_ARGUMENT, "stop string %d is NULL", i);
-        o.stop.emplace_back(p.stop[i]);
-    }
-    return o;
-}
-
-fastllm_generation_result to_c(const fastllm::GenerationResult &r) {
-    fastllm_generation_result c{};
-    c.n_prompt_tokens = r.n_prompt_tokens, c.n_generated_tokens = r.n_generated_tokens, c.stop_reason = r.stop_reason;
-    c.prompt_ms = r.prompt_ms, c.generate_ms = r.generate_ms;
-    return c;
-}
-
-}  // namespace
 
 fastllm_status fastllm_session_generate(fastllm_session *session, const int32_t *prompt_tokens, size_t n_prompt_tokens,
                                         const fastllm_sampling_params *params, fastllm_stream_callback callback,
