@@ -4,6 +4,7 @@ import json
 import os
 import subprocess
 import sys
+import threading
 
 import numpy as np
 import pytest
@@ -54,6 +55,37 @@ def test_stream_can_stop_early(stories_model):
         assert len(got) == 3
         assert s.last_result.stop_reason == "callback"
         assert s.last_result.n_generated_tokens < 10
+
+
+def test_an_interrupt_in_a_chat_stream_stops_the_generation(stories_model, monkeypatch):
+    """A KeyboardInterrupt raised in the stream's own frame (the Ctrl-C of `fastllm chat`) stops
+    the generation at once, even while the caught exception's traceback keeps that frame alive
+    (before, the worker generated on, and the session freed under it crashed the process)."""
+    monkeypatch.setattr(stories_model, "apply_chat_template", lambda messages, add_generation_prompt: "Once")
+    for make in (lambda s: s.chat("Hi", 100000, stream=True, temperature=1.0, ignore_eos=True),
+                 lambda s: stories_model.generate(PROMPT, 100000, stream=True, temperature=1.0, ignore_eos=True)):
+        with stories_model.session() as s:
+            threads = threading.active_count()
+            it = make(s)
+            next(it)
+            assert threading.active_count() == threads + 1  # the worker running the C call
+            try:
+                it.throw(KeyboardInterrupt)
+            except KeyboardInterrupt as e:
+                kept = e  # noqa: F841 -- the traceback holds the interrupted frames, as an except block does
+                assert threading.active_count() == threads  # the worker was stopped and joined
+
+
+def test_closing_a_session_stops_its_streams(stories_model):
+    """A stream left suspended when its session closes: its worker is stopped before the session is
+    freed, and the iterator ends."""
+    s = stories_model.session()
+    threads = threading.active_count()
+    it = s.generate(PROMPT, 100000, stream=True, temperature=1.0, ignore_eos=True)
+    next(it)
+    s.close()
+    assert threading.active_count() == threads
+    assert list(it) == [] and s.last_result.stop_reason == "callback"
 
 
 def test_seed_reproducibility(stories_model):

@@ -247,7 +247,10 @@ class Model(_Handle):
 
 def _closing_iter(session: "Session", pieces: Iterator[str]) -> Iterator[str]:
     with session:
-        yield from pieces
+        try:
+            yield from pieces
+        finally:
+            pieces.close()  # see _chat_stream
 
 
 class Session(_Handle):
@@ -266,9 +269,17 @@ class Session(_Handle):
         model._sessions.add(self)
         self.last_result: GenerationResult | None = None
         self.messages: list[dict] = []  # the conversation so far, for chat()
+        self._stops: set = set()  # of the streams whose worker may still be generating
 
     _what = "session"
     _free = staticmethod(lambda h: lib.fastllm_session_free(h))
+
+    def close(self) -> None:
+        """Frees the session, after stopping any stream still generating on it (its iterator then
+        ends). Closing twice is harmless."""
+        for stop in list(getattr(self, "_stops", ())):
+            stop()
+        super().close()
 
     @property
     def n_tokens(self) -> int:
@@ -323,9 +334,14 @@ class Session(_Handle):
 
     def _chat_stream(self, messages, pieces) -> Iterator[str]:
         reply = []
-        for piece in pieces:
-            reply.append(piece)
-            yield piece
+        try:
+            for piece in pieces:
+                reply.append(piece)
+                yield piece
+        finally:
+            # A KeyboardInterrupt raised in this frame (not in pieces') would leave pieces
+            # suspended, kept alive by the traceback, and its worker generating on: stop it now.
+            pieces.close()
         self.messages = messages + [{"role": "assistant", "content": "".join(reply)}]
 
     def eval(self, ids: Sequence[int], logits: str | None = "last") -> np.ndarray | None:
@@ -406,11 +422,8 @@ class Session(_Handle):
                 pieces.put(done)
 
         worker = threading.Thread(target=work, daemon=True)
-        worker.start()
-        try:
-            while (item := pieces.get()) is not done:
-                yield item
-        finally:
+
+        def stop():  # from this generator's end, or from close() while it is suspended
             cancelled.set()
             while worker.is_alive():  # let a worker blocked on the full queue finish
                 try:
@@ -418,6 +431,16 @@ class Session(_Handle):
                 except queue.Empty:
                     pass
             worker.join()
+            pieces.put(done)  # what a later next() finds (the drain may have taken the first)
+            self._stops.discard(stop)
+
+        self._stops.add(stop)
+        worker.start()
+        try:
+            while (item := pieces.get()) is not done:
+                yield item
+        finally:
+            stop()
             del keep
         if error:
             raise error[0]
