@@ -81,7 +81,10 @@ def test_chat_command_turns_and_reset(chat_flm):
 def test_chat_command_ctrl_c_stops_the_reply_not_the_program(chat_flm):
     p = subprocess.Popen([sys.executable, "-m", "fastllm", "chat", str(chat_flm), "--max-new-tokens", "100000",
                           "--temperature", "1", "--threads", "1"],
-                         stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=ENV)
+                         stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=ENV,
+                         # a suite started in the background (nohup, `&`) ignores SIGINT, and the
+                         # child would inherit that: give it the default, as a terminal does
+                         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     try:
         p.stdin.write("Tell me a long story\n")
         p.stdin.flush()
