@@ -27,6 +27,40 @@ def convert(model_dir, out_path, dtype="f32"):
     return Path(out_path)
 
 
+def rewrite_flm(src, dst, drop=(), metadata=None):
+    """A copy of a .flm file without the metadata keys and tensors named in drop, with the values
+    of `metadata` added or replaced. A key of the file keeps its type; a given value is written as
+    the type it is (str, float, int, f32 array, list of str, else i64 array), so a test can give a
+    key the wrong type."""
+    import numpy as np
+    from converter.flm_reader import load_flm
+    from converter.flm_writer import FlmWriter
+    f = load_flm(src)
+    metadata = metadata or {}
+    w = FlmWriter(dst)
+    for key, value in f.metadata.items():
+        if key not in drop and key not in metadata:
+            getattr(w, "add_" + f.meta_types[key].replace(" ", "_"))(key, value)
+    for key, v in metadata.items():
+        if isinstance(v, str):
+            w.add_string(key, v)
+        elif isinstance(v, float):
+            w.add_f64(key, v)
+        elif isinstance(v, (int, np.integer)):
+            w.add_i64(key, int(v))
+        elif isinstance(v, np.ndarray) and v.dtype == np.float32:
+            w.add_f32_array(key, v)
+        elif isinstance(v, list) and v and all(isinstance(x, str) for x in v):
+            w.add_string_array(key, v)
+        else:
+            w.add_i64_array(key, [int(x) for x in v])
+    for name, t in f.tensors.items():
+        if name not in drop:
+            w.add_tensor(name, t.dtype, t.shape, lambda t=t: np.asarray(t.data))
+    w.write(progress=False)
+    return Path(dst)
+
+
 @pytest.fixture(scope="session")
 def stories_flm(tmp_path_factory):
     """stories260K converted from its HF folder to f32 .flm."""

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import fastllm
-from conftest import convert
+from conftest import convert, rewrite_flm
 import gguf_models
 from hf_models import load_model, make_model
 
@@ -196,21 +196,6 @@ def test_gguf_file_of_the_family(case, tmp_path):
     with fastllm.Model(convert(gguf, tmp_path / "from_gguf.flm"), threads=2) as m:
         ours = m.forward(ids)
     assert rel_diff(ours, hf_logits(ref, ids)) < F32_BOUND
-
-
-def rewrite_flm(src, dst, drop=(), metadata=None):
-    """A copy of a .flm file with some tensors left out and some metadata values replaced."""
-    from converter.flm_reader import load_flm
-    from converter.flm_writer import FlmWriter
-    f = load_flm(src)
-    w = FlmWriter(dst)
-    for key, value in {**f.metadata, **(metadata or {})}.items():
-        getattr(w, "add_" + f.meta_types[key].replace(" ", "_"))(key, value)
-    for name, t in f.tensors.items():
-        if name not in drop:
-            w.add_tensor(name, t.dtype, t.shape, lambda t=t: np.asarray(t.data))
-    w.write(progress=False)
-    return dst
 
 
 def test_missing_family_tensor_is_a_clear_error(tmp_path):

@@ -13,16 +13,14 @@ and the .flm says which (tokenizer.prefix_after_added):
 import json
 import shutil
 
-import numpy as np
 import pytest
 import sentencepiece as spm
 from tokenizers import AddedToken, Tokenizer
 from transformers import AutoTokenizer
 
 import fastllm
-from conftest import STORIES, convert
+from conftest import STORIES, convert, rewrite_flm
 from converter.flm_reader import read_flm
-from converter.flm_writer import FlmWriter
 from hf_models import make_llama
 
 PHI3_ROLES = ["<|assistant|>", "<|placeholder1|>", "<|system|>", "<|end|>", "<|user|>"]
@@ -72,30 +70,6 @@ def reference_tokenizer(folder, scheme, tmp_path):
         shutil.copy(folder / f, ref / f)
     (ref / "config.json").write_text(json.dumps({"model_type": "phi3", "vocab_size": VOCAB}))
     return AutoTokenizer.from_pretrained(ref)
-
-
-def rewrite_flm(src, dst, **meta_changes):
-    """A copy of src with metadata keys added or changed."""
-    meta, tensors = read_flm(src)
-    meta.update(meta_changes)
-    w = FlmWriter(dst)
-    for k, v in meta.items():
-        if isinstance(v, str):
-            w.add_string(k, v)
-        elif isinstance(v, float):
-            w.add_f64(k, v)
-        elif isinstance(v, (int, np.integer)):
-            w.add_i64(k, int(v))
-        elif isinstance(v, np.ndarray) and v.dtype == np.float32:
-            w.add_f32_array(k, v)
-        elif isinstance(v, list) and v and all(isinstance(x, str) for x in v):
-            w.add_string_array(k, v)
-        else:
-            w.add_i64_array(k, [int(x) for x in v])
-    for name, t in tensors.items():
-        w.add_tensor(name, t.dtype, t.shape, lambda t=t: np.array(t.data))
-    w.write()
-    return dst
 
 
 def added_token_keys(scheme):
@@ -207,7 +181,7 @@ def test_decode_skips_control_tokens_and_keeps_user_defined_ones(case):
 
 
 def test_bad_prefix_mode_is_refused(case, tmp_path):
-    bad = rewrite_flm(case.converted, tmp_path / "bad.flm", **{"tokenizer.prefix_after_added": "sometimes"})
+    bad = rewrite_flm(case.converted, tmp_path / "bad.flm", metadata={"tokenizer.prefix_after_added": "sometimes"})
     with pytest.raises(fastllm.FastLLMError) as e:
         fastllm.Model(bad, threads=1)
     assert "prefix_after_added" in str(e.value) and "sometimes" in str(e.value)

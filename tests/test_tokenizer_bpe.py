@@ -17,16 +17,14 @@ import shutil
 import time
 from pathlib import Path
 
-import numpy as np
 import pytest
 from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers, processors
 
 import fastllm
-from conftest import REPO, SHARED, STORIES, convert
+from conftest import REPO, SHARED, STORIES, convert, rewrite_flm
 from converter.bpe_tokenizer import (LLAMA3_PATTERN, QWEN2_PATTERN, ConversionError, bpe_tokenizer_info,
                                      bytes_to_unicode, read_tokenizer_json)
 from converter.flm_reader import read_flm
-from converter.flm_writer import FlmWriter
 from hf_models import make_llama
 
 GPT2_DIR = SHARED / "models" / "gpt2-tokenizer"
@@ -572,34 +570,6 @@ def test_no_tokenizer_files(root):
 
 # ---- bad .flm metadata is refused by the library ---------------------------------------------------
 
-def rewrite_flm(src: Path, dst: Path, drop=(), **changes) -> Path:
-    """A copy of src with metadata keys changed (names with '.' written as '__')."""
-    meta, tensors = read_flm(src)
-    changes = {k.replace("__", "."): v for k, v in changes.items()}
-    meta = {k: v for k, v in meta.items() if k not in drop}
-    meta.update(changes)
-    w = FlmWriter(dst)
-    for k, v in meta.items():
-        if isinstance(v, str):
-            w.add_string(k, v)
-        elif isinstance(v, float):
-            w.add_f64(k, v)
-        elif isinstance(v, (int, np.integer)):
-            w.add_i64(k, int(v))
-        elif isinstance(v, np.ndarray) and v.dtype == np.float32:
-            w.add_f32_array(k, v)
-        elif isinstance(v, np.ndarray):
-            w.add_i64_array(k, v.tolist())
-        elif isinstance(v, list) and all(isinstance(x, str) for x in v):
-            w.add_string_array(k, v)
-        else:
-            w.add_i64_array(k, list(v))
-    for name, t in tensors.items():
-        w.add_tensor(name, t.dtype, t.shape, lambda t=t: np.array(t.data))
-    w.write()
-    return dst
-
-
 @pytest.fixture(scope="module")
 def gpt2_meta(gpt2):
     return read_flm(gpt2.flm)[0]
@@ -632,7 +602,7 @@ def bad_cases(meta):
                                   "merges of the wrong type"])
 def test_bad_metadata_refused(gpt2_meta, gpt2, tmp_path, name):
     changes, message = bad_cases(gpt2_meta)[name]
-    bad = rewrite_flm(gpt2.flm, tmp_path / "bad.flm", **changes)
+    bad = rewrite_flm(gpt2.flm, tmp_path / "bad.flm", metadata={k.replace("__", "."): v for k, v in changes.items()})
     with pytest.raises(fastllm.FastLLMError) as e:
         fastllm.Model(bad)
     assert e.value.status == fastllm._lib.ERR_BAD_FORMAT
