@@ -198,9 +198,9 @@ def _read_bpe(ckpt: Checkpoint, vocab_size: int, hf, where: str) -> BpeTokenizer
     return info
 
 
-def _spm_added_tokens(ckpt: Checkpoint) -> tuple[dict, set, set]:
+def _spm_added_tokens(ckpt: Checkpoint, data: dict) -> tuple[dict, set, set]:
     """id -> (text, special) of the tokens a SentencePiece folder adds to its model's pieces, and
-    the ids of those that lstrip / rstrip."""
+    the ids of those that lstrip / rstrip. data: the folder's tokenizer.json ({} without one)."""
     added, flags = {}, {}
     legacy = read_json(ckpt.file("added_tokens.json"), required=False) or {}
     if not isinstance(legacy, dict):
@@ -215,7 +215,6 @@ def _spm_added_tokens(ckpt: Checkpoint) -> tuple[dict, set, set]:
             raise ConversionError(f"tokenizer_config.json: bad added_tokens_decoder entry {k!r}: {v!r}")
         added[int(k)] = (v["content"], bool(v.get("special", False)))
         flags[int(k)] = v
-    data = read_json(ckpt.file(TOKENIZER_JSON), required=False) or {}
     for a in (data.get("added_tokens") or []) if isinstance(data, dict) else []:
         if not (isinstance(a, dict) and isinstance(a.get("content"), str) and isinstance(a.get("id"), int)):
             raise ConversionError(f"{TOKENIZER_JSON}: bad added token {a!r}")
@@ -234,11 +233,10 @@ def _spm_added_tokens(ckpt: Checkpoint) -> tuple[dict, set, set]:
 TOKENIZER_JSON_AS_IS = {"phi3"}
 
 
-def _prefix_after_added(ckpt: Checkpoint) -> str:
+def _prefix_after_added(ckpt: Checkpoint, data: dict) -> str:
     """How transformers prefixes the text after an added token (see the module docstring)."""
     tc = ckpt.tokenizer_config or {}
-    data = read_json(ckpt.file(TOKENIZER_JSON), required=False)
-    if ckpt.config.get("model_type") in TOKENIZER_JSON_AS_IS and isinstance(data, dict):
+    if ckpt.config.get("model_type") in TOKENIZER_JSON_AS_IS and data:
         normalizers = [data.get("normalizer") or {}]
         normalizers += normalizers[0].get("normalizers") or []
         if any(isinstance(n, dict) and n.get("type") == "Prepend" for n in normalizers):
@@ -264,7 +262,9 @@ def _read_spm(ckpt: Checkpoint, vocab_size: int, add_bos_default: bool) -> Token
     tokens = list(spm.pieces) + [None] * (vocab_size - n)
     scores = list(spm.scores) + [0.0] * (vocab_size - n)
     types = list(spm.types) + [UNUSED] * (vocab_size - n)
-    added, lstrip, rstrip = _spm_added_tokens(ckpt)
+    data = read_json(ckpt.file(TOKENIZER_JSON), required=False)
+    data = data if isinstance(data, dict) else {}
+    added, lstrip, rstrip = _spm_added_tokens(ckpt, data)
     for i, (text, special) in sorted(added.items()):
         if i >= vocab_size:
             raise ConversionError(f"added token {text!r} has id {i}, outside the model's "
@@ -307,7 +307,7 @@ def _read_spm(ckpt: Checkpoint, vocab_size: int, add_bos_default: bool) -> Token
         chat_template=_chat_template(ckpt),
         n_padded=n_padded,
         added_lstrip=sorted(i for i in lstrip if i in added), added_rstrip=sorted(i for i in rstrip if i in added),
-        prefix_after_added=_prefix_after_added(ckpt),
+        prefix_after_added=_prefix_after_added(ckpt, data),
     )
 
 
