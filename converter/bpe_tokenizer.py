@@ -345,7 +345,7 @@ def read_tokenizer_json(data: dict, where: str = "tokenizer.json") -> HfBpe:
         else:
             raise ConversionError(f"{where}: unsupported normalizer {_describe(normalizer)}")
 
-    added = {}
+    added, lstrip, rstrip = {}, set(), set()
     flagged = []
     for a in data.get("added_tokens") or []:
         if not isinstance(a, dict) or not isinstance(a.get("content"), str) \
@@ -358,16 +358,17 @@ def read_tokenizer_json(data: dict, where: str = "tokenizer.json") -> HfBpe:
             raise ConversionError(f"{where}: added token {a['content']!r} has id {a['id']}, which "
                                   f"is the vocabulary's {seen[a['id']]!r}")
         added[a["id"]] = (a["content"], bool(a.get("special", False)))
+        for flag, ids in (("lstrip", lstrip), ("rstrip", rstrip)):
+            if a.get(flag):
+                ids.add(a["id"])
         if a.get("single_word"):
             flagged.append(a["content"])
     if flagged:
         warnings.warn(f"{where}: the single_word flag of added tokens is not implemented (set on "
                       f"{', '.join(map(repr, flagged[:5]))}"
                       f"{' ...' if len(flagged) > 5 else ''})", stacklevel=2)
-    listed = data.get("added_tokens") or []
     hf = HfBpe(vocab=vocab, merges=merges, pre=pre, ignore_merges=bool(model.get("ignore_merges")),
-               added=added, lstrip={a["id"] for a in listed if a.get("lstrip")},
-               rstrip={a["id"] for a in listed if a.get("rstrip")})
+               added=added, lstrip=lstrip, rstrip=rstrip)
     hf.template_bos = _template_bos(data.get("post_processor"))
     return hf
 
