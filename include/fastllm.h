@@ -12,7 +12,12 @@
  *  - No function calls exit() or abort(); C++ exceptions never cross this boundary.
  *
  * Threads: a fastllm_model is immutable after loading and may be shared by any number of threads
- * and sessions. A fastllm_session is used by one thread at a time (the caller serialises).
+ * and sessions. A fastllm_session is used by one thread at a time (the caller serialises), but
+ * fastllm_session_cancel may come from any thread. What runs in parallel: calls on different
+ * sessions from different threads, and everything else (tokenizing, templates, sampling); what is
+ * serialised: the forward passes of sessions of one model with the same n_threads, which take
+ * turns on the model's one set of worker threads and working memory (each pass uses all of them,
+ * so two at once would only compete for the cores).
  * What is tested (tests/cpp/test_threads.cpp, under ThreadSanitizer on every CI run): one model,
  * 8 threads each generating, truncating and resetting its own session (of 1 or 2 compute threads),
  * 2 threads tokenizing and detokenizing and 1 rendering chat templates on the same model, and a
@@ -45,9 +50,9 @@ extern "C" {
  * version. The ABI version changes whenever a struct layout or a function signature changes, or a
  * function that the bindings need is added; bindings compare it with fastllm_abi_version(). */
 #define FASTLLM_VERSION_MAJOR 0
-#define FASTLLM_VERSION_MINOR 3
+#define FASTLLM_VERSION_MINOR 4
 #define FASTLLM_VERSION_PATCH 0
-#define FASTLLM_ABI_VERSION 3
+#define FASTLLM_ABI_VERSION 4
 
 typedef enum fastllm_status {
     FASTLLM_OK = 0,
@@ -59,7 +64,8 @@ typedef enum fastllm_status {
     FASTLLM_ERR_CONTEXT_FULL = 6,     /* the tokens do not fit into the session's context */
     FASTLLM_ERR_BUFFER_TOO_SMALL = 7, /* output buffer too small; the needed size is returned */
     FASTLLM_ERR_TOKEN_OUT_OF_RANGE = 8,
-    FASTLLM_ERR_INTERNAL = 9
+    FASTLLM_ERR_INTERNAL = 9,
+    FASTLLM_ERR_CANCELLED = 10        /* fastllm_session_cancel stopped an evaluation (see there) */
 } fastllm_status;
 
 /* Version string such as "0.1.0" (static storage; do not free). */
@@ -222,19 +228,66 @@ FASTLLM_API fastllm_status fastllm_chat_apply_template_v2(const fastllm_model *m
 
 typedef struct fastllm_session fastllm_session;
 
+/* Element types of the KV cache (fastllm_session_params.type_k / type_v). Per token, SmolLM2-135M
+ * keeps 45 KiB of keys and values in f32, 22.5 KiB in f16, 12.7 KiB in q8 (int8 codes in blocks of
+ * 32 with a float scale). f16 is the default: its logits stay within 2e-3 of f32's (relative to the
+ * largest); q8 costs under 0.5% of perplexity (tests/test_kv_cache.py). */
+typedef enum fastllm_kv_type {
+    FASTLLM_KV_F32 = 0,
+    FASTLLM_KV_F16 = 1,
+    FASTLLM_KV_Q8 = 2
+} fastllm_kv_type;
+
 typedef struct fastllm_session_params {
-    int32_t n_ctx;     /* context length in tokens; 0 = the model's context length */
+    /* context length in tokens; 0 (default) = 4096, or the model's context length if shorter. The
+     * KV cache grows with the tokens actually held (blocks of 32 positions), so n_ctx is a limit,
+     * not an allocation: a session holding 1,000 tokens costs 1,024 positions of memory. */
+    int32_t n_ctx;
     int32_t n_batch;   /* most tokens evaluated in one forward pass (longer inputs are split); default 256 */
-    int32_t n_threads; /* 0 = the model's default */
+    /* threads a forward pass uses; 0 = the model's default. The threads and the working memory
+     * (activations) belong to the model, one set per distinct n_threads, shared by all its sessions. */
+    int32_t n_threads;
+    int32_t type_k;    /* fastllm_kv_type of the keys; default FASTLLM_KV_F16 */
+    int32_t type_v;    /* fastllm_kv_type of the values; default FASTLLM_KV_F16 */
+    /* 1: when the context is full, drop n_discard tokens after the first n_keep (the persona) and
+     * go on, instead of FASTLLM_ERR_CONTEXT_FULL / FASTLLM_STOP_CONTEXT_FULL; the kept keys are
+     * re-rotated to their new positions, as llama.cpp's context shift does. Default 0. */
+    int32_t context_shift;
+    int32_t n_keep;    /* tokens at the start a shift keeps; default 0; must be < n_ctx */
+    int32_t n_discard; /* tokens a shift drops; 0 (default) = half of those after n_keep */
 } fastllm_session_params;
 
 FASTLLM_API fastllm_session_params fastllm_session_default_params(void);
 
-/* Creates a session. All its memory (KV cache, activations) is allocated here, once. The model
- * must outlive the session. params may be NULL (defaults). */
+/* Creates a session. Its KV cache is allocated as its context grows (FASTLLM_ERR_OUT_OF_MEMORY
+ * from the evaluation that cannot get a block, leaving the context as it was). The model must
+ * outlive the session. params may be NULL (defaults). */
 FASTLLM_API fastllm_status fastllm_session_create(const fastllm_model *model, const fastllm_session_params *params,
                                                   fastllm_session **out_session);
+/* Creates a session whose context is the first n_tokens of src's (a persona or system prompt
+ * evaluated once), without evaluating them again and without copying their KV cache: the two
+ * sessions share its blocks, reference counted, and a block is copied only when one of them writes
+ * into it (the partly filled last one, on the first new token). params may be NULL: then src's
+ * (its n_ctx may differ; the KV types must be src's). src is read during the call only and must
+ * not be in use by another thread then; afterwards both sessions are independent (either may be
+ * freed first). */
+FASTLLM_API fastllm_status fastllm_session_fork(const fastllm_session *src, int32_t n_tokens,
+                                                const fastllm_session_params *params, fastllm_session **out_session);
 FASTLLM_API void fastllm_session_free(fastllm_session *session);
+
+typedef struct fastllm_session_memory_info {
+    uint64_t kv_bytes;           /* KV cache blocks the session holds (shared ones counted in full) */
+    uint64_t kv_shared_bytes;    /* of kv_bytes: blocks another session also holds (a forked prefix) */
+    uint64_t kv_bytes_per_token; /* in the session's KV types */
+    uint64_t kv_capacity_bytes;  /* kv_bytes at a full context of n_ctx tokens */
+    uint64_t session_bytes;      /* the session's other memory: logits, token list, block table */
+    uint64_t compute_bytes;      /* working activations of its passes: the model's, shared by every
+                                  * session with the same n_threads (count them once) */
+} fastllm_session_memory_info;
+
+/* What the session's memory costs now, so that a game can budget its NPCs. */
+FASTLLM_API fastllm_status fastllm_session_memory(const fastllm_session *session,
+                                                  fastllm_session_memory_info *out_info);
 /* Forgets all tokens: the next evaluation starts a fresh context. */
 FASTLLM_API fastllm_status fastllm_session_reset(fastllm_session *session);
 /* Keeps the first n_keep tokens of the context and forgets the rest (their KV cache entries are
@@ -278,6 +331,19 @@ typedef struct fastllm_sampling_params {
     const char *const *stop;    /* stop strings (not included in the output); may be NULL */
     int32_t n_stop;
     int32_t ignore_eos;         /* 1: do not stop at end-of-sequence tokens. default 0 */
+    /* Constrained output (docs/grammar.md). A grammar in llama.cpp's GBNF syntax (rules
+     * `name ::= ...` starting from `root`), NULL (default) for none: every sampled token keeps the
+     * generated text a prefix of something the grammar matches (disallowed tokens get logit -inf
+     * before the repetition penalty and sampling), an end-of-sequence token is allowed only where
+     * the text is a complete match, and the generation stops with FASTLLM_STOP_GRAMMAR as soon as
+     * the match is complete and the grammar allows nothing more. With ignore_eos, end-of-sequence
+     * tokens are never allowed. The text is copied at begin; a malformed grammar is
+     * FASTLLM_ERR_INVALID_ARGUMENT with "grammar: line L col C: ..." (nothing is evaluated). */
+    const char *grammar;
+    /* A JSON Schema (its JSON text), NULL (default) for none: converted with
+     * fastllm_json_schema_to_grammar and used as grammar (its errors: see there). Setting both
+     * grammar and json_schema is FASTLLM_ERR_INVALID_ARGUMENT. */
+    const char *json_schema;
 } fastllm_sampling_params;
 
 FASTLLM_API fastllm_sampling_params fastllm_sampling_default_params(void);
@@ -288,7 +354,11 @@ typedef enum fastllm_stop_reason {
     FASTLLM_STOP_STRING = 2,       /* a stop string appeared */
     FASTLLM_STOP_CALLBACK = 3,     /* the callback asked to stop */
     FASTLLM_STOP_CONTEXT_FULL = 4, /* the session's context is full */
-    FASTLLM_STOP_CANCELLED = 5     /* fastllm_session_cancel_generation was called */
+    FASTLLM_STOP_CANCELLED = 5,    /* fastllm_session_cancel_generation was called */
+    /* the grammar (or JSON schema) is matched completely and allows nothing more; also when no
+     * token of the vocabulary can continue the text (a dead end: the text is then incomplete,
+     * which fastllm_sampling_params.grammar explains) */
+    FASTLLM_STOP_GRAMMAR = 6
 } fastllm_stop_reason;
 
 /* Receives generated text as it is produced. text is valid UTF-8 (a character split across tokens
@@ -334,8 +404,64 @@ FASTLLM_API int fastllm_session_is_generating(const fastllm_session *session);
 /* The session's last generation's result (final once it has ended). */
 FASTLLM_API fastllm_status fastllm_session_generation_result(const fastllm_session *session,
                                                              fastllm_generation_result *out_result);
-/* Ends a generation in progress (stop reason FASTLLM_STOP_CANCELLED); harmless when there is none. */
+/* Converts a JSON Schema (schema: its JSON text) into a GBNF grammar for
+ * fastllm_sampling_params.grammar, matching compact JSON with bounded whitespace. Supported:
+ * type (one or a list), properties, required, additionalProperties (false when unsaid and
+ * "properties" is given, as llama.cpp does), enum, const, items, prefixItems, minItems, maxItems,
+ * minLength, maxLength, minimum / maximum / exclusiveMinimum / exclusiveMaximum for integers,
+ * anyOf, oneOf (as anyOf), allOf of object schemas, $ref into the schema (#/$defs/..., recursion
+ * allowed), format date, time, date-time and uuid; annotations (title, description, default,
+ * examples, $schema, ...) are ignored. docs/grammar.md has the details. Errors:
+ * FASTLLM_ERR_UNSUPPORTED naming the first keyword it does not implement and where
+ * ("json_schema: unsupported keyword 'pattern' at /properties/name"); FASTLLM_ERR_INVALID_ARGUMENT
+ * for text that is not JSON or a schema that is malformed or matches nothing. Output buffer
+ * convention as fastllm_detokenize (NUL-terminated; *out_len without the NUL). */
+FASTLLM_API fastllm_status fastllm_json_schema_to_grammar(const char *schema, char *out, size_t out_capacity,
+                                                          size_t *out_len);
+/* Checks a GBNF grammar as fastllm_sampling_params.grammar would (FASTLLM_OK, or
+ * FASTLLM_ERR_INVALID_ARGUMENT with the message), without a model or a session: for a server that
+ * answers a bad grammar before queueing the request. */
+FASTLLM_API fastllm_status fastllm_grammar_check(const char *grammar);
+
+/* Ends a generation in progress (stop reason FASTLLM_STOP_CANCELLED); harmless when there is none.
+ * Called by the thread that uses the session, between steps; from another thread, use
+ * fastllm_session_cancel. */
 FASTLLM_API fastllm_status fastllm_session_cancel_generation(fastllm_session *session);
+/* From any thread: stops the evaluation or generation the session is in. A prompt being evaluated
+ * (fastllm_session_eval, _generate, _begin_generation) stops between two layers of the pass, within
+ * one layer's time (SmolLM2-135M, a 256-token batch on 2 cores: under 30 ms); the context keeps the
+ * tokens of the batches evaluated before and drops the rest (fastllm_session_n_tokens says how
+ * many stayed). fastllm_session_eval then returns FASTLLM_ERR_CANCELLED; a generation ends with
+ * stop reason FASTLLM_STOP_CANCELLED (fastllm_session_generate returns FASTLLM_OK), before its next
+ * token. FASTLLM_ERR_INVALID_ARGUMENT when the session is neither evaluating nor generating (then
+ * nothing is left pending for a later call). */
+FASTLLM_API fastllm_status fastllm_session_cancel(fastllm_session *session);
+
+/* ------------------------------------------------------------------------------------------ */
+/* Saved sessions                                                                              */
+
+/* Saved state: a session's tokens, its KV cache (in its own types) and a generation in progress
+ * (sampling params, random state, held-back text, the last logits) as bytes, so that a game can
+ * save a conversation and go on with it later, in this process or another. Restoring and going
+ * on gives the same tokens as never having stopped. The bytes name the model they belong to (a
+ * fingerprint of its weights, config and vocabulary), are versioned and checksummed: a state of
+ * another model, a truncated or damaged one is FASTLLM_ERR_BAD_FORMAT, and the session is left as
+ * it was. Loading into a session with other KV types converts the rows (q8 is then approximate);
+ * the context must fit its n_ctx.
+ * save: writes at most out_capacity bytes; *out_len receives the size of the state; out may be
+ * NULL to ask for the size (FASTLLM_ERR_BUFFER_TOO_SMALL when it does not fit). */
+FASTLLM_API fastllm_status fastllm_session_save_state(const fastllm_session *session, void *out, size_t out_capacity,
+                                                      size_t *out_len);
+/* Replaces the session's context with a saved state. A generation saved in progress continues
+ * with fastllm_generate_step, streaming to callback / user_data (may be NULL; ignored when the
+ * state has no generation). */
+FASTLLM_API fastllm_status fastllm_session_load_state(fastllm_session *session, const void *data, size_t size,
+                                                      fastllm_stream_callback callback, void *user_data);
+/* The same to and from a file. Saving writes a temporary file next to path and renames it over
+ * path, so a crash never leaves a half-written save. */
+FASTLLM_API fastllm_status fastllm_session_save_state_file(const fastllm_session *session, const char *path);
+FASTLLM_API fastllm_status fastllm_session_load_state_file(fastllm_session *session, const char *path,
+                                                           fastllm_stream_callback callback, void *user_data);
 
 #ifdef __cplusplus
 }

@@ -55,6 +55,28 @@ std::vector<int32_t> Engine::tokenize(std::string_view text, int add_bos) const 
     return ids;
 }
 
+std::string Engine::grammar_of(const GenerationRequest &r) {
+    std::string grammar = r.grammar;
+    if (!r.json_schema.empty()) {
+        size_t n = 0;
+        std::vector<char> buf(4096 + 4 * r.json_schema.size());
+        fastllm_status s = fastllm_json_schema_to_grammar(r.json_schema.c_str(), buf.data(), buf.size(), &n);
+        if (s == FASTLLM_ERR_BUFFER_TOO_SMALL) {
+            buf.resize(n + 1);
+            s = fastllm_json_schema_to_grammar(r.json_schema.c_str(), buf.data(), buf.size(), &n);
+        }
+        if (s == FASTLLM_ERR_UNSUPPORTED || s == FASTLLM_ERR_INVALID_ARGUMENT)
+            throw bad_request(std::string("response_format: ") + fastllm_last_error(), "response_format",
+                              s == FASTLLM_ERR_UNSUPPORTED ? "unsupported_json_schema" : "invalid_json_schema");
+        if (s != FASTLLM_OK) throw library_error(s, "response_format");
+        grammar.assign(buf.data(), n);
+    } else if (!grammar.empty()) {
+        if (fastllm_grammar_check(grammar.c_str()) != FASTLLM_OK)
+            throw bad_request(fastllm_last_error(), "grammar", "invalid_grammar");
+    }
+    return grammar;
+}
+
 void Engine::check_tokens(const std::vector<int32_t> &tokens, const std::string &param) const {
     for (size_t i = 0; i < tokens.size(); i++)
         if (tokens[i] < 0 || tokens[i] >= info_.vocab_size)

@@ -33,6 +33,9 @@ public:
     void check_tokens(const std::vector<int32_t> &tokens, const std::string &param) const;
     // The conversation rendered with the model's own chat template, ending with the assistant's turn.
     std::string apply_chat_template(const std::vector<ChatMessage> &messages) const;
+    // The GBNF grammar a request asks for (its grammar, or its response_format's schema converted),
+    // "" for none. Throws 400 for a schema or grammar the library refuses, naming the field.
+    static std::string grammar_of(const GenerationRequest &r);
 
 private:
     Engine() = default;

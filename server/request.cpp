@@ -107,16 +107,48 @@ void reject_unsupported(const json &body, Endpoint endpoint) {
             if (!v->empty()) throw unsupported(name, std::string(name) + " (function calling) is not supported");
         }
     }
-    if (const json *v = field(body, "response_format")) {
-        if (!v->is_object()) throw wrong_type("response_format", "an object", *v);
-        const json *type = field(*v, "type");
-        if (type && (!type->is_string() || type->get<std::string>() != "text"))
-            throw unsupported("response_format", "only response_format {\"type\": \"text\"} is supported");
+}
+
+// response_format and grammar (see GenerationRequest).
+void parse_constraints(const json &body, GenerationRequest &r) {
+    if (const json *v = field(body, "grammar")) {
+        r.grammar = as_string("grammar", *v);
+        require_no_nul("grammar", r.grammar);
     }
+    const json *v = field(body, "response_format");
+    if (!v) return;
+    if (!v->is_object()) throw wrong_type("response_format", "an object", *v);
+    const json *type = field(*v, "type");
+    if (!type) throw bad_request("'response_format.type' is required", "response_format.type", "missing_required_parameter");
+    const std::string kind = as_string("response_format.type", *type);
+    if (kind == "text") return;
+    if (kind == "json_object") {
+        const json *schema = field(*v, "schema");  // llama.cpp's extension
+        if (schema && !schema->is_object() && !schema->is_boolean())
+            throw wrong_type("response_format.schema", "a JSON Schema (an object)", *schema);
+        r.json_schema = schema ? schema->dump() : R"({"type": "object"})";
+    } else if (kind == "json_schema") {
+        const json *spec = field(*v, "json_schema");
+        if (!spec) throw bad_request("'response_format.json_schema' is required", "response_format.json_schema",
+                                     "missing_required_parameter");
+        if (!spec->is_object()) throw wrong_type("response_format.json_schema", "an object", *spec);
+        if (const json *name = field(*spec, "name")) as_string("response_format.json_schema.name", *name);
+        if (const json *strict = field(*spec, "strict")) as_bool("response_format.json_schema.strict", *strict);
+        const json *schema = field(*spec, "schema");
+        if (schema && !schema->is_object() && !schema->is_boolean())
+            throw wrong_type("response_format.json_schema.schema", "a JSON Schema (an object)", *schema);
+        r.json_schema = schema ? schema->dump() : "{}";  // no schema: any JSON value
+    } else {
+        throw bad_request("response_format type '" + kind + "' is not supported (text, json_object, json_schema)",
+                          "response_format.type", "unsupported_parameter");
+    }
+    if (!r.grammar.empty())
+        throw bad_request("'grammar' and a JSON response_format cannot be combined", "grammar", "invalid_value");
 }
 
 void parse_common(const json &body, GenerationRequest &r) {
     reject_unsupported(body, r.endpoint);
+    parse_constraints(body, r);
     if (const json *v = field(body, "model")) r.model = as_string("model", *v);
 
     const char *max_name = "max_tokens";

@@ -57,6 +57,13 @@ struct GenerationRequest {
     bool ignore_eos = false;            // extension
     bool stream = false;
     bool include_usage = false;         // stream_options.include_usage
+
+    // Constrained output: response_format {"type": "json_object"} (any JSON object; llama.cpp's
+    // server also reads a "schema" beside the type), {"type": "json_schema", "json_schema":
+    // {"name", "schema", "strict"}}, or llama.cpp's "grammar" field (GBNF). The routes turn the
+    // schema into a grammar and check it (the library is not linked here).
+    std::string grammar;      // GBNF as given
+    std::string json_schema;  // the schema's JSON text; "" for none
 };
 
 // Parses a request body into a JSON object (400 for malformed JSON or a non-object).

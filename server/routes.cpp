@@ -315,6 +315,7 @@ void Routes::generate(httplib::Response &res, const std::string &text, Endpoint 
         e.param = "model";
         throw e;
     }
+    std::string grammar = Engine::grammar_of(r);  // a bad schema or grammar is answered before any work
     const char *prompt_param = endpoint == Endpoint::Completions ? "prompt" : "messages";
     std::vector<int32_t> prompt = prompt_tokens(r);
     if (prompt.empty()) throw bad_request("the prompt is empty (it has no tokens)", prompt_param);
@@ -335,7 +336,7 @@ void Routes::generate(httplib::Response &res, const std::string &text, Endpoint 
     p.repetition_penalty = r.repetition_penalty;
     p.seed = r.seed ? *r.seed : random_seed();
     p.ignore_eos = r.ignore_eos ? 1 : 0;
-    auto job = std::make_shared<Job>(std::move(prompt), p, std::move(r.stop));
+    auto job = std::make_shared<Job>(std::move(prompt), p, std::move(r.stop), std::move(grammar));
 
     switch (scheduler_.submit(job)) {
     case Scheduler::Admission::Accepted: break;

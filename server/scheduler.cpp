@@ -18,11 +18,15 @@ const char *finish_reason_name(FinishReason r) {
 // ---------------------------------------------------------------------------------------------
 // Job
 
-Job::Job(std::vector<int32_t> prompt, const fastllm_sampling_params &params, std::vector<std::string> stops)
-    : prompt_(std::move(prompt)), stops_(std::move(stops)), params_(params), arrived_(clock::now()) {
+Job::Job(std::vector<int32_t> prompt, const fastllm_sampling_params &params, std::vector<std::string> stops,
+         std::string grammar)
+    : prompt_(std::move(prompt)), stops_(std::move(stops)), grammar_(std::move(grammar)), params_(params),
+      arrived_(clock::now()) {
     for (const auto &s : stops_) stop_ptrs_.push_back(s.c_str());
     params_.stop = stop_ptrs_.empty() ? nullptr : stop_ptrs_.data();
     params_.n_stop = (int32_t)stop_ptrs_.size();
+    params_.grammar = grammar_.empty() ? nullptr : grammar_.c_str();
+    params_.json_schema = nullptr;  // a schema comes converted, as grammar
 }
 
 bool Job::wait(std::string &text, std::chrono::milliseconds timeout) {
@@ -246,7 +250,7 @@ void Scheduler::end_with_library_result(Slot &slot) {
     case FASTLLM_STOP_MAX_TOKENS:
     case FASTLLM_STOP_CONTEXT_FULL: r.reason = FinishReason::Length; break;
     case FASTLLM_STOP_CANCELLED: r.reason = FinishReason::Cancelled; break;
-    default: r.reason = FinishReason::Stop;  // EOS, stop string
+    default: r.reason = FinishReason::Stop;  // EOS, stop string, grammar complete
     }
     end(slot, r);
 }

@@ -56,7 +56,9 @@ class Job {
 public:
     using clock = std::chrono::steady_clock;
 
-    Job(std::vector<int32_t> prompt, const fastllm_sampling_params &params, std::vector<std::string> stops);
+    // grammar: GBNF for params.grammar ("" for none); the job keeps it, as it keeps the stops.
+    Job(std::vector<int32_t> prompt, const fastllm_sampling_params &params, std::vector<std::string> stops,
+        std::string grammar = "");
 
     // HTTP side. Waits until there is text or the job has ended (or until timeout); moves the new
     // text into text. Returns true once the job has ended and all its text has been taken.
@@ -77,6 +79,7 @@ private:
     std::vector<int32_t> prompt_;
     std::vector<std::string> stops_;
     std::vector<const char *> stop_ptrs_;  // into stops_, for params_.stop
+    std::string grammar_;                  // params_.grammar points here
     fastllm_sampling_params params_;
     clock::time_point arrived_;
     std::atomic<bool> cancelled_{false};

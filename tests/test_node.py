@@ -2,6 +2,7 @@
 stories260K, the streaming example, and its struct layouts against the header's."""
 import json
 import os
+import re
 import shutil
 import subprocess
 
@@ -109,9 +110,5 @@ def _struct_fields(name):
     text = (REPO / "include" / "fastllm.h").read_text()
     start = text.index(f"typedef struct {name} {{")
     body = text[text.index("{", start) + 1:text.index(f"}} {name};", start)]
-    names = []
-    for line in body.splitlines():
-        code = line.split("/*")[0].strip()
-        if code:
-            names.append(code.rstrip(";").replace("*", " ").split()[-1])
-    return names
+    body = re.sub(r"/\*.*?\*/", "", body, flags=re.S)  # comments, also those of several lines
+    return [decl.replace("*", " ").split()[-1] for decl in body.split(";") if decl.strip()]

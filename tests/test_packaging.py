@@ -214,8 +214,11 @@ def test_static_library_through_the_cmake_package(prefix, stories_flm, tmp_path)
     """fastllm::fastllm_static: a C program linked with libfastllm.a runs without libfastllm.so."""
     (tmp_path / "src").mkdir()
     shutil.copyfile(REPO / "bindings" / "examples" / "c" / "simple.c", tmp_path / "src" / "simple.c")
+    header = (REPO / "include" / "fastllm.h").read_text()
+    version = ".".join(re.search(rf"#define FASTLLM_VERSION_{p} (\d+)", header).group(1) for p in ("MAJOR", "MINOR"))
     (tmp_path / "src" / "CMakeLists.txt").write_text(
-        "cmake_minimum_required(VERSION 3.16)\nproject(static_check C CXX)\nfind_package(fastllm 0.3 REQUIRED)\n"
+        "cmake_minimum_required(VERSION 3.16)\nproject(static_check C CXX)\n"
+        f"find_package(fastllm {version} REQUIRED)\n"
         "add_executable(simple simple.c)\ntarget_link_libraries(simple PRIVATE fastllm::fastllm_static)\n")
     sh("cmake", "-S", tmp_path / "src", "-B", tmp_path / "build", f"-DCMAKE_PREFIX_PATH={prefix}")
     sh("cmake", "--build", tmp_path / "build")

@@ -76,7 +76,7 @@ def test_logits_batched_equals_incremental(case, tmp_path):
     ids = input_ids(ref.config.vocab_size, seed=1)[:20]
     with fastllm.Model(convert(hf_dir, tmp_path / "m.flm"), threads=2) as m:
         batched = m.forward(ids)
-        with m.session(n_ctx=32) as s:
+        with m.session(n_ctx=32, kv_type="f32") as s:
             step = np.stack([s.eval([t], logits="last") for t in ids])
     assert rel_diff(step, batched) < 1e-5, name
 

@@ -49,8 +49,10 @@ def long_context_flm(tmp_path_factory):
 
 @pytest.mark.skipif(ASAN, reason="ASan reserves terabytes of address space: no RLIMIT_AS can hold under it")
 def test_session_beyond_the_address_space_limit_is_out_of_memory(long_context_flm):
-    """In a child limited to 1 GiB more than it uses: a full-context session fails with
-    FASTLLM_ERR_OUT_OF_MEMORY, the process goes on, and a small session still works."""
+    """In a child limited to 1 GiB more than it uses: a full-context session is created (its KV
+    cache grows as used), but evaluating 300k tokens (2.3 GiB of f32 KV cache) fails with
+    FASTLLM_ERR_OUT_OF_MEMORY before computing anything, the session stays empty and usable, the
+    process goes on, and a small session still works."""
     code = textwrap.dedent(f"""
         import resource, sys
         sys.path[:0] = [{str(REPO / 'bindings' / 'python')!r}]
@@ -59,11 +61,14 @@ def test_session_beyond_the_address_space_limit_is_out_of_memory(long_context_fl
         m = fastllm.Model({str(long_context_flm)!r}, threads=1)
         vm = int(open("/proc/self/statm").read().split()[0]) * resource.getpagesize()
         resource.setrlimit(resource.RLIMIT_AS, (vm + (1 << 30), resource.RLIM_INFINITY))
+        big = m.session(n_ctx=1 << 20, kv_type="f32")
         try:
-            m.session()
-            print("created")
+            big.eval([1] * 300000, logits=None)
+            print("evaluated")
         except fastllm.FastLLMError as e:
             print("status", e.status == raw.ERR_OUT_OF_MEMORY, str(e))
+        print("empty", big.n_tokens == 0, big.memory()["kv_bytes"] == 0)
+        big.eval([1, 2], logits=None)
         s = m.session(n_ctx=64)
         print("small", len(s.generate("Hello", max_new_tokens=4, temperature=0)) >= 0)
     """)
@@ -71,3 +76,4 @@ def test_session_beyond_the_address_space_limit_is_out_of_memory(long_context_fl
                        env=dict(os.environ, OPENBLAS_NUM_THREADS="1"))
     assert r.returncode == 0, r.stdout + r.stderr
     assert "status True" in r.stdout and "MiB" in r.stdout and "small True" in r.stdout, r.stdout
+    assert "empty True True" in r.stdout, r.stdout

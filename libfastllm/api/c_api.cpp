@@ -1,6 +1,7 @@
 // c_api.cpp — the extern "C" surface (include/fastllm.h). Each entry point validates its
 // arguments, runs the C++ core inside guard(), and turns any exception into a status code plus
 // the thread's last-error message. Nothing here exits or aborts.
+#include <cstdio>
 #include <cstring>
 #include <memory>
 #include <new>
@@ -13,6 +14,8 @@
 #include "api/log.h"
 #include "runtime/model.h"
 #include "runtime/session.h"
+#include "text/grammar.h"
+#include "text/json_schema.h"
 
 struct fastllm_model {
     fastllm::Model impl;
@@ -22,6 +25,7 @@ struct fastllm_model {
 struct fastllm_session {
     fastllm::Session impl;
     fastllm_session(const fastllm::Model &m, const fastllm::SessionOptions &o) : impl(m, o) {}
+    fastllm_session(const fastllm::Session &src, size_t n, const fastllm::SessionOptions &o) : impl(src, n, o) {}
 };
 
 namespace {
@@ -36,7 +40,7 @@ fastllm_status set_error(fastllm_status s, const std::string &msg) {
 // A failure inside the core is also logged (argument checks and size queries are not: callers
 // expect those and handle them).
 fastllm_status fail_logged(fastllm_status s, const std::string &msg) {
-    if (s != FASTLLM_ERR_BUFFER_TOO_SMALL) fastllm::log(FASTLLM_LOG_ERROR, "%s: %s", fastllm_status_name(s), msg.c_str());
+    if (s != FASTLLM_ERR_BUFFER_TOO_SMALL && s != FASTLLM_ERR_CANCELLED) fastllm::log(FASTLLM_LOG_ERROR, "%s: %s", fastllm_status_name(s), msg.c_str());
     return set_error(s, msg);
 }
 
@@ -86,6 +90,11 @@ fastllm::SamplingOptions sampling_options(const fastllm_sampling_params *params)
         if (!p.stop[i]) fastllm::fail(FASTLLM_ERR_INVALID_ARGUMENT, "stop string %d is NULL", i);
         o.stop.emplace_back(p.stop[i]);
     }
+    if (p.grammar && p.json_schema)
+        fastllm::fail(FASTLLM_ERR_INVALID_ARGUMENT, "grammar and json_schema are both set; give one of them");
+    if (p.grammar && !*p.grammar) fastllm::fail(FASTLLM_ERR_INVALID_ARGUMENT, "grammar is empty (it needs a rule 'root')");
+    if (p.grammar) o.grammar = p.grammar;
+    if (p.json_schema) o.grammar = fastllm::json_schema_to_grammar(p.json_schema);
     return o;
 }
 
@@ -122,6 +131,7 @@ const char *fastllm_status_name(fastllm_status s) {
     case FASTLLM_ERR_BUFFER_TOO_SMALL: return "FASTLLM_ERR_BUFFER_TOO_SMALL";
     case FASTLLM_ERR_TOKEN_OUT_OF_RANGE: return "FASTLLM_ERR_TOKEN_OUT_OF_RANGE";
     case FASTLLM_ERR_INTERNAL: return "FASTLLM_ERR_INTERNAL";
+    case FASTLLM_ERR_CANCELLED: return "FASTLLM_ERR_CANCELLED";
     }
     return "FASTLLM_UNKNOWN_STATUS";
 }
@@ -286,21 +296,118 @@ fastllm_status fastllm_chat_apply_template(const fastllm_model *model, const cha
 
 fastllm_session_params fastllm_session_default_params(void) {
     fastllm_session_params p;
+    std::memset(&p, 0, sizeof p);
     p.n_ctx = 0;
     p.n_batch = 256;
     p.n_threads = 0;
+    p.type_k = FASTLLM_KV_F16;
+    p.type_v = FASTLLM_KV_F16;
+    p.context_shift = 0;
+    p.n_keep = 0;
+    p.n_discard = 0;
     return p;
 }
+
+namespace {
+fastllm::SessionOptions session_options(const fastllm_session_params &p) {
+    fastllm::SessionOptions o;
+    o.n_ctx = p.n_ctx, o.n_batch = p.n_batch, o.n_threads = p.n_threads;
+    o.type_k = (fastllm::KvType)p.type_k, o.type_v = (fastllm::KvType)p.type_v;  // range-checked by the session
+    o.context_shift = p.context_shift != 0, o.n_keep = p.n_keep, o.n_discard = p.n_discard;
+    return o;
+}
+}  // namespace
 
 fastllm_status fastllm_session_create(const fastllm_model *model, const fastllm_session_params *params,
                                       fastllm_session **out_session) {
     REQUIRE(out_session, "out_session");
     *out_session = nullptr;
     REQUIRE(model, "model");
-    const fastllm_session_params p = params ? *params : fastllm_session_default_params();
-    fastllm::SessionOptions o;
-    o.n_ctx = p.n_ctx, o.n_batch = p.n_batch, o.n_threads = p.n_threads;
+    const fastllm::SessionOptions o = session_options(params ? *params : fastllm_session_default_params());
     return guard([&] { *out_session = new fastllm_session(model->impl, o); });
+}
+
+fastllm_status fastllm_session_fork(const fastllm_session *src, int32_t n_tokens, const fastllm_session_params *params,
+                                    fastllm_session **out_session) {
+    REQUIRE(out_session, "out_session");
+    *out_session = nullptr;
+    REQUIRE(src, "src");
+    if (n_tokens < 0) return set_error(FASTLLM_ERR_INVALID_ARGUMENT, "n_tokens must not be negative");
+    const fastllm::SessionOptions o = params ? session_options(*params) : src->impl.options();
+    if (params && (o.type_k != src->impl.options().type_k || o.type_v != src->impl.options().type_v))
+        return set_error(FASTLLM_ERR_INVALID_ARGUMENT, "a fork keeps the KV cache types of the session it shares");
+    return guard([&] { *out_session = new fastllm_session(src->impl, (size_t)n_tokens, o); });
+}
+
+fastllm_status fastllm_session_memory(const fastllm_session *session, fastllm_session_memory_info *out_info) {
+    REQUIRE(session, "session");
+    REQUIRE(out_info, "out_info");
+    const fastllm::SessionMemory m = session->impl.memory();
+    out_info->kv_bytes = m.kv_bytes, out_info->kv_shared_bytes = m.kv_shared_bytes;
+    out_info->kv_bytes_per_token = m.kv_bytes_per_token, out_info->kv_capacity_bytes = m.kv_capacity_bytes;
+    out_info->session_bytes = m.session_bytes, out_info->compute_bytes = m.compute_bytes;
+    g_last_error.clear();
+    return FASTLLM_OK;
+}
+
+fastllm_status fastllm_session_save_state(const fastllm_session *session, void *out, size_t out_capacity,
+                                          size_t *out_len) {
+    REQUIRE(session, "session");
+    REQUIRE(out_len, "out_len");
+    std::vector<uint8_t> state;
+    fastllm_status s = guard([&] { state = session->impl.save_state(); });
+    if (s != FASTLLM_OK) return s;
+    *out_len = state.size();
+    if (!out || out_capacity < state.size())
+        return set_error(FASTLLM_ERR_BUFFER_TOO_SMALL, "state buffer of " + std::to_string(out_capacity) +
+                                                           " bytes is too small: " + std::to_string(state.size()) +
+                                                           " needed");
+    std::memcpy(out, state.data(), state.size());
+    return FASTLLM_OK;
+}
+
+fastllm_status fastllm_session_load_state(fastllm_session *session, const void *data, size_t size,
+                                          fastllm_stream_callback callback, void *user_data) {
+    REQUIRE(session, "session");
+    REQUIRE(data || size == 0, "data");
+    return guard([&] { session->impl.load_state((const uint8_t *)data, size, callback, user_data); });
+}
+
+fastllm_status fastllm_session_save_state_file(const fastllm_session *session, const char *path) {
+    REQUIRE(session, "session");
+    REQUIRE(path, "path");
+    return guard([&] {
+        const std::vector<uint8_t> state = session->impl.save_state();
+        const std::string tmp = std::string(path) + ".tmp";
+        FILE *f = std::fopen(tmp.c_str(), "wb");
+        if (!f) fastllm::fail(FASTLLM_ERR_IO, "%s: cannot open for writing", tmp.c_str());
+        const bool ok = std::fwrite(state.data(), 1, state.size(), f) == state.size() && std::fflush(f) == 0;
+        if (std::fclose(f) != 0 || !ok) {
+            std::remove(tmp.c_str());
+            fastllm::fail(FASTLLM_ERR_IO, "%s: write failed", tmp.c_str());
+        }
+        if (std::rename(tmp.c_str(), path) != 0) {
+            std::remove(tmp.c_str());
+            fastllm::fail(FASTLLM_ERR_IO, "%s: cannot rename the saved state into place", path);
+        }
+    });
+}
+
+fastllm_status fastllm_session_load_state_file(fastllm_session *session, const char *path,
+                                               fastllm_stream_callback callback, void *user_data) {
+    REQUIRE(session, "session");
+    REQUIRE(path, "path");
+    return guard([&] {
+        FILE *f = std::fopen(path, "rb");
+        if (!f) fastllm::fail(FASTLLM_ERR_IO, "%s: cannot open", path);
+        std::vector<uint8_t> data;
+        uint8_t buf[1 << 16];
+        for (size_t n; (n = std::fread(buf, 1, sizeof buf, f)) > 0;) data.insert(data.end(), buf, buf + n);
+        const bool err = std::ferror(f) != 0;
+        std::fclose(f);
+        if (err) fastllm::fail(FASTLLM_ERR_IO, "%s: read failed", path);
+        session->impl.load_state(data.data(), data.size(), callback, user_data);
+    });
 }
 
 void fastllm_session_free(fastllm_session *session) { delete session; }
@@ -361,7 +468,22 @@ fastllm_sampling_params fastllm_sampling_default_params(void) {
     p.stop = nullptr;
     p.n_stop = 0;
     p.ignore_eos = 0;
+    p.grammar = nullptr;
+    p.json_schema = nullptr;
     return p;
+}
+
+fastllm_status fastllm_json_schema_to_grammar(const char *schema, char *out, size_t out_capacity, size_t *out_len) {
+    REQUIRE(out_len, "out_len");
+    REQUIRE(schema, "schema");
+    fastllm_status s = FASTLLM_OK;
+    fastllm_status g = guard([&] { s = copy_out(fastllm::json_schema_to_grammar(schema), out, out_capacity, out_len, true); });
+    return g ? g : s;
+}
+
+fastllm_status fastllm_grammar_check(const char *grammar) {
+    REQUIRE(grammar, "grammar");
+    return guard([&] { fastllm::Grammar::parse(grammar); });
 }
 
 fastllm_status fastllm_session_generate(fastllm_session *session, const int32_t *prompt_tokens, size_t n_prompt_tokens,
@@ -408,6 +530,16 @@ fastllm_status fastllm_session_generation_result(const fastllm_session *session,
 fastllm_status fastllm_session_cancel_generation(fastllm_session *session) {
     REQUIRE(session, "session");
     return guard([&] { session->impl.cancel_generation(); });
+}
+
+fastllm_status fastllm_session_cancel(fastllm_session *session) {
+    REQUIRE(session, "session");
+    // No guard(): it may run beside another thread's call on this session, and touches only atomics
+    // and this thread's last-error message.
+    if (!session->impl.request_cancel())
+        return set_error(FASTLLM_ERR_INVALID_ARGUMENT, "the session is neither evaluating nor generating");
+    g_last_error.clear();
+    return FASTLLM_OK;
 }
 
 }  // extern "C"

@@ -24,7 +24,7 @@ struct RopeTable {
 
 // One layer's step from the fused q|k|v projection to the KV cache.
 struct QkvStep {
-    const float *qkv;              // [T, q_dim + 2 kv_dim]
+    float *qkv;                    // [T, q_dim + 2 kv_dim]; its k and v parts are used as scratch
     float *q;                      // [T, q_dim] out: normed and rotated queries
     int T, n_heads, n_kv_heads, head_dim;
     const Tensor *q_norm, *k_norm;  // [head_dim] per-head norms, or nullptr
@@ -35,6 +35,14 @@ struct QkvStep {
     const RopeTable *const *rope;  // [T]: the table row t rotates with
     const ForwardRow *rows;        // [T]: where row t's k and v go
     int layer;
+};
+
+// A context shift's rotation of the keys it moves: cos and sin of -delta positions' angles (rope
+// dim / 2 values each), applied as RoPE applies its own.
+struct KeyShift {
+    int n_kv_heads, head_dim, rope_dim;
+    bool rope_interleaved;
+    const float *cos, *sin;
 };
 
 class Backend {
@@ -54,6 +62,9 @@ public:
     // Splits each row's q|k|v, norms the q and k heads (if given), rotates them, and writes k and v
     // at the row's position in its own cache.
     virtual void qkv_to_cache(const QkvStep &s) = 0;
+    // Moves a layer's positions [from, from + n) of the cache down by delta positions (to
+    // from - delta; the blocks written are the caller's to own), rotating each moved key by ks.
+    virtual void shift_cache(KvCache &cache, int layer, int from, int n, int delta, const KeyShift &ks) = 0;
     // Causal attention of T queries of one cache at positions pos0 .. pos0 + T - 1.
     virtual void attention(const float *q, int T, int pos0, const KvCache &cache, int layer, const AttentionShape &s,
                            float *out) = 0;

@@ -112,7 +112,26 @@ void Decoder::carve(Arena &a, Workspace &w, int B) const {
     w.rope = a.take<const RopeTable *>((size_t)B);
 }
 
-void Decoder::forward(Backend &be, Workspace &w, const int32_t *tokens, const ForwardRow *rows, int T) const {
+void Decoder::shift_cache(Backend &be, KvCache &cache, int from, int n_rows, int delta) const {
+    const DecoderConfig &c = cfg_;
+    if (n_rows <= from) return;
+    std::vector<std::vector<float>> cos(c.rope.sets.size()), sin(c.rope.sets.size());
+    for (size_t s = 0; s < c.rope.sets.size(); s++)
+        for (float f : c.rope.sets[s].inv_freq) {
+            cos[s].push_back((float)std::cos((double)delta * f));
+            sin[s].push_back((float)-std::sin((double)delta * f));
+        }
+    // LongRoPE: keys past the original context were written with the long frequencies.
+    const bool long_rope = c.rope.long_set >= 0 && n_rows > c.rope.original_context;
+    for (int l = 0; l < c.num_layers; l++) {
+        const int set = long_rope ? c.rope.long_set : c.rope.layer_set.empty() ? 0 : c.rope.layer_set[l];
+        const KeyShift ks{c.num_kv_heads, c.head_dim, c.rope.dim, c.rope.interleaved, cos[set].data(), sin[set].data()};
+        be.shift_cache(cache, l, from, n_rows - from, delta, ks);
+    }
+}
+
+bool Decoder::forward(Backend &be, Workspace &w, const int32_t *tokens, const ForwardRow *rows, int T,
+                      const std::atomic<bool> *cancel) const {
     const DecoderConfig &c = cfg_;
     const int H = c.hidden_size, I = c.intermediate_size;
     const NormKind nk = c.norm;
@@ -160,6 +179,7 @@ void Decoder::forward(Backend &be, Workspace &w, const int32_t *tokens, const Fo
         const bool last = l + 1 == c.num_layers;
         be.add_norm(nk, eps, L.post_ffn_norm, w.xb, w.x, last ? Tensor{} : layers_[l + 1].attn_norm,
                     last ? Tensor{} : layers_[l + 1].attn_norm_bias, T, H, w.xb);
+        if (cancel && cancel->load(std::memory_order_relaxed)) return false;  // SmolLM2 256-token batch: ~30 ms a layer
     }
 
     // Output head, for the rows that want logits, kLogitRows at a time.
@@ -177,6 +197,7 @@ void Decoder::forward(Backend &be, Workspace &w, const int32_t *tokens, const Fo
         for (int i = 0; i < n; i++)
             std::memcpy(rows[wanted[i]].logits, w.logits + (size_t)i * c.vocab_size, sizeof(float) * c.vocab_size);
     }
+    return true;
 }
 
 }  // namespace fastllm

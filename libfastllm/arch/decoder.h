@@ -3,6 +3,7 @@
 // computed through a Backend.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <vector>
 
@@ -50,8 +51,14 @@ public:
     void carve(Arena &a, Workspace &w, int max_batch) const;
 
     // Runs tokens[0..T) (T <= w.max_batch; ids already validated) with w's buffers; rows[t] says
-    // where token t's K/V and logits go (see ForwardRow).
-    void forward(Backend &be, Workspace &w, const int32_t *tokens, const ForwardRow *rows, int T) const;
+    // where token t's K/V and logits go (see ForwardRow). With `cancel`, checks it after every
+    // layer and returns false when it is set (the rows' cache entries are then incomplete).
+    bool forward(Backend &be, Workspace &w, const int32_t *tokens, const ForwardRow *rows, int T,
+                 const std::atomic<bool> *cancel = nullptr) const;
+    // Context shift: moves positions [from, n_rows) of the cache down by delta (from - delta >= 0),
+    // every layer, turning each moved key's rotary angle back by delta positions — the key it would
+    // have had there (RoPE rotations compose; attention factors and q/k norms are unchanged).
+    void shift_cache(Backend &be, KvCache &cache, int from, int n_rows, int delta) const;
 
 private:
     DecoderConfig cfg_;

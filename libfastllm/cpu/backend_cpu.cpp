@@ -1,6 +1,7 @@
 #include "cpu/backend_cpu.h"
 
 #include <cstring>
+#include <vector>
 
 namespace fastllm {
 
@@ -52,11 +53,10 @@ void CpuBackend::qkv_to_cache(const QkvStep &s) {
     const int hd = s.head_dim, q_dim = s.n_heads * hd, kv_dim = s.n_kv_heads * hd, qkv_dim = q_dim + 2 * kv_dim;
     per_row(s.T, [&](int64_t t) {
         const ForwardRow &r = s.rows[t];
-        const float *row = s.qkv + (size_t)t * qkv_dim;
-        float *q = s.q + (size_t)t * q_dim, *k = r.cache->k_at(s.layer, r.pos), *v = r.cache->v_at(s.layer, r.pos);
+        // k and v are finished in place in the projection's output, then stored in the cache's types.
+        float *row = s.qkv + (size_t)t * qkv_dim, *k = row + q_dim, *v = row + q_dim + kv_dim;
+        float *q = s.q + (size_t)t * q_dim;
         std::memcpy(q, row, sizeof(float) * q_dim);
-        std::memcpy(k, row + q_dim, sizeof(float) * kv_dim);
-        std::memcpy(v, row + q_dim + kv_dim, sizeof(float) * kv_dim);
         if (s.q_norm) {
             for (int h = 0; h < s.n_heads; h++) ops::norm(s.norm_kind, q + h * hd, s.q_norm->f32(), nullptr, hd, s.norm_eps, q + h * hd);
             for (int h = 0; h < s.n_kv_heads; h++) ops::norm(s.norm_kind, k + h * hd, s.k_norm->f32(), nullptr, hd, s.norm_eps, k + h * hd);
@@ -64,12 +64,30 @@ void CpuBackend::qkv_to_cache(const QkvStep &s) {
         const RopeTable &tab = *s.rope[t];
         ops::rope(q, s.n_heads, hd, s.rope_dim, s.rope_interleaved, tab.cos_at(r.pos), tab.sin_at(r.pos));
         ops::rope(k, s.n_kv_heads, hd, s.rope_dim, s.rope_interleaved, tab.cos_at(r.pos), tab.sin_at(r.pos));
+        k_.kv_store[(int)r.cache->type_k()](k, kv_dim, r.cache->k_row(s.layer, r.pos));
+        k_.kv_store[(int)r.cache->type_v()](v, kv_dim, r.cache->v_row(s.layer, r.pos));
     });
+}
+
+void CpuBackend::shift_cache(KvCache &c, int layer, int from, int n, int delta, const KeyShift &ks) {
+    // In order of position: a row is read before the move overwrites it (delta > 0). Its own
+    // scratch (a shift is rare), so that no pass's lock is needed.
+    const int dim = c.kv_dim();
+    std::vector<float> scratch((size_t)dim);
+    float *row = scratch.data();
+    const auto load_k = k_.kv_load[(int)c.type_k()];
+    const auto store_k = k_.kv_store[(int)c.type_k()];
+    for (int p = from; p < from + n; p++) {
+        load_k(c.k_row(layer, p), row, dim);
+        ops::rope(row, ks.n_kv_heads, ks.head_dim, ks.rope_dim, ks.rope_interleaved, ks.cos, ks.sin);
+        store_k(row, dim, c.k_row(layer, p - delta));
+        std::memcpy(c.v_row(layer, p - delta), c.v_row(layer, p), c.row_bytes_v());
+    }
 }
 
 void CpuBackend::attention(const float *q, int T, int pos0, const KvCache &cache, int layer, const AttentionShape &s,
                            float *out) {
-    ops::attention(k_, q, T, pos0, cache.k_at(layer, 0), cache.v_at(layer, 0), s, out, scores_, scores_stride_, pool_);
+    ops::attention(k_, q, T, pos0, cache, layer, s, out, scores_, scores_stride_, pool_);
 }
 
 void CpuBackend::glu(GluKind kind, const float *gate_up, int T, int n, float *out) {

@@ -24,6 +24,7 @@ public:
     void add_norm(NormKind kind, float eps, const Tensor &post_w, float *d, float *x, const Tensor &w,
                   const Tensor &b, int T, int n, float *out) override;
     void qkv_to_cache(const QkvStep &s) override;
+    void shift_cache(KvCache &cache, int layer, int from, int n, int delta, const KeyShift &ks) override;
     void attention(const float *q, int T, int pos0, const KvCache &cache, int layer, const AttentionShape &s,
                    float *out) override;
     void glu(GluKind kind, const float *gate_up, int T, int n, float *out) override;

@@ -33,8 +33,6 @@ struct KernelTable {
     void (*dot_rows[3])(const void *w, size_t stride, int rows, const float *x, int n, float *y);
     // dst[i] = float(src[i]) for n elements. Plain dtypes.
     void (*to_f32[3])(const void *src, float *dst, int n);
-    // y[i] = sum over j < n of a[j] * rows[j * stride + i], for i < dim (attention's weighted values).
-    void (*weighted_rows)(const float *a, int n, const float *rows, size_t stride, int dim, float *y);
     // out[i] = silu(gate[i]) * up[i], with gate = gate_up[0, n) and up = gate_up[n, 2n).
     void (*swiglu)(const float *gate_up, int n, float *out);
     // x[i] = exp(x[i] - shift) for n elements; returns their sum (softmax).
@@ -46,6 +44,15 @@ struct KernelTable {
     // n / 32). Indexed by DType (the quantized ones).
     using QuantDot = void (*)(const QuantTile &w, int rows, int n, const QuantActs &x, int n_tok, float *y, size_t ldy);
     QuantDot dot_rows_quant[kNumDTypes];
+    // The KV cache, read in place by attention; indexed by KvType (tensor.h has the row layouts).
+    // Rows follow each other every `stride` bytes; a head is the values [off, off + dim) of a row.
+    // kv_dot: y[j] = dot(head of row j, q) for j < n (attention scores).
+    void (*kv_dot[kNumKvTypes])(const void *rows, size_t stride, int n, int off, const float *q, int dim, float *y);
+    // kv_accum: y[i] += sum over j < n of a[j] * value i of the head of row j (weighted values).
+    void (*kv_accum[kNumKvTypes])(const float *a, int n, const void *rows, size_t stride, int off, int dim, float *y);
+    // One row of n values to and from f32 (q8 rounds half to even, as quantize_acts does).
+    void (*kv_store[kNumKvTypes])(const float *x, int n, void *row);
+    void (*kv_load[kNumKvTypes])(const void *row, float *x, int n);
 };
 
 // `plain` with dot_rows_quant of every quantized dtype set to the ISA's kernel for its code width
@@ -64,6 +71,9 @@ const KernelTable &kernels();
 inline QuantActs token_acts(const QuantActs &x, int n, int t) {
     return QuantActs{x.q + (size_t)t * n, x.d + (size_t)t * (n / kActBlock), x.ds + (size_t)t * (n / kActBlock)};
 }
+
+// Fills the KV kernels with the portable ones (the SIMD tables then replace what they speed up).
+void set_scalar_kv_kernels(KernelTable &t);
 
 // Per-ISA factories (each defined in its own file; absent ones return nullptr).
 const KernelTable *scalar_kernels();

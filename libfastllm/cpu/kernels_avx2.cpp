@@ -108,34 +108,95 @@ void to_f32(const void *src, float *dst, int n) {
     for (; i < n; i++) dst[i] = Load1(src, i);
 }
 
-// 32 outputs at a time stay in registers while all n rows pass.
-void weighted_rows(const float *a, int n, const float *rows, size_t stride, int dim, float *y) {
+// Attention's weighted values, y += sum_j a[j] * row j: 32 outputs at a time stay in registers
+// while all n rows pass.
+template <__m256 (*Load8)(const void *, int), float (*Load1)(const void *, int)>
+void kv_accum(const float *a, int n, const void *rows, size_t stride, int off, int dim, float *y) {
+    auto row = [&](int j) { return (const char *)rows + (size_t)j * stride; };
     int i = 0;
     for (; i + 32 <= dim; i += 32) {
-        __m256 y0 = _mm256_setzero_ps(), y1 = _mm256_setzero_ps(), y2 = _mm256_setzero_ps(), y3 = _mm256_setzero_ps();
+        __m256 y0 = _mm256_loadu_ps(y + i), y1 = _mm256_loadu_ps(y + i + 8), y2 = _mm256_loadu_ps(y + i + 16),
+               y3 = _mm256_loadu_ps(y + i + 24);
         for (int j = 0; j < n; j++) {
-            const float *r = rows + j * stride + i;
             const __m256 aj = _mm256_set1_ps(a[j]);
-            y0 = _mm256_fmadd_ps(aj, _mm256_loadu_ps(r), y0);
-            y1 = _mm256_fmadd_ps(aj, _mm256_loadu_ps(r + 8), y1);
-            y2 = _mm256_fmadd_ps(aj, _mm256_loadu_ps(r + 16), y2);
-            y3 = _mm256_fmadd_ps(aj, _mm256_loadu_ps(r + 24), y3);
+            y0 = _mm256_fmadd_ps(aj, Load8(row(j), off + i), y0);
+            y1 = _mm256_fmadd_ps(aj, Load8(row(j), off + i + 8), y1);
+            y2 = _mm256_fmadd_ps(aj, Load8(row(j), off + i + 16), y2);
+            y3 = _mm256_fmadd_ps(aj, Load8(row(j), off + i + 24), y3);
         }
         _mm256_storeu_ps(y + i, y0), _mm256_storeu_ps(y + i + 8, y1);
         _mm256_storeu_ps(y + i + 16, y2), _mm256_storeu_ps(y + i + 24, y3);
     }
     for (; i + 8 <= dim; i += 8) {
-        __m256 acc = _mm256_setzero_ps();
-        for (int j = 0; j < n; j++) acc = _mm256_fmadd_ps(_mm256_set1_ps(a[j]), _mm256_loadu_ps(rows + j * stride + i), acc);
+        __m256 acc = _mm256_loadu_ps(y + i);
+        for (int j = 0; j < n; j++) acc = _mm256_fmadd_ps(_mm256_set1_ps(a[j]), Load8(row(j), off + i), acc);
         _mm256_storeu_ps(y + i, acc);
     }
-    for (; i < dim; i++) {
-        float acc = 0;
-        for (int j = 0; j < n; j++) acc += a[j] * rows[j * stride + i];
-        y[i] = acc;
+    for (; i < dim; i++)
+        for (int j = 0; j < n; j++) y[i] += a[j] * Load1(row(j), off + i);
+}
+
+template <__m256 (*Load8)(const void *, int), float (*Load1)(const void *, int), size_t kSize>
+void kv_dot(const void *rows, size_t stride, int n, int off, const float *q, int dim, float *y) {
+    dot_rows<Load8, Load1>((const char *)rows + (size_t)off * kSize, stride, n, q, dim, y);
+}
+
+// q8 rows (tensor.h): a head of whole blocks (head_dim a multiple of 32, as in every model with
+// heads of 64 or 128) runs here; shorter heads take the portable kernel.
+inline __m256 codes8(const int8_t *c) { return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)c))); }
+inline float blk_scale(const char *row, int b) {
+    float d;
+    std::memcpy(&d, row + (size_t)b * kKvQ8BlockBytes, 4);
+    return d;
+}
+
+void kv_dot_q8(const void *rows, size_t stride, int n, int off, const float *q, int dim, float *y) {
+    if (off % kKvQ8Block || dim % kKvQ8Block) return scalar_kernels()->kv_dot[(int)KvType::Q8](rows, stride, n, off, q, dim, y);
+    const int b0 = off / kKvQ8Block, nb = dim / kKvQ8Block;
+    for (int j = 0; j < n; j++) {
+        const char *row = (const char *)rows + (size_t)j * stride;
+        __m256 acc = _mm256_setzero_ps();
+        for (int b = 0; b < nb; b++) {
+            const int8_t *c = (const int8_t *)row + (size_t)(b0 + b) * kKvQ8BlockBytes + 4;
+            const float *qb = q + b * kKvQ8Block;
+            __m256 s = _mm256_mul_ps(codes8(c), _mm256_loadu_ps(qb));
+            s = _mm256_fmadd_ps(codes8(c + 8), _mm256_loadu_ps(qb + 8), s);
+            s = _mm256_fmadd_ps(codes8(c + 16), _mm256_loadu_ps(qb + 16), s);
+            s = _mm256_fmadd_ps(codes8(c + 24), _mm256_loadu_ps(qb + 24), s);
+            acc = _mm256_fmadd_ps(_mm256_set1_ps(blk_scale(row, b0 + b)), s, acc);
+        }
+        y[j] = hsum(acc);
     }
 }
 
+void kv_accum_q8(const float *a, int n, const void *rows, size_t stride, int off, int dim, float *y) {
+    if (off % kKvQ8Block || dim % kKvQ8Block) return scalar_kernels()->kv_accum[(int)KvType::Q8](a, n, rows, stride, off, dim, y);
+    for (int i = 0; i < dim; i += kKvQ8Block) {
+        const int b = (off + i) / kKvQ8Block;
+        __m256 y0 = _mm256_loadu_ps(y + i), y1 = _mm256_loadu_ps(y + i + 8), y2 = _mm256_loadu_ps(y + i + 16),
+               y3 = _mm256_loadu_ps(y + i + 24);
+        for (int j = 0; j < n; j++) {
+            const char *row = (const char *)rows + (size_t)j * stride;
+            const int8_t *c = (const int8_t *)row + (size_t)b * kKvQ8BlockBytes + 4;
+            const __m256 w = _mm256_set1_ps(a[j] * blk_scale(row, b));
+            y0 = _mm256_fmadd_ps(w, codes8(c), y0);
+            y1 = _mm256_fmadd_ps(w, codes8(c + 8), y1);
+            y2 = _mm256_fmadd_ps(w, codes8(c + 16), y2);
+            y3 = _mm256_fmadd_ps(w, codes8(c + 24), y3);
+        }
+        _mm256_storeu_ps(y + i, y0), _mm256_storeu_ps(y + i + 8, y1);
+        _mm256_storeu_ps(y + i + 16, y2), _mm256_storeu_ps(y + i + 24, y3);
+    }
+}
+
+// f16 rows with the F16C conversion (round to nearest even, as f32_to_f16).
+void kv_store_f16(const float *x, int n, void *row) {
+    uint16_t *h = (uint16_t *)row;
+    int i = 0;
+    for (; i + 8 <= n; i += 8)
+        _mm_storeu_si128((__m128i *)(h + i), _mm256_cvtps_ph(_mm256_loadu_ps(x + i), _MM_FROUND_TO_NEAREST_INT));
+    for (; i < n; i++) h[i] = f32_to_f16(x[i]);
+}
 
 inline float f16s(uint16_t h) { return _cvtsh_ss(h); }
 
@@ -292,16 +353,27 @@ const KernelTable kPlain = {
     Isa::Avx2,
     {dot_rows<load8_f32, load1_f32>, dot_rows<load8_f16, load1_f16>, dot_rows<load8_bf16, load1_bf16>},
     {to_f32<load8_f32, load1_f32>, to_f32<load8_f16, load1_f16>, to_f32<load8_bf16, load1_bf16>},
-    weighted_rows,
     swiglu,
     exp_shift_sum,
     quantize_acts,
-    {}};
+    {},  // dot_rows_quant
+    {}, {}, {}, {}};  // KV kernels: set by the factory
 
 }  // namespace
 
 const KernelTable *avx2_kernels() {
-    static const KernelTable table = with_quant_kernels(kPlain, quant_for_bits);
+    static const KernelTable table = [] {
+        KernelTable t = with_quant_kernels(kPlain, quant_for_bits);
+        set_scalar_kv_kernels(t);
+        const int f32 = (int)KvType::F32, f16 = (int)KvType::F16, q8 = (int)KvType::Q8;
+        t.kv_dot[f32] = kv_dot<load8_f32, load1_f32, 4>, t.kv_dot[f16] = kv_dot<load8_f16, load1_f16, 2>;
+        t.kv_dot[q8] = kv_dot_q8;
+        t.kv_accum[f32] = kv_accum<load8_f32, load1_f32>, t.kv_accum[f16] = kv_accum<load8_f16, load1_f16>;
+        t.kv_accum[q8] = kv_accum_q8;
+        t.kv_store[f16] = kv_store_f16;
+        t.kv_load[f16] = to_f32<load8_f16, load1_f16>;
+        return t;
+    }();
     return &table;
 }
 

@@ -35,31 +35,51 @@ void to_f32(const void *src, float *dst, int n) {
     for (; i < n; i++) dst[i] = Load1(src, i);
 }
 
-// 64 outputs at a time stay in registers while all n rows pass.
-void weighted_rows(const float *a, int n, const float *rows, size_t stride, int dim, float *y) {
+// Attention's weighted values, y += sum_j a[j] * row j: 64 outputs at a time stay in registers
+// while all n rows pass.
+template <__m512 (*Load16)(const void *, int), float (*Load1)(const void *, int)>
+void kv_accum(const float *a, int n, const void *rows, size_t stride, int off, int dim, float *y) {
+    auto row = [&](int j) { return (const char *)rows + (size_t)j * stride; };
     int i = 0;
     for (; i + 64 <= dim; i += 64) {
-        __m512 y0 = _mm512_setzero_ps(), y1 = _mm512_setzero_ps(), y2 = _mm512_setzero_ps(), y3 = _mm512_setzero_ps();
+        __m512 y0 = _mm512_loadu_ps(y + i), y1 = _mm512_loadu_ps(y + i + 16), y2 = _mm512_loadu_ps(y + i + 32),
+               y3 = _mm512_loadu_ps(y + i + 48);
         for (int j = 0; j < n; j++) {
-            const float *r = rows + j * stride + i;
             const __m512 aj = _mm512_set1_ps(a[j]);
-            y0 = _mm512_fmadd_ps(aj, _mm512_loadu_ps(r), y0);
-            y1 = _mm512_fmadd_ps(aj, _mm512_loadu_ps(r + 16), y1);
-            y2 = _mm512_fmadd_ps(aj, _mm512_loadu_ps(r + 32), y2);
-            y3 = _mm512_fmadd_ps(aj, _mm512_loadu_ps(r + 48), y3);
+            y0 = _mm512_fmadd_ps(aj, Load16(row(j), off + i), y0);
+            y1 = _mm512_fmadd_ps(aj, Load16(row(j), off + i + 16), y1);
+            y2 = _mm512_fmadd_ps(aj, Load16(row(j), off + i + 32), y2);
+            y3 = _mm512_fmadd_ps(aj, Load16(row(j), off + i + 48), y3);
         }
         _mm512_storeu_ps(y + i, y0), _mm512_storeu_ps(y + i + 16, y1);
         _mm512_storeu_ps(y + i + 32, y2), _mm512_storeu_ps(y + i + 48, y3);
     }
     for (; i + 16 <= dim; i += 16) {
-        __m512 acc = _mm512_setzero_ps();
-        for (int j = 0; j < n; j++) acc = _mm512_fmadd_ps(_mm512_set1_ps(a[j]), _mm512_loadu_ps(rows + j * stride + i), acc);
+        __m512 acc = _mm512_loadu_ps(y + i);
+        for (int j = 0; j < n; j++) acc = _mm512_fmadd_ps(_mm512_set1_ps(a[j]), Load16(row(j), off + i), acc);
         _mm512_storeu_ps(y + i, acc);
     }
-    for (; i < dim; i++) {
-        float acc = 0;
-        for (int j = 0; j < n; j++) acc += a[j] * rows[j * stride + i];
-        y[i] = acc;
+    for (; i < dim; i++)
+        for (int j = 0; j < n; j++) y[i] += a[j] * Load1(row(j), off + i);
+}
+
+// q8 rows of whole blocks (tensor.h); other heads take the portable kernel.
+inline __m512 codes16(const int8_t *c) { return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)c))); }
+
+void kv_accum_q8(const float *a, int n, const void *rows, size_t stride, int off, int dim, float *y) {
+    if (off % kKvQ8Block || dim % kKvQ8Block) return scalar_kernels()->kv_accum[(int)KvType::Q8](a, n, rows, stride, off, dim, y);
+    for (int i = 0; i < dim; i += kKvQ8Block) {
+        const int b = (off + i) / kKvQ8Block;
+        __m512 y0 = _mm512_loadu_ps(y + i), y1 = _mm512_loadu_ps(y + i + 16);
+        for (int j = 0; j < n; j++) {
+            const char *blk = (const char *)rows + (size_t)j * stride + (size_t)b * kKvQ8BlockBytes;
+            float d;
+            std::memcpy(&d, blk, 4);
+            const __m512 w = _mm512_set1_ps(a[j] * d);
+            y0 = _mm512_fmadd_ps(w, codes16((const int8_t *)blk + 4), y0);
+            y1 = _mm512_fmadd_ps(w, codes16((const int8_t *)blk + 20), y1);
+        }
+        _mm512_storeu_ps(y + i, y0), _mm512_storeu_ps(y + i + 16, y1);
     }
 }
 
@@ -229,11 +249,11 @@ const KernelTable kPlain = {
     Isa::Avx512,
     {nullptr, nullptr, nullptr},  // AVX2's, see avx512_kernels()
     {to_f32<load16_f32, load1_f32>, to_f32<load16_f16, load1_f16>, to_f32<load16_bf16, load1_bf16>},
-    weighted_rows,
     swiglu,
     exp_shift_sum,
     quantize_acts,
-    {}};
+    {},  // dot_rows_quant
+    {}, {}, {}, {}};  // KV kernels: set by the factory
 
 }  // namespace
 
@@ -246,6 +266,13 @@ const KernelTable *avx512_kernels() {
         const KernelTable *avx2 = avx2_kernels();
         if (!avx2) return nullptr;  // not built: cannot happen where this file is
         for (int d = 0; d < 3; d++) t.dot_rows[d] = avx2->dot_rows[d];
+        // KV reads: the scores (dot products of short rows) are AVX2's, as dot_rows above.
+        for (int kv = 0; kv < kNumKvTypes; kv++) {
+            t.kv_dot[kv] = avx2->kv_dot[kv], t.kv_store[kv] = avx2->kv_store[kv], t.kv_load[kv] = avx2->kv_load[kv];
+        }
+        t.kv_accum[(int)KvType::F32] = kv_accum<load16_f32, load1_f32>;
+        t.kv_accum[(int)KvType::F16] = kv_accum<load16_f16, load1_f16>;
+        t.kv_accum[(int)KvType::Q8] = kv_accum_q8;
         return &t;
     }();
     return table;

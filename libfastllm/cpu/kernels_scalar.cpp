@@ -92,10 +92,80 @@ void to_f32_bf16(const void *src, float *dst, int n) {
     for (int i = 0; i < n; i++) dst[i] = bf16_to_f32(((const uint16_t *)src)[i]);
 }
 
-void weighted_rows(const float *a, int n, const float *rows, size_t stride, int dim, float *y) {
-    for (int i = 0; i < dim; i++) y[i] = 0;
-    for (int j = 0; j < n; j++)
-        for (int i = 0; i < dim; i++) y[i] += a[j] * rows[j * stride + i];
+// The KV cache's rows (tensor.h). A q8 row: per block of 32 values a float scale, then the codes.
+inline float q8_scale(const char *row, int b) {
+    float d;
+    std::memcpy(&d, row + (size_t)b * kKvQ8BlockBytes, 4);
+    return d;
+}
+inline const int8_t *q8_codes(const char *row, int b) { return (const int8_t *)row + (size_t)b * kKvQ8BlockBytes + 4; }
+
+void kv_dot_f32(const void *rows, size_t stride, int n, int off, const float *q, int dim, float *y) {
+    dot_rows_f32((const float *)rows + off, stride, n, q, dim, y);
+}
+void kv_dot_f16(const void *rows, size_t stride, int n, int off, const float *q, int dim, float *y) {
+    dot_rows_f16((const uint16_t *)rows + off, stride, n, q, dim, y);
+}
+// A head may start and end inside a block (heads shorter than 32): sums per block, then scaled.
+void kv_dot_q8(const void *rows, size_t stride, int n, int off, const float *q, int dim, float *y) {
+    for (int j = 0; j < n; j++) {
+        const char *row = (const char *)rows + (size_t)j * stride;
+        float s = 0;
+        for (int i = off; i < off + dim;) {
+            const int b = i / kKvQ8Block, end = std::min(off + dim, (b + 1) * kKvQ8Block);
+            const int8_t *c = q8_codes(row, b) - b * kKvQ8Block;
+            float acc = 0;
+            for (; i < end; i++) acc += (float)c[i] * q[i - off];
+            s += q8_scale(row, b) * acc;
+        }
+        y[j] = s;
+    }
+}
+
+void kv_accum_f32(const float *a, int n, const void *rows, size_t stride, int off, int dim, float *y) {
+    for (int j = 0; j < n; j++) {
+        const float *r = (const float *)((const char *)rows + (size_t)j * stride) + off;
+        for (int i = 0; i < dim; i++) y[i] += a[j] * r[i];
+    }
+}
+void kv_accum_f16(const float *a, int n, const void *rows, size_t stride, int off, int dim, float *y) {
+    for (int j = 0; j < n; j++) {
+        const uint16_t *r = (const uint16_t *)((const char *)rows + (size_t)j * stride) + off;
+        for (int i = 0; i < dim; i++) y[i] += a[j] * f16_to_f32(r[i]);
+    }
+}
+void kv_accum_q8(const float *a, int n, const void *rows, size_t stride, int off, int dim, float *y) {
+    for (int j = 0; j < n; j++) {
+        const char *row = (const char *)rows + (size_t)j * stride;
+        for (int i = off; i < off + dim;) {
+            const int b = i / kKvQ8Block, end = std::min(off + dim, (b + 1) * kKvQ8Block);
+            const int8_t *c = q8_codes(row, b) - b * kKvQ8Block;
+            const float w = a[j] * q8_scale(row, b);
+            for (; i < end; i++) y[i - off] += w * (float)c[i];
+        }
+    }
+}
+
+void kv_store_f32(const float *x, int n, void *row) { std::memcpy(row, x, (size_t)n * 4); }
+void kv_store_f16(const float *x, int n, void *row) {
+    for (int i = 0; i < n; i++) ((uint16_t *)row)[i] = f32_to_f16(x[i]);
+}
+void kv_store_q8(const float *x, int n, void *row) {
+    for (int b = 0; b * kKvQ8Block < n; b++) {
+        const int len = std::min(kKvQ8Block, n - b * kKvQ8Block);
+        const float *xb = x + b * kKvQ8Block;
+        float amax = 0;
+        for (int i = 0; i < len; i++) amax = std::max(amax, std::fabs(xb[i]));
+        const float d = amax / 127.0f, id = amax > 0 ? 127.0f / amax : 0.0f;
+        char *blk = (char *)row + (size_t)b * kKvQ8BlockBytes;
+        std::memcpy(blk, &d, 4);
+        int8_t *c = (int8_t *)blk + 4;
+        for (int i = 0; i < kKvQ8Block; i++) c[i] = i < len ? (int8_t)std::nearbyint(xb[i] * id) : 0;
+    }
+}
+void kv_load_q8(const void *row, float *x, int n) {
+    for (int i = 0; i < n; i++)
+        x[i] = q8_scale((const char *)row, i / kKvQ8Block) * (float)q8_codes((const char *)row, i / kKvQ8Block)[i % kKvQ8Block];
 }
 
 void quantize_acts(const float *x, int n, const QuantActs &out) {
@@ -159,17 +229,29 @@ KernelTable::QuantDot quant_for_bits(int bits) {
 const KernelTable kPlain = {Isa::Scalar,
                             {dot_rows_f32, dot_rows_f16, dot_rows_bf16},
                             {to_f32_f32, to_f32_f16, to_f32_bf16},
-                            weighted_rows,
                             swiglu,
                             exp_shift_sum,
                             quantize_acts,
-                            {}};
+                            {},  // dot_rows_quant
+    {}, {}, {}, {}};  // KV kernels: set by the factory
 
 }  // namespace
 
 const KernelTable *scalar_kernels() {
-    static const KernelTable table = with_quant_kernels(kPlain, quant_for_bits);
+    static const KernelTable table = [] {
+        KernelTable t = with_quant_kernels(kPlain, quant_for_bits);
+        set_scalar_kv_kernels(t);
+        return t;
+    }();
     return &table;
+}
+
+void set_scalar_kv_kernels(KernelTable &t) {
+    const int f32 = (int)KvType::F32, f16 = (int)KvType::F16, q8 = (int)KvType::Q8;
+    t.kv_dot[f32] = kv_dot_f32, t.kv_dot[f16] = kv_dot_f16, t.kv_dot[q8] = kv_dot_q8;
+    t.kv_accum[f32] = kv_accum_f32, t.kv_accum[f16] = kv_accum_f16, t.kv_accum[q8] = kv_accum_q8;
+    t.kv_store[f32] = kv_store_f32, t.kv_store[f16] = kv_store_f16, t.kv_store[q8] = kv_store_q8;
+    t.kv_load[f32] = to_f32_f32, t.kv_load[f16] = to_f32_f16, t.kv_load[q8] = kv_load_q8;
 }
 
 }  // namespace fastllm

@@ -198,11 +198,12 @@ void softmax(const KernelTable &k, float *x, int n) {
     for (int i = 0; i < n; i++) x[i] *= inv;
 }
 
-void attention(const KernelTable &k, const float *q, int T, int pos0, const float *k_cache, const float *v_cache,
+void attention(const KernelTable &k, const float *q, int T, int pos0, const KvCache &cache, int layer,
                const AttentionShape &sh, float *out, float *scores, size_t scores_stride, ThreadPool &pool) {
-    const int n_heads = sh.n_heads, head_dim = sh.head_dim;
-    const int kv_dim = sh.n_kv_heads * head_dim, group = n_heads / sh.n_kv_heads;
-    const size_t kv_stride = (size_t)kv_dim * sizeof(float);
+    const int n_heads = sh.n_heads, head_dim = sh.head_dim, group = n_heads / sh.n_kv_heads;
+    const auto kdot = k.kv_dot[(int)cache.type_k()];
+    const auto vacc = k.kv_accum[(int)cache.type_v()];
+    const size_t k_stride = cache.row_bytes_k(), v_stride = cache.row_bytes_v();
     pool.parallel_for((int64_t)T * n_heads, [&](int64_t first, int64_t last, int tid) {
         float *s = scores + (size_t)tid * scores_stride;
         for (int64_t task = first; task < last; task++) {
@@ -210,12 +211,20 @@ void attention(const KernelTable &k, const float *q, int T, int pos0, const floa
             const int end = pos0 + t + 1, begin = sh.window > 0 ? std::max(0, end - sh.window) : 0, n = end - begin;
             const int kv_off = (h / group) * head_dim;
             const float *qh = q + (size_t)t * n_heads * head_dim + (size_t)h * head_dim;
-            k.dot_rows[(int)DType::F32](k_cache + (size_t)begin * kv_dim + kv_off, kv_stride, n, qh, head_dim, s);
+            // The cache's blocks one after another: each holds a run of consecutive rows.
+            for (int p = begin, len; p < end; p += len) {
+                len = KvCache::run_in_block(p, end);
+                kdot(cache.k_row(layer, p), k_stride, len, kv_off, qh, head_dim, s + (p - begin));
+            }
             for (int j = 0; j < n; j++) s[j] *= sh.scale;
             if (sh.softcap > 0) softcap(s, (size_t)n, sh.softcap);
             softmax(k, s, n);
             float *o = out + (size_t)t * n_heads * head_dim + (size_t)h * head_dim;
-            k.weighted_rows(s, n, v_cache + (size_t)begin * kv_dim + kv_off, (size_t)kv_dim, head_dim, o);
+            std::fill(o, o + head_dim, 0.0f);
+            for (int p = begin, len; p < end; p += len) {
+                len = KvCache::run_in_block(p, end);
+                vacc(s + (p - begin), len, cache.v_row(layer, p), v_stride, kv_off, head_dim, o);
+            }
         }
     });
 }

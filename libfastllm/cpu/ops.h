@@ -8,6 +8,7 @@
 #include "arch/decoder_config.h"
 #include "cpu/kernels.h"
 #include "format/tensor.h"
+#include "runtime/kv_cache.h"
 
 namespace fastllm {
 
@@ -51,10 +52,10 @@ void softcap(float *x, size_t n, float cap);
 
 void softmax(const KernelTable &k, float *x, int n);
 
-// Causal attention for T query tokens at positions pos0..pos0+T-1. q and out are [T, n_heads*head_dim];
-// k_cache and v_cache are [positions, n_kv_heads*head_dim] and already hold positions up to pos0+T-1.
-// scores: scratch of pool.n_threads() rows of scores_stride >= pos0 + T floats.
-void attention(const KernelTable &k, const float *q, int T, int pos0, const float *k_cache, const float *v_cache,
+// Causal attention for T query tokens at positions pos0..pos0+T-1 over one layer of a KV cache (of
+// any KvType, read in place) that already holds positions up to pos0+T-1. q and out are
+// [T, n_heads*head_dim]. scores: scratch of pool.n_threads() rows of scores_stride >= pos0 + T floats.
+void attention(const KernelTable &k, const float *q, int T, int pos0, const KvCache &cache, int layer,
                const AttentionShape &shape, float *out, float *scores, size_t scores_stride, ThreadPool &pool);
 
 }  // namespace ops
@@ -70,8 +71,10 @@ void rope(float *v, int n_heads, int head_dim, int rope_dim, bool interleaved, c
 void swiglu(const float *gate_up, int n, float *out);
 void geglu(const float *gate_up, int n, float *out);
 void softmax(float *x, int n);
-void attention(const float *q, int T, int pos0, const float *k_cache, const float *v_cache,
-               const AttentionShape &shape, float *out);
+void attention(const float *q, int T, int pos0, const KvCache &cache, int layer, const AttentionShape &shape,
+               float *out);
+// A KV cache row of n values as f32, read value by value from the layout in tensor.h.
+void kv_load(KvType type, const void *row, int n, float *out);
 float weight(const Tensor &W, int64_t r, int64_t c);  // element of a matrix as f32
 }  // namespace ref
 

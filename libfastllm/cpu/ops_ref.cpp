@@ -2,6 +2,7 @@
 // every fast op in ops.cpp (at every ISA level) against these.
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <vector>
 
 #include "cpu/ops.h"
@@ -118,9 +119,30 @@ void softmax(float *x, int n) {
     for (int i = 0; i < n; i++) x[i] = (float)(std::exp(x[i] - mx) / sum);
 }
 
-void attention(const float *q, int T, int pos0, const float *k_cache, const float *v_cache,
-               const AttentionShape &sh, float *out) {
+void kv_load(KvType type, const void *row, int n, float *out) {
+    for (int i = 0; i < n; i++) {
+        if (type == KvType::F32) {
+            out[i] = ((const float *)row)[i];
+        } else if (type == KvType::F16) {
+            out[i] = f16_to_f32(((const uint16_t *)row)[i]);
+        } else {  // a float scale, then 32 codes, per block
+            const char *block = (const char *)row + (size_t)(i / kKvQ8Block) * kKvQ8BlockBytes;
+            float d;
+            std::memcpy(&d, block, 4);
+            out[i] = d * (float)((const int8_t *)block)[4 + i % kKvQ8Block];
+        }
+    }
+}
+
+void attention(const float *q, int T, int pos0, const KvCache &cache, int layer, const AttentionShape &sh,
+               float *out) {
     const int head_dim = sh.head_dim, kv_dim = sh.n_kv_heads * head_dim, group = sh.n_heads / sh.n_kv_heads;
+    const int positions = pos0 + T;
+    std::vector<float> k_cache((size_t)positions * kv_dim), v_cache(k_cache.size());
+    for (int j = 0; j < positions; j++) {
+        kv_load(cache.type_k(), cache.k_row(layer, j), kv_dim, &k_cache[(size_t)j * kv_dim]);
+        kv_load(cache.type_v(), cache.v_row(layer, j), kv_dim, &v_cache[(size_t)j * kv_dim]);
+    }
     for (int t = 0; t < T; t++)
         for (int h = 0; h < sh.n_heads; h++) {
             const int p = pos0 + t, kvh = h / group;

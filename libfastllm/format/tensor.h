@@ -47,6 +47,23 @@ inline const char *dtype_name(DType t) { return dtype_is_known((uint32_t)t) ? dt
 
 inline uint64_t align64(uint64_t n) { return (n + 63) / 64 * 64; }
 
+// Element types of a session's KV cache (the values of fastllm_kv_type). A row of n values takes
+// n floats (f32), n halves (f16), or (q8) per block of 32 values a float scale then 32 int8 codes
+// (the last block zero-padded): 1.125 bytes a value, read in place by the attention kernels.
+enum class KvType : int { F32 = 0, F16 = 1, Q8 = 2 };
+constexpr int kNumKvTypes = 3;
+constexpr int kKvQ8Block = 32;
+constexpr size_t kKvQ8BlockBytes = 4 + kKvQ8Block;
+inline const char *kv_type_name(KvType t) {
+    static const char *const names[kNumKvTypes] = {"f32", "f16", "q8"};
+    return (int)t >= 0 && (int)t < kNumKvTypes ? names[(int)t] : "?";
+}
+inline size_t kv_row_bytes(KvType t, int n) {
+    if (t == KvType::F32) return (size_t)n * 4;
+    if (t == KvType::F16) return (size_t)n * 2;
+    return (size_t)(n + kKvQ8Block - 1) / kKvQ8Block * kKvQ8BlockBytes;
+}
+
 // Quantized matrices are stored in tiles of 16 rows (the last one padded with zero rows), laid out
 // for the kernels (docs/flm_format.md): per group, the 16 rows' f16 scales side by side; per block
 // of 32 columns, 8 chunks of 64 bytes holding 4 consecutive codes of each of the 16 rows (q8), or

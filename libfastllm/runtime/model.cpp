@@ -1,5 +1,6 @@
 #include "runtime/model.h"
 
+#include <algorithm>
 #include <chrono>
 #include <thread>
 
@@ -27,10 +28,50 @@ Model::Model(std::unique_ptr<FlmFile> file, int n_threads) : file_(std::move(fil
     has_chat_template_ = file_->has("tokenizer.chat_template");
     chat_template_ = file_->get_string("tokenizer.chat_template", "");
     n_threads_ = n_threads > 0 ? n_threads : (int)std::max(1u, std::thread::hardware_concurrency());
+    fingerprint_ = compute_fingerprint();
     const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
     log(FASTLLM_LOG_INFO, "loaded %s: %s, %.1fM parameters, %s weights, %.1f MiB %s in %.1f ms; kernels %s, %d threads",
         path.c_str(), architecture_.c_str(), decoder_->n_params() / 1e6, dtype_name(decoder_->weight_dtype()),
         file_->size() / 1048576.0, file_->mapped() ? "mapped" : "read", ms, isa_name(kernels().isa), n_threads_);
+}
+
+namespace {
+struct Fnv {  // FNV-1a, 64 bits
+    uint64_t h = 0xcbf29ce484222325ull;
+    void add(const void *p, size_t n) {
+        for (size_t i = 0; i < n; i++) h = (h ^ ((const uint8_t *)p)[i]) * 0x100000001b3ull;
+    }
+    template <typename T>
+    void add_value(T v) { add(&v, sizeof v); }
+};
+}  // namespace
+
+// 4 KiB at each end of every tensor: a different checkpoint of the same shape differs there
+// (about 2 MiB read for a 1B model, a few ms once at load).
+uint64_t Model::compute_fingerprint() const {
+    Fnv f;
+    f.add(architecture_.data(), architecture_.size());
+    for (const auto &kv : file_->tensors()) {
+        const Tensor &t = kv.second;
+        f.add(kv.first.data(), kv.first.size() + 1);
+        f.add_value((uint32_t)t.dtype);
+        for (int d = 0; d < t.n_dims; d++) f.add_value(t.dims[d]);
+        const uint64_t bytes = dtype_is_quantized(t.dtype) ? tensor_bytes(t.dtype, t.rows(), t.cols())
+                                                           : (uint64_t)t.n_elements() * dtype_size(t.dtype);
+        const uint64_t sample = std::min<uint64_t>(bytes, 4096);
+        f.add(t.data, sample);
+        f.add((const char *)t.data + (bytes - sample), sample);
+    }
+    for (int32_t id = 0; id < tokenizer_->vocab_size(); id++) f.add(tokenizer_->piece(id).data(), tokenizer_->piece(id).size() + 1);
+    return f.h;
+}
+
+Compute &Model::compute(int n_threads) const {
+    std::lock_guard<std::mutex> lock(compute_mutex_);
+    for (auto &c : computes_)
+        if (c.first == n_threads) return *c.second;
+    computes_.emplace_back(n_threads, std::make_unique<Compute>(n_threads));
+    return *computes_.back().second;
 }
 
 void Model::check_token_ids(const int32_t *ids, size_t n) const {

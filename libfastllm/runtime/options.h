@@ -8,13 +8,19 @@
 #include <vector>
 
 #include "fastllm.h"
+#include "format/tensor.h"
 
 namespace fastllm {
 
 struct SessionOptions {
-    int n_ctx = 0;      // 0: the model's context length
+    int n_ctx = 0;      // 0: min(kDefaultContext, the model's context length)
     int n_batch = 0;    // 0: 256
     int n_threads = 0;  // 0: the model's
+    KvType type_k = KvType::F16, type_v = KvType::F16;
+    bool context_shift = false;
+    int n_keep = 0, n_discard = 0;  // n_discard 0: half of the tokens after n_keep
+
+    static constexpr int kDefaultContext = 4096;
 };
 
 struct SamplingOptions {
@@ -24,6 +30,7 @@ struct SamplingOptions {
     uint64_t seed = 0;
     std::vector<std::string> stop;
     bool ignore_eos = false;
+    std::string grammar;  // GBNF; empty: none (a JSON schema is converted at the C boundary)
 };
 
 struct GenerationResult {

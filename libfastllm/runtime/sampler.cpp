@@ -34,7 +34,9 @@ int32_t Sampler::sample(float *logits, const int32_t *history, size_t n_history)
     if (p_.temperature <= 0) return (int32_t)(std::max_element(logits, logits + vocab_size_) - logits);
 
     candidates_.clear();
-    for (int i = 0; i < vocab_size_; i++) candidates_.emplace_back(logits[i] / p_.temperature, i);
+    for (int i = 0; i < vocab_size_; i++)  // a token masked out by a grammar (-inf) is no candidate
+        if (logits[i] != -INFINITY) candidates_.emplace_back(logits[i] / p_.temperature, i);
+    if (candidates_.empty()) return (int32_t)(std::max_element(logits, logits + vocab_size_) - logits);
     auto by_logit = [](const std::pair<float, int32_t> &a, const std::pair<float, int32_t> &b) {
         return a.first != b.first ? a.first > b.first : a.second < b.second;
     };

@@ -16,6 +16,9 @@ public:
 
     // logits (vocab_size floats) are modified in place. history: the context so far, oldest first.
     int32_t sample(float *logits, const int32_t *history, size_t n_history);
+    // The random state, for saving a generation in progress.
+    uint64_t rng_state() const { return state_; }
+    void set_rng_state(uint64_t s) { state_ = s; }
 
 private:
     float uniform();  // [0, 1)

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstring>
 #include <string>
 
 #include "api/error.h"
@@ -13,51 +14,56 @@ namespace {
 double ms_since(std::chrono::steady_clock::time_point t0) {
     return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
 }
-}  // namespace
 
-namespace {
-int threads_of(const Model &model, const SessionOptions &p) {
-    if (p.n_threads < 0) fail(FASTLLM_ERR_INVALID_ARGUMENT, "n_threads must not be negative (%d)", p.n_threads);
-    return p.n_threads ? p.n_threads : model.n_threads();
-}
-}  // namespace
-
-Session::Session(const Model &model, const SessionOptions &p)
-    : model_(model), n_threads_(threads_of(model, p)), pool_(n_threads_), backend_(kernels(), pool_) {
+// Checks the options and fills in the defaults.
+SessionOptions resolve(const Model &model, SessionOptions p) {
     const DecoderConfig &c = model.config();
-    if (p.n_ctx < 0 || p.n_batch < 0 || p.n_threads < 0)
-        fail(FASTLLM_ERR_INVALID_ARGUMENT, "session params must not be negative (n_ctx %d, n_batch %d, n_threads %d)",
-             p.n_ctx, p.n_batch, p.n_threads);
-    n_ctx_ = p.n_ctx ? p.n_ctx : c.context_length;
-    if (n_ctx_ > c.context_length)
-        fail(FASTLLM_ERR_INVALID_ARGUMENT, "n_ctx %d exceeds the model's context length %d", n_ctx_, c.context_length);
-    n_batch_ = std::min(p.n_batch ? p.n_batch : 256, n_ctx_);
-    carve(arena_);  // plan
-    if (!arena_.allocate())
-        fail(FASTLLM_ERR_OUT_OF_MEMORY, "cannot allocate %.1f MiB for a session with n_ctx %d",
-             arena_.planned_bytes() / 1048576.0, n_ctx_);
-    carve(arena_);
-    tokens_.reserve((size_t)n_ctx_ + 1);
-    rows_.resize((size_t)n_batch_);
-    row_tokens_.resize((size_t)n_batch_);
-    log(FASTLLM_LOG_INFO, "session: n_ctx %d, n_batch %d, %d threads, %.1f MiB of state (KV cache %.1f MiB, %s)",
-        n_ctx_, n_batch_, n_threads_, arena_.bytes() / 1048576.0, cache_.bytes() / 1048576.0,
-        dtype_name(cache_.type_k));
+    if (p.n_ctx < 0 || p.n_batch < 0 || p.n_threads < 0 || p.n_keep < 0 || p.n_discard < 0)
+        fail(FASTLLM_ERR_INVALID_ARGUMENT,
+             "session params must not be negative (n_ctx %d, n_batch %d, n_threads %d, n_keep %d, n_discard %d)",
+             p.n_ctx, p.n_batch, p.n_threads, p.n_keep, p.n_discard);
+    for (KvType t : {p.type_k, p.type_v})
+        if ((int)t < 0 || (int)t >= kNumKvTypes) fail(FASTLLM_ERR_INVALID_ARGUMENT, "unknown KV cache type %d", (int)t);
+    if (p.n_ctx > c.context_length)
+        fail(FASTLLM_ERR_INVALID_ARGUMENT, "n_ctx %d exceeds the model's context length %d", p.n_ctx, c.context_length);
+    p.n_ctx = p.n_ctx ? p.n_ctx : std::min(SessionOptions::kDefaultContext, c.context_length);
+    p.n_batch = std::min(p.n_batch ? p.n_batch : 256, p.n_ctx);
+    p.n_threads = p.n_threads ? p.n_threads : model.n_threads();
+    if (p.n_keep >= p.n_ctx)
+        fail(FASTLLM_ERR_INVALID_ARGUMENT, "n_keep %d must be smaller than the context (n_ctx %d)", p.n_keep, p.n_ctx);
+    return p;
+}
+}  // namespace
+
+Session::Session(const Model &model, const SessionOptions &options)
+    : model_(model), opt_(resolve(model, options)), compute_(model.compute(opt_.n_threads)),
+      cache_(model.config().num_layers, opt_.n_ctx, model.config().kv_dim(), opt_.type_k, opt_.type_v) {
+    {
+        std::lock_guard<std::mutex> lock(compute_.mutex);
+        compute_.reserve(model_.decoder(), opt_.n_batch, model_.config().context_length);  // any session's positions fit
+    }
+    tokens_.reserve((size_t)opt_.n_ctx + 1);
+    logits_.resize((size_t)model.config().vocab_size);
+    log(FASTLLM_LOG_INFO, "session: n_ctx %d, n_batch %d, %d threads, KV cache %s/%s (%.1f KiB a token, allocated as used)",
+        opt_.n_ctx, opt_.n_batch, opt_.n_threads, kv_type_name(opt_.type_k), kv_type_name(opt_.type_v),
+        cache_.bytes_per_position() / 1024.0);
 }
 
-void Session::carve(Arena &a) {
-    const Decoder &d = model_.decoder();
-    const DecoderConfig &c = d.config();
-    cache_.carve(a, c.num_layers, n_ctx_, c.kv_dim());
-    d.carve(a, work_, n_batch_);
-    backend_.carve(a, d.max_row_length(), n_batch_, c.context_length);  // any session's positions fit
-    logits_ = a.take((size_t)c.vocab_size);
+Session::Session(const Session &src, size_t n, const SessionOptions &options) : Session(src.model_, options) {
+    if (n > src.tokens_.size())
+        fail(FASTLLM_ERR_INVALID_ARGUMENT, "cannot fork %zu tokens: the session has %zu", n, src.tokens_.size());
+    if (n > (size_t)opt_.n_ctx) fail(FASTLLM_ERR_CONTEXT_FULL, "%zu tokens do not fit into n_ctx %d", n, opt_.n_ctx);
+    cache_.share(src.cache_, (int)std::min(n, src.n_evaluated_));
+    tokens_.assign(src.tokens_.begin(), src.tokens_.begin() + n);
+    n_evaluated_ = std::min(n, src.n_evaluated_);
 }
 
 void Session::reset() {
     tokens_.clear();
     n_evaluated_ = 0;
+    cache_.release_from(0);
     gen_.reset();
+    has_gen_ = false;
 }
 
 void Session::truncate(size_t n_keep) {
@@ -65,60 +71,142 @@ void Session::truncate(size_t n_keep) {
         fail(FASTLLM_ERR_INVALID_ARGUMENT, "cannot keep %zu tokens: the context has %zu", n_keep, tokens_.size());
     tokens_.resize(n_keep);
     n_evaluated_ = std::min(n_evaluated_, n_keep);
+    cache_.release_from((int)n_evaluated_);
     gen_.reset();
+    has_gen_ = false;
+}
+
+SessionMemory Session::memory() const {
+    SessionMemory m;
+    m.kv_bytes = cache_.bytes();
+    m.kv_shared_bytes = cache_.shared_bytes();
+    m.kv_bytes_per_token = cache_.bytes_per_position();
+    m.kv_capacity_bytes = (size_t)(opt_.n_ctx + KvCache::kBlock - 1) / KvCache::kBlock * cache_.block_bytes();
+    m.session_bytes = sizeof(*this) + logits_.capacity() * sizeof(float) + tokens_.capacity() * sizeof(int32_t) +
+                      (size_t)(opt_.n_ctx + KvCache::kBlock - 1) / KvCache::kBlock * 16;
+    m.compute_bytes = compute_.bytes();
+    return m;
 }
 
 void Session::check_tokens(const int32_t *tokens, size_t n) const {
     if (n > 0 && !tokens) fail(FASTLLM_ERR_INVALID_ARGUMENT, "tokens is NULL");
     model_.check_token_ids(tokens, n);
-    if (tokens_.size() + n > (size_t)n_ctx_)
-        fail(FASTLLM_ERR_CONTEXT_FULL, "%zu tokens do not fit: the context holds %d and %zu are in use", n, n_ctx_,
+    const bool fits = tokens_.size() + n <= (size_t)opt_.n_ctx;
+    if (!fits && (!opt_.context_shift || n > (size_t)(opt_.n_ctx - opt_.n_keep)))
+        fail(FASTLLM_ERR_CONTEXT_FULL, "%zu tokens do not fit: the context holds %d and %zu are in use%s", n, opt_.n_ctx,
+             opt_.context_shift ? (size_t)opt_.n_keep : tokens_.size(), opt_.context_shift ? " (kept by n_keep)" : "");
+}
+
+void Session::make_room(size_t n) {
+    if (tokens_.size() + n <= (size_t)opt_.n_ctx) return;
+    if (!opt_.context_shift)
+        fail(FASTLLM_ERR_CONTEXT_FULL, "%zu tokens do not fit: the context holds %d and %zu are in use", n, opt_.n_ctx,
              tokens_.size());
+    const size_t after_keep = tokens_.size() - std::min(tokens_.size(), (size_t)opt_.n_keep);
+    const size_t need = tokens_.size() + n - (size_t)opt_.n_ctx;
+    const size_t discard = std::min(after_keep, std::max(need, opt_.n_discard ? (size_t)opt_.n_discard : after_keep / 2));
+    if (discard < need)  // check_tokens has ruled this out
+        fail(FASTLLM_ERR_CONTEXT_FULL, "%zu tokens do not fit even after a context shift", n);
+    shift((int)discard);
+}
+
+void Session::shift(int discard) {
+    const int keep = std::min(opt_.n_keep, (int)tokens_.size());
+    const int evaluated = (int)n_evaluated_, from = keep + discard;
+    if (evaluated > from) {
+        cache_.prepare(keep, evaluated - discard);  // copy-on-write before moving rows into shared blocks
+        model_.decoder().shift_cache(compute_.backend, cache_, from, evaluated, discard);  // needs no pass lock
+        n_evaluated_ = (size_t)(evaluated - discard);
+    } else {
+        n_evaluated_ = (size_t)std::min(evaluated, keep);
+    }
+    tokens_.erase(tokens_.begin() + keep, tokens_.begin() + from);
+    cache_.release_from((int)n_evaluated_);
+    log(FASTLLM_LOG_DEBUG, "context shift: kept %d tokens, dropped %d, %zu now", keep, discard, tokens_.size());
 }
 
 void Session::run_pending(fastllm_logits_mode mode, float *out_logits) {
     const size_t vocab = (size_t)model_.config().vocab_size;
     const size_t first = n_evaluated_;
+    cache_.prepare((int)n_evaluated_, (int)tokens_.size());  // out of memory here: nothing changed yet
     while (n_evaluated_ < tokens_.size()) {
-        const int T = (int)std::min<size_t>(n_batch_, tokens_.size() - n_evaluated_);
+        if (cancel_.load()) break;
+        const int T = (int)std::min<size_t>(opt_.n_batch, tokens_.size() - n_evaluated_);
+        std::lock_guard<std::mutex> lock(compute_.mutex);
+        compute_.reserve(model_.decoder(), T, model_.config().context_length);
         for (int t = 0; t < T; t++) {
             const size_t i = n_evaluated_ + t;
             float *logits = nullptr;
             if (mode == FASTLLM_LOGITS_ALL) logits = out_logits + (i - first) * vocab;
             else if (mode == FASTLLM_LOGITS_LAST && i + 1 == tokens_.size()) logits = out_logits;
-            rows_[t] = ForwardRow{&cache_, (int)i, logits};
+            compute_.rows[t] = ForwardRow{&cache_, (int)i, logits};
         }
-        model_.decoder().forward(backend_, work_, tokens_.data() + n_evaluated_, rows_.data(), T);
+        if (!model_.decoder().forward(compute_.backend, compute_.work, tokens_.data() + n_evaluated_,
+                                      compute_.rows.data(), T, &cancel_))
+            break;
         n_evaluated_ += T;
+    }
+    if (n_evaluated_ < tokens_.size()) {  // cancelled: the evaluated part stays, the rest goes
+        const size_t dropped = tokens_.size() - n_evaluated_;
+        tokens_.resize(n_evaluated_);
+        cache_.release_from((int)n_evaluated_);
+        cancel_ = false;
+        fail(FASTLLM_ERR_CANCELLED, "cancelled: %zu tokens evaluated, the last %zu dropped from the context",
+             n_evaluated_ - first, dropped);
     }
 }
 
 void Session::eval(const int32_t *tokens, size_t n, fastllm_logits_mode mode, float *out_logits) {
+    Busy busy(*this);
+    cancel_ = false;
     if (mode != FASTLLM_LOGITS_NONE && !out_logits) fail(FASTLLM_ERR_INVALID_ARGUMENT, "out_logits is NULL");
     if (n == 0) fail(FASTLLM_ERR_INVALID_ARGUMENT, "no tokens to evaluate");
     check_tokens(tokens, n);
     run_pending(FASTLLM_LOGITS_NONE, nullptr);  // a token sampled last by generate() is still pending
+    make_room(n);
     tokens_.insert(tokens_.end(), tokens, tokens + n);
-    run_pending(mode, out_logits);
+    try {
+        run_pending(mode, out_logits);
+    } catch (const Error &e) {
+        if (e.status() != FASTLLM_ERR_OUT_OF_MEMORY) throw;
+        tokens_.resize(tokens_.size() - n);  // nothing was evaluated: the context is as it was
+        throw;
+    }
 }
 
 void Session::begin_generation(const int32_t *prompt, size_t n_prompt, const SamplingOptions &p,
                                fastllm_stream_callback callback, void *user_data) {
+    Busy busy(*this);
+    cancel_ = false;
     if (p.max_new_tokens < 0) fail(FASTLLM_ERR_INVALID_ARGUMENT, "max_new_tokens must not be negative");
+    // A bad grammar fails here, before anything changes.
+    auto grammar = p.grammar.empty() ? nullptr : std::make_unique<GrammarMatcher>(Grammar::parse(p.grammar));
     check_tokens(prompt, n_prompt);
     if (tokens_.empty() && n_prompt == 0) fail(FASTLLM_ERR_INVALID_ARGUMENT, "empty prompt and empty session");
 
     result_ = GenerationResult{};
     result_.n_prompt_tokens = (int)n_prompt;
     gen_.reset();
+    has_gen_ = false;
     auto t0 = std::chrono::steady_clock::now();
+    make_room(n_prompt);
     tokens_.insert(tokens_.end(), prompt, prompt + n_prompt);
     if (n_evaluated_ == tokens_.size()) n_evaluated_--;  // re-run the last token to get its logits
-    run_pending(FASTLLM_LOGITS_LAST, logits_);
+    try {
+        run_pending(FASTLLM_LOGITS_LAST, logits_.data());
+    } catch (const Error &e) {
+        if (e.status() != FASTLLM_ERR_CANCELLED) throw;
+        result_.prompt_ms = ms_since(t0);
+        result_.stop_reason = FASTLLM_STOP_CANCELLED;  // no generation: the caller sees it ended
+        log(FASTLLM_LOG_DEBUG, "generation: %s", e.what());
+        return;
+    }
     result_.prompt_ms = ms_since(t0);
-    gen_ = std::make_unique<Generation>(p, model_.config().vocab_size, callback, user_data);
+    gen_ = std::make_unique<Generation>(p, model_.config().vocab_size, callback, user_data, std::move(grammar));
     gen_->start = std::chrono::steady_clock::now();
+    has_gen_ = true;
     if (p.max_new_tokens == 0) finish_generation(FASTLLM_STOP_MAX_TOKENS);
+    else if (gen_->grammar && gen_->grammar->finished()) finish_generation(FASTLLM_STOP_GRAMMAR);  // it matches only ""
 }
 
 void Session::finish_generation(fastllm_stop_reason reason) {
@@ -126,28 +214,57 @@ void Session::finish_generation(fastllm_stop_reason reason) {
     if (reason != FASTLLM_STOP_STRING && reason != FASTLLM_STOP_CALLBACK) gen_->stream.finish();
     result_.generate_ms = ms_since(gen_->start);
     gen_.reset();
-    static const char *const kStopNames[] = {"eos", "max_tokens", "stop_string", "callback", "context_full", "cancelled"};
+    has_gen_ = false;
+    cancel_ = false;
+    static const char *const kStopNames[] = {"eos", "max_tokens", "stop_string", "callback",
+                                             "context_full", "cancelled", "grammar"};
     log(FASTLLM_LOG_DEBUG, "generation: %d prompt tokens in %.1f ms, %d tokens in %.1f ms (%.1f tok/s), stopped by %s",
         result_.n_prompt_tokens, result_.prompt_ms, result_.n_generated_tokens, result_.generate_ms,
         result_.generate_ms > 0 ? result_.n_generated_tokens * 1000.0 / result_.generate_ms : 0.0,
         kStopNames[result_.stop_reason]);
 }
 
+bool Session::request_cancel() {
+    if (busy_.load() == 0 && !has_gen_.load()) return false;
+    cancel_ = true;
+    return true;
+}
+
 bool Session::sample_next() {
-    if (tokens_.size() >= (size_t)n_ctx_) {
-        finish_generation(FASTLLM_STOP_CONTEXT_FULL);
+    if (cancel_.load()) {
+        finish_generation(FASTLLM_STOP_CANCELLED);
         return false;
     }
+    if (tokens_.size() >= (size_t)opt_.n_ctx) {
+        if (!opt_.context_shift || tokens_.size() <= (size_t)opt_.n_keep) {
+            finish_generation(FASTLLM_STOP_CONTEXT_FULL);
+            return false;
+        }
+        make_room(1);
+    }
     const Tokenizer &tok = model_.tokenizer();
-    int32_t next = gen_->sampler.sample(logits_, tokens_.data(), tokens_.size());
+    GrammarMatcher *grammar = gen_->grammar.get();
+    // Masking before the sampler (penalty, truncations, draw) samples exactly from the allowed tokens.
+    if (grammar && grammar->mask(model_.token_trie(), logits_.data(), (size_t)model_.config().vocab_size,
+                                 !gen_->params.ignore_eos) == 0) {
+        finish_generation(FASTLLM_STOP_GRAMMAR);  // a dead end: no token of the vocabulary continues the text
+        return false;
+    }
+    int32_t next = gen_->sampler.sample(logits_.data(), tokens_.data(), tokens_.size());
     tokens_.push_back(next);  // pending: evaluated when the next token's logits are needed
     result_.n_generated_tokens++;
     if (!gen_->params.ignore_eos && tok.is_eos(next)) {
         finish_generation(FASTLLM_STOP_EOS);
         return false;
     }
-    if (gen_->stream.push(tok.piece_bytes(next))) {
+    const std::string piece = tok.piece_bytes(next);
+    if (grammar && !grammar->accept(piece)) fail(FASTLLM_ERR_INTERNAL, "grammar: the sampled token %d was masked out", next);
+    if (gen_->stream.push(piece)) {
         finish_generation(gen_->stream.stopped_by_string() ? FASTLLM_STOP_STRING : FASTLLM_STOP_CALLBACK);
+        return false;
+    }
+    if (grammar && grammar->finished()) {
+        finish_generation(FASTLLM_STOP_GRAMMAR);
         return false;
     }
     if (result_.n_generated_tokens >= gen_->params.max_new_tokens) {
@@ -168,23 +285,37 @@ void Session::step(Session *const *sessions, size_t n, int32_t *done) {
         for (size_t j = 0; j < i; j++)
             if (sessions[j] == sessions[i]) fail(FASTLLM_ERR_INVALID_ARGUMENT, "session %zu is listed twice", i);
     }
+    std::vector<Busy> busy;
+    busy.reserve(n);
+    for (size_t i = 0; i < n; i++) busy.emplace_back(*sessions[i]);
+    // The cache block of each session's next position first: running out of memory then leaves
+    // every session as it was.
+    for (size_t i = 0; i < n; i++) {
+        Session &s = *sessions[i];
+        const int pos = (int)s.tokens_.size();
+        if (pos < s.opt_.n_ctx) s.cache_.prepare(pos, pos + 1);
+    }
     // Sample for everyone, then evaluate the new tokens of those still going in shared passes,
-    // using the first session's working memory and backend for the activations.
-    Session &work = *sessions[0];
+    // with the first session's compute.
+    Compute &c = sessions[0]->compute_;
+    const Decoder &decoder = sessions[0]->model_.decoder();
+    std::lock_guard<std::mutex> lock(c.mutex);
     size_t n_rows = 0;
+    auto flush = [&] {
+        decoder.forward(c.backend, c.work, c.tokens.data(), c.rows.data(), (int)n_rows);
+        n_rows = 0;
+    };
     for (size_t i = 0; i < n; i++) {
         Session &s = *sessions[i];
         done[i] = s.sample_next() ? 0 : 1;
         if (done[i]) continue;
-        work.rows_[n_rows] = ForwardRow{&s.cache_, (int)s.n_evaluated_, s.logits_};
-        work.row_tokens_[n_rows] = s.tokens_.back();
+        s.cache_.prepare((int)s.n_evaluated_, (int)s.n_evaluated_ + 1);  // a shift may have moved it
+        c.rows[n_rows] = ForwardRow{&s.cache_, (int)s.n_evaluated_, s.logits_.data()};
+        c.tokens[n_rows] = s.tokens_.back();
         s.n_evaluated_++;
-        if (++n_rows == work.rows_.size()) {
-            work.model_.decoder().forward(work.backend_, work.work_, work.row_tokens_.data(), work.rows_.data(), (int)n_rows);
-            n_rows = 0;
-        }
+        if (++n_rows == (size_t)c.work.max_batch) flush();
     }
-    if (n_rows) work.model_.decoder().forward(work.backend_, work.work_, work.row_tokens_.data(), work.rows_.data(), (int)n_rows);
+    if (n_rows) flush();
 }
 
 void Session::generate(const int32_t *prompt, size_t n_prompt, const SamplingOptions &p,

@@ -1,35 +1,46 @@
 // session.h — what fastllm_session is: one context (token history + its KV cache) over a shared
-// Model, with the working memory and the backend a pass computes with. All memory is allocated in
-// the constructor, in one arena whose plan is derived from the carve functions.
+// Model. The session owns its KV cache (blocks allocated as the context grows, possibly shared with
+// the session it was forked from) and its logits; the threads and activations it computes with are
+// the model's (compute.h).
 #pragma once
 
+#include <atomic>
 #include <chrono>
 #include <memory>
 #include <string>
 #include <vector>
 
-#include "cpu/backend_cpu.h"
-#include "runtime/arena.h"
+#include "runtime/compute.h"
 #include "runtime/kv_cache.h"
 #include "runtime/options.h"
 #include "fastllm.h"
 #include "runtime/model.h"
 #include "runtime/sampler.h"
+#include "text/grammar.h"
 #include "text/text_stream.h"
-#include "cpu/thread_pool.h"
 
 namespace fastllm {
+
+struct SessionMemory {
+    size_t kv_bytes = 0, kv_shared_bytes = 0, kv_bytes_per_token = 0, kv_capacity_bytes = 0;
+    size_t session_bytes = 0, compute_bytes = 0;
+};
 
 class Session {
 public:
     Session(const Model &model, const SessionOptions &options);
+    // A session whose context is src's first n tokens, sharing the KV blocks that hold them
+    // (options give its own n_ctx, n_batch, threads and shift settings; KV types must be src's).
+    Session(const Session &src, size_t n, const SessionOptions &options);
 
     const Model &model() const { return model_; }
-    int n_ctx() const { return n_ctx_; }
+    const SessionOptions &options() const { return opt_; }
+    int n_ctx() const { return opt_.n_ctx; }
     int n_tokens() const { return (int)tokens_.size(); }
     const std::vector<int32_t> &tokens() const { return tokens_; }
     void reset();
     void truncate(size_t n_keep);  // see fastllm_session_truncate
+    SessionMemory memory() const;
 
     // Appends tokens and runs the model (see fastllm_session_eval). Validates before changing state.
     void eval(const int32_t *tokens, size_t n, fastllm_logits_mode mode, float *out_logits);
@@ -51,39 +62,65 @@ public:
     void generate(const int32_t *prompt, size_t n_prompt, const SamplingOptions &params,
                   fastllm_stream_callback callback, void *user_data, GenerationResult &result);
 
+    // The grammar matcher of the generation in progress, nullptr without one. For saving a session
+    // mid-generation: a new GrammarMatcher of params.grammar that accepts its accepted() bytes is
+    // in the same state.
+    const GrammarMatcher *grammar_matcher() const { return gen_ ? gen_->grammar.get() : nullptr; }
+
+    // From any thread: asks the evaluation or generation in progress to stop (see
+    // fastllm_session_cancel). False when there is none.
+    bool request_cancel();
+
+    // The saved state (see fastllm_session_save_state): tokens, KV rows in the cache's types, and
+    // a generation in progress with its sampler; load validates all of it before changing anything.
+    std::vector<uint8_t> save_state() const;
+    void load_state(const uint8_t *data, size_t size, fastllm_stream_callback callback, void *user_data);
+
 private:
     struct Generation {
         SamplingOptions params;
         Sampler sampler;
         TextStream stream;
+        std::unique_ptr<GrammarMatcher> grammar;  // of params.grammar, when it has one
         std::chrono::steady_clock::time_point start;
-        Generation(const SamplingOptions &p, int vocab, fastllm_stream_callback cb, void *user)
-            : params(p), sampler(p, vocab), stream(p.stop, cb, user) {}
+        // matcher: params.grammar's, made beforehand; nullptr: made here when there is a grammar.
+        Generation(const SamplingOptions &p, int vocab, fastllm_stream_callback cb, void *user,
+                   std::unique_ptr<GrammarMatcher> matcher = nullptr)
+            : params(p), sampler(p, vocab), stream(p.stop, cb, user),
+              grammar(matcher || p.grammar.empty() ? std::move(matcher)
+                                                   : std::make_unique<GrammarMatcher>(Grammar::parse(p.grammar))) {}
     };
 
     void check_tokens(const int32_t *tokens, size_t n) const;
+    // Makes room for n more tokens: a context shift when enabled, else FASTLLM_ERR_CONTEXT_FULL.
+    void make_room(size_t n);
+    // Drops `discard` tokens after the first n_keep, moving the later keys and values down and
+    // turning their keys' rotary angles back by as many positions.
+    void shift(int discard);
     // Runs tokens_[n_evaluated_..] through the model in n_batch chunks.
     void run_pending(fastllm_logits_mode mode, float *out_logits);
     // Samples this session's next token; returns false when its generation has ended.
     bool sample_next();
     void finish_generation(fastllm_stop_reason reason);
 
+    // Counts a call that computes with the session, so that request_cancel knows one is running.
+    struct Busy {
+        Session &s;
+        explicit Busy(Session &s) : s(s) { s.busy_.fetch_add(1); }
+        ~Busy() { s.busy_.fetch_sub(1); }
+    };
+
     const Model &model_;
-    int n_ctx_, n_batch_, n_threads_;
-    ThreadPool pool_;
-    CpuBackend backend_;
-    Arena arena_;
+    SessionOptions opt_;  // n_ctx, n_batch, n_threads resolved
+    Compute &compute_;
     KvCache cache_;
-    Workspace work_;
     std::vector<int32_t> tokens_;  // the context; the tail past n_evaluated_ is not yet in the KV cache
     size_t n_evaluated_ = 0;
-    float *logits_;                // last-token logits for generation
-    std::vector<ForwardRow> rows_;  // n_batch rows, reused by every forward pass
-    // Carves cache_, work_, the backend's scratch and logits_ from the arena (see arena.h).
-    void carve(Arena &a);
-    std::vector<int32_t> row_tokens_;
+    std::vector<float> logits_;    // last-token logits for generation
     std::unique_ptr<Generation> gen_;
     GenerationResult result_;
+    std::atomic<int> busy_{0};
+    std::atomic<bool> cancel_{false}, has_gen_{false};
 };
 
 }  // namespace fastllm

@@ -20,6 +20,10 @@ public:
     // Emits whatever is still held back (call when generation ends for another reason).
     void finish();
 
+    // Text held back (a partial character, or what may begin a stop string), for saved state.
+    const std::string &held() const { return pending_; }
+    void restore_held(std::string s) { pending_ = std::move(s); }
+
     bool stopped_by_string() const { return stopped_by_string_; }
     bool stopped_by_callback() const { return stopped_by_callback_; }
 

@@ -13,6 +13,7 @@
 
 #include "cpu/kernels.h"
 #include "cpu/ops.h"
+#include "runtime/kv_cache.h"
 #include "runtime/sampler.h"
 #include "text/text_stream.h"
 #include "cpu/thread_pool.h"
@@ -200,48 +201,117 @@ static void test_conversions(const KernelTable &k) {
     CHECK(bad == 0, "%s bf16->f32 mismatches: %d", isa_name(k.isa), bad);
 }
 
-static void test_attention(const KernelTable &k) {
-    const int n_heads = 8, n_kv = 2, hd = 16, pos0 = 7, T = 5, kv_dim = n_kv * hd;
-    std::vector<float> q = randn((size_t)T * n_heads * hd), kc = randn((size_t)(pos0 + T) * kv_dim),
-                       vc = randn((size_t)(pos0 + T) * kv_dim);
-    std::vector<float> out((size_t)T * n_heads * hd), outr(out.size()), scores(2 * (pos0 + T));
-    // causal; sliding windows shorter than the context (3) and than one query run (1); a scale and
-    // a soft cap as Gemma 2 sets them
-    const AttentionShape shapes[] = {{n_heads, n_kv, hd, 0.25f, 0.0f, 0},
-                                     {n_heads, n_kv, hd, 0.25f, 0.0f, 3},
-                                     {n_heads, n_kv, hd, 0.25f, 0.0f, 1},
-                                     {n_heads, n_kv, hd, 0.6f, 2.0f, 4}};
-    for (const AttentionShape &sh : shapes) {
-        ops::attention(k, q.data(), T, pos0, kc.data(), vc.data(), sh, out.data(), scores.data(), pos0 + T, g_pool);
-        ref::attention(q.data(), T, pos0, kc.data(), vc.data(), sh, outr.data());
-        double e = rel_err(out.data(), outr.data(), out.size());
-        CHECK(e < 1e-5, "attention %s window %d softcap %g rel err %g", isa_name(k.isa), sh.window, sh.softcap, e);
+// A KV cache of the given types holding rows [positions, kv_dim] of k and v.
+static KvCache make_cache(const KernelTable &k, KvType tk, KvType tv, int positions, int kv_dim,
+                          const std::vector<float> &kc, const std::vector<float> &vc) {
+    KvCache c(1, positions + KvCache::kBlock, kv_dim, tk, tv);
+    c.prepare(0, positions);
+    for (int p = 0; p < positions; p++) {
+        k.kv_store[(int)tk](&kc[(size_t)p * kv_dim], kv_dim, c.k_row(0, p));
+        k.kv_store[(int)tv](&vc[(size_t)p * kv_dim], kv_dim, c.v_row(0, p));
     }
-    // A window of 1 attends to the query's own position only: the output is its value row.
-    const AttentionShape own{n_heads, n_kv, hd, 0.25f, 0.0f, 1};
-    ops::attention(k, q.data(), T, pos0, kc.data(), vc.data(), own, out.data(), scores.data(), pos0 + T, g_pool);
-    double worst = 0;
-    for (int t = 0; t < T; t++)
-        for (int h = 0; h < n_heads; h++)
-            for (int i = 0; i < hd; i++)
-                worst = std::max(worst, (double)std::fabs(out[((size_t)t * n_heads + h) * hd + i] -
-                                                          vc[(size_t)(pos0 + t) * kv_dim + (h / (n_heads / n_kv)) * hd + i]));
-    CHECK(worst < 1e-6, "attention %s window 1 is not the own value row (%g)", isa_name(k.isa), worst);
+    return c;
+}
+
+// Attention over caches of every type, against the reference reading the same stored rows; the
+// positions cross cache blocks (and the query runs begin inside one).
+static void test_attention(const KernelTable &k) {
+    for (int hd : {16, 64}) {
+        const int n_heads = 8, n_kv = 2, pos0 = 41, T = 5, kv_dim = n_kv * hd;
+        std::vector<float> q = randn((size_t)T * n_heads * hd), kc = randn((size_t)(pos0 + T) * kv_dim),
+                           vc = randn((size_t)(pos0 + T) * kv_dim);
+        std::vector<float> out((size_t)T * n_heads * hd), outr(out.size()), scores(2 * (pos0 + T));
+        // causal; sliding windows shorter than the context (3) and than one query run (1); a scale and
+        // a soft cap as Gemma 2 sets them
+        const AttentionShape shapes[] = {{n_heads, n_kv, hd, 0.25f, 0.0f, 0},
+                                         {n_heads, n_kv, hd, 0.25f, 0.0f, 3},
+                                         {n_heads, n_kv, hd, 0.25f, 0.0f, 1},
+                                         {n_heads, n_kv, hd, 0.6f, 2.0f, 4}};
+        for (KvType tk : {KvType::F32, KvType::F16, KvType::Q8})
+            for (KvType tv : {KvType::F32, KvType::F16, KvType::Q8}) {
+                const KvCache cache = make_cache(k, tk, tv, pos0 + T, kv_dim, kc, vc);
+                for (const AttentionShape &sh : shapes) {
+                    ops::attention(k, q.data(), T, pos0, cache, 0, sh, out.data(), scores.data(), pos0 + T, g_pool);
+                    ref::attention(q.data(), T, pos0, cache, 0, sh, outr.data());
+                    double e = rel_err(out.data(), outr.data(), out.size());
+                    CHECK(e < 1e-5, "attention %s K %s V %s head %d window %d softcap %g rel err %g", isa_name(k.isa),
+                          kv_type_name(tk), kv_type_name(tv), hd, sh.window, sh.softcap, e);
+                }
+            }
+        // A window of 1 attends to the query's own position only: the output is its value row.
+        const KvCache cache = make_cache(k, KvType::F32, KvType::F32, pos0 + T, kv_dim, kc, vc);
+        const AttentionShape own{n_heads, n_kv, hd, 0.25f, 0.0f, 1};
+        ops::attention(k, q.data(), T, pos0, cache, 0, own, out.data(), scores.data(), pos0 + T, g_pool);
+        double worst = 0;
+        for (int t = 0; t < T; t++)
+            for (int h = 0; h < n_heads; h++)
+                for (int i = 0; i < hd; i++)
+                    worst = std::max(worst, (double)std::fabs(out[((size_t)t * n_heads + h) * hd + i] -
+                                                              vc[(size_t)(pos0 + t) * kv_dim + (h / (n_heads / n_kv)) * hd + i]));
+        CHECK(worst < 1e-6, "attention %s window 1 is not the own value row (%g)", isa_name(k.isa), worst);
+    }
+}
+
+// The KV row kernels against plain loops over the reference's reading of the rows; heads inside a
+// q8 block (8, 16) and of whole blocks (32, 64, 128), at offsets of a head.
+static void test_kv_kernels(const KernelTable &k) {
+    for (KvType t : {KvType::F32, KvType::F16, KvType::Q8})
+        for (int dim : {8, 16, 32, 64, 128}) {
+            const int heads = 3, row_n = heads * dim, n = 37;
+            const size_t stride = kv_row_bytes(t, row_n) + 8;  // rows further apart than they are long
+            std::vector<float> x = randn((size_t)n * row_n), q = randn(dim), a = randn(n), back(row_n);
+            std::vector<char> rows(stride * n);
+            double store_err = 0;
+            for (int j = 0; j < n; j++) {
+                k.kv_store[(int)t](&x[(size_t)j * row_n], row_n, rows.data() + j * stride);
+                ref::kv_load(t, rows.data() + j * stride, row_n, back.data());
+                store_err = std::max(store_err, rel_err(back.data(), &x[(size_t)j * row_n], row_n));
+            }
+            // f16: half an ulp (2^-11) of the largest; q8: half a step of 1/127 of a block's largest.
+            const double bound = t == KvType::F32 ? 0 : t == KvType::F16 ? 4.9e-4 : 0.5 / 127 + 1e-6;
+            CHECK(store_err <= bound, "kv_store %s %s rel err %g > %g", isa_name(k.isa), kv_type_name(t), store_err, bound);
+            for (int h = 0; h < heads; h++) {
+                std::vector<float> y(n), yr(n), acc(dim, 0.5f), accr(dim, 0.5f);
+                k.kv_dot[(int)t](rows.data(), stride, n, h * dim, q.data(), dim, y.data());
+                k.kv_accum[(int)t](a.data(), n, rows.data(), stride, h * dim, dim, acc.data());
+                for (int j = 0; j < n; j++) {
+                    ref::kv_load(t, rows.data() + j * stride, row_n, back.data());
+                    double d = 0;
+                    for (int i = 0; i < dim; i++) d += (double)q[i] * back[h * dim + i], accr[i] += a[j] * back[h * dim + i];
+                    yr[j] = (float)d;
+                }
+                CHECK(rel_err(y.data(), yr.data(), n) < 1e-5, "kv_dot %s %s dim %d head %d rel err %g", isa_name(k.isa),
+                      kv_type_name(t), dim, h, rel_err(y.data(), yr.data(), n));
+                CHECK(rel_err(acc.data(), accr.data(), dim) < 1e-5, "kv_accum %s %s dim %d head %d rel err %g",
+                      isa_name(k.isa), kv_type_name(t), dim, h, rel_err(acc.data(), accr.data(), dim));
+            }
+        }
+}
+
+// The KV cache's blocks: allocated as positions are prepared, shared by share(), copied when a
+// holder writes into a shared one, released past a length.
+static void test_kv_cache_blocks() {
+    const int B = KvCache::kBlock;
+    KvCache a(2, 4 * B, 8, KvType::F32, KvType::F32);
+    CHECK(a.bytes() == 0, "a new cache holds %zu bytes", a.bytes());
+    a.prepare(0, B + 3);
+    CHECK(a.bytes() == 2 * a.block_bytes(), "%zu bytes for %d positions", a.bytes(), B + 3);
+    for (int p = 0; p < B + 3; p++) ((float *)a.k_row(1, p))[0] = (float)p;
+    KvCache b(2, 4 * B, 8, KvType::F32, KvType::F32);
+    b.share(a, B + 3);
+    CHECK(b.shared_bytes() == 2 * a.block_bytes() && a.shared_bytes() == 2 * a.block_bytes(), "not shared");
+    CHECK(b.k_row(1, 5) == a.k_row(1, 5), "shared rows are not the same memory");
+    b.prepare(B + 3, B + 4);  // writing into the shared second block copies it
+    CHECK(b.k_row(1, B) != a.k_row(1, B) && b.k_row(1, 5) == a.k_row(1, 5), "copy on write copied the wrong blocks");
+    CHECK(((float *)b.k_row(1, B + 2))[0] == (float)(B + 2), "the copy lost a row");
+    CHECK(a.shared_bytes() == a.block_bytes(), "after the copy, a shares %zu bytes", a.shared_bytes());
+    a.release_from(1);
+    CHECK(a.bytes() == a.block_bytes() && b.shared_bytes() == a.block_bytes(), "release_from(1) kept %zu bytes", a.bytes());
+    a.release_from(0);
+    CHECK(a.bytes() == 0 && b.shared_bytes() == 0 && ((float *)b.k_row(1, 7))[0] == 7.0f, "b lost the block a released");
 }
 
 // swiglu and softmax use each ISA's own exp: ordinary values, and ones where exp over- or underflows.
-static void test_weighted_rows(const KernelTable &k) {
-    for (int dim : {8, 24, 64, 100, 128}) {
-        const int n = 37, stride = dim + 5;
-        std::vector<float> a = randn(n), rows = randn((size_t)n * stride), y(dim), yr(dim, 0.0f);
-        k.weighted_rows(a.data(), n, rows.data(), stride, dim, y.data());
-        for (int j = 0; j < n; j++)
-            for (int i = 0; i < dim; i++) yr[i] += a[j] * rows[(size_t)j * stride + i];
-        double e = rel_err(y.data(), yr.data(), dim);
-        CHECK(e < 1e-6, "weighted_rows %s dim %d rel err %g", isa_name(k.isa), dim, e);
-    }
-}
-
 static void test_exp_ops(const KernelTable &k) {
     const int n = 203;
     std::vector<float> gu = randn(2 * n, 4.0f), a(n), b(n);
@@ -446,9 +516,10 @@ int main() {
         test_conversions(*k);
         test_attention(*k);
         test_exp_ops(*k);
-        test_weighted_rows(*k);
+        test_kv_kernels(*k);
     }
     test_elementwise();
+    test_kv_cache_blocks();
     test_f16_rounding();
     test_sampler();
     test_text_stream();

@@ -85,6 +85,14 @@ std::string read_string(size_t guess, size_t extra, Call &&call) {
 
 inline std::string version() { return fastllm_version(); }
 
+// The GBNF grammar of a JSON Schema (its JSON text), as SamplingParams::json_schema uses it;
+// throws Error (FASTLLM_ERR_UNSUPPORTED naming the keyword, FASTLLM_ERR_INVALID_ARGUMENT).
+inline std::string json_schema_to_grammar(const std::string &schema) {
+    return detail::read_string(schema.size() * 4 + 4096, 1, [&](char *out, size_t cap, size_t *n) {
+        return fastllm_json_schema_to_grammar(schema.c_str(), out, cap, n);
+    });
+}
+
 // Names as the Python binding spells them.
 inline const char *stop_reason_name(fastllm_stop_reason reason) noexcept {
     switch (reason) {
@@ -94,6 +102,7 @@ inline const char *stop_reason_name(fastllm_stop_reason reason) noexcept {
         case FASTLLM_STOP_CALLBACK: return "callback";
         case FASTLLM_STOP_CONTEXT_FULL: return "context_full";
         case FASTLLM_STOP_CANCELLED: return "cancelled";
+        case FASTLLM_STOP_GRAMMAR: return "grammar";
     }
     return "?";
 }
@@ -204,6 +213,9 @@ struct SamplingParams {
     uint64_t seed = fastllm_sampling_default_params().seed;
     std::vector<std::string> stop;  // not included in the output
     bool ignore_eos = fastllm_sampling_default_params().ignore_eos != 0;
+    // Constrained output (docs/grammar.md), empty for none; at most one of the two:
+    std::string grammar;      // GBNF (llama.cpp's syntax)
+    std::string json_schema;  // a JSON Schema's text; the output is an instance of it
 };
 
 struct GenerationResult {
@@ -302,6 +314,8 @@ public:
         for (const std::string &s : params.stop) stop.push_back(s.c_str());
         sp.stop = stop.empty() ? nullptr : stop.data();
         sp.n_stop = static_cast<int32_t>(stop.size());
+        sp.grammar = params.grammar.empty() ? nullptr : params.grammar.c_str();
+        sp.json_schema = params.json_schema.empty() ? nullptr : params.json_schema.c_str();
 
         Stream stream{&on_piece, {}, nullptr};
         fastllm_generation_result c{};

@@ -19,7 +19,7 @@ const koffi = require('koffi');
 
 // FASTLLM_ABI_VERSION of the include/fastllm.h this file mirrors. Keep the structs and prototypes
 // below in step with the header, and change this number with them.
-const ABI_VERSION = 3;
+const ABI_VERSION = 4;
 
 // ---------------------------------------------------------------------------------------------
 // The library: FASTLLM_LIBRARY, else a source checkout's build/, else the system loader's search.
@@ -92,6 +92,11 @@ const types = {
         n_ctx: 'int32_t',
         n_batch: 'int32_t',
         n_threads: 'int32_t',
+        type_k: 'int32_t',
+        type_v: 'int32_t',
+        context_shift: 'int32_t',
+        n_keep: 'int32_t',
+        n_discard: 'int32_t',
     }),
     fastllm_sampling_params: koffi.struct('fastllm_sampling_params', {
         max_new_tokens: 'int32_t',
@@ -105,6 +110,8 @@ const types = {
         stop: 'const char **', // const char *const *: a JS array of strings, or null
         n_stop: 'int32_t',
         ignore_eos: 'int32_t',
+        grammar: 'const char *',     // GBNF, or null
+        json_schema: 'const char *', // a JSON Schema's text, or null
     }),
     fastllm_generation_result: koffi.struct('fastllm_generation_result', {
         n_prompt_tokens: 'int32_t',
@@ -151,6 +158,8 @@ const C = {
         + 'int32_t *out_tokens, size_t out_capacity, _Out_ size_t *out_n_tokens)'),
 
     samplingDefaultParams: lib.func('fastllm_sampling_params fastllm_sampling_default_params(void)'),
+    jsonSchemaToGrammar: lib.func('fastllm_status fastllm_json_schema_to_grammar(const char *schema, '
+        + 'uint8_t *out, size_t out_capacity, _Out_ size_t *out_len)'),
     sessionGenerate: lib.func('fastllm_status fastllm_session_generate(fastllm_session *session, '
         + 'const int32_t *prompt_tokens, size_t n_prompt_tokens, const fastllm_sampling_params *params, '
         + 'fastllm_stream_callback *callback, void *user_data, _Out_ fastllm_generation_result *out_result)'),
@@ -160,7 +169,7 @@ const C = {
 const OK = 0;
 const ERR_INVALID_ARGUMENT = 1;
 const ERR_BUFFER_TOO_SMALL = 7;
-const STOP_REASONS = ['eos', 'max_tokens', 'stop_string', 'callback', 'context_full', 'cancelled'];
+const STOP_REASONS = ['eos', 'max_tokens', 'stop_string', 'callback', 'context_full', 'cancelled', 'grammar'];
 
 // ---------------------------------------------------------------------------------------------
 // Errors
@@ -333,7 +342,9 @@ class Session {
      * options: maxNewTokens (default 256), temperature (0 = greedy), topK, topP, minP,
      * repetitionPenalty, repeatLastN, seed, stop (a string or an array of strings, not included in
      * the output), ignoreEos, addBos (for a string prompt; by default only an empty session gets
-     * BOS), and onToken(piece): called with each piece of text as it is produced.
+     * BOS), grammar (a GBNF grammar the output must follow) or jsonSchema (a JSON Schema, as an
+     * object or its JSON text, the output must be an instance of; stop reason "grammar" when the
+     * output is complete), and onToken(piece): called with each piece of text as it is produced.
      * **onToken returning `false` stops the generation** (stop reason "callback"); any other return
      * value, undefined included, continues. Beware of arrow functions that return a value by
      * accident: `p => process.stdout.write(p)` returns false when stdout's buffer is full.
@@ -341,8 +352,8 @@ class Session {
      *
      * Unset sampling options keep the library's defaults (temperature 0.8, topK 40, ...).
      * Returns { text, nTokens, nPromptTokens, stopReason, promptMs, generateMs }; stopReason is
-     * "eos", "max_tokens", "stop_string", "callback" or "context_full". The generated tokens stay in
-     * the context, so a later call continues the conversation.
+     * "eos", "max_tokens", "stop_string", "callback", "context_full", "cancelled" or "grammar". The
+     * generated tokens stay in the context, so a later call continues the conversation.
      */
     generate(prompt, options = {}) {
         const handle = this.handle;
@@ -411,7 +422,28 @@ function samplingParams(options) {
     stop = stop.map(String);
     p.stop = stop.length ? stop : null; // koffi copies the strings for the duration of the call
     p.n_stop = stop.length;
+    p.grammar = options.grammar ?? null;
+    const schema = options.jsonSchema ?? null;
+    p.json_schema = schema === null || typeof schema === 'string' ? schema : JSON.stringify(schema);
     return p;
+}
+
+/**
+ * The GBNF grammar of a JSON Schema (an object or its JSON text), as generate()'s jsonSchema uses
+ * it. Throws FastllmError: statusName FASTLLM_ERR_UNSUPPORTED naming a keyword it does not
+ * implement, FASTLLM_ERR_INVALID_ARGUMENT for a malformed schema.
+ */
+function jsonSchemaToGrammar(schema) {
+    const text = typeof schema === 'string' ? schema : JSON.stringify(schema);
+    const len = [0];
+    let buf = Buffer.alloc(Buffer.byteLength(text) * 4 + 4096);
+    let status = C.jsonSchemaToGrammar(text, buf, buf.length, len);
+    if (status === ERR_BUFFER_TOO_SMALL) {
+        buf = Buffer.alloc(len[0] + 1);
+        status = C.jsonSchemaToGrammar(text, buf, buf.length, len);
+    }
+    check(status);
+    return buf.toString('utf8', 0, len[0]);
 }
 
 module.exports = {
@@ -420,6 +452,7 @@ module.exports = {
     Session,
     FastllmError,
     STOP_REASONS,
+    jsonSchemaToGrammar,
     libraryPath,
     version: C.version(),
     isa: () => C.isa(),

@@ -11,7 +11,7 @@ from ctypes import (CFUNCTYPE, POINTER, Structure, c_char, c_char_p, c_double, c
                     c_uint64, c_void_p)
 from pathlib import Path
 
-FASTLLM_ABI_VERSION = 3
+FASTLLM_ABI_VERSION = 4
 
 # fastllm_status
 OK = 0
@@ -24,12 +24,17 @@ ERR_CONTEXT_FULL = 6
 ERR_BUFFER_TOO_SMALL = 7
 ERR_TOKEN_OUT_OF_RANGE = 8
 ERR_INTERNAL = 9
+ERR_CANCELLED = 10
+
+# fastllm_kv_type
+KV_TYPES = {"f32": 0, "f16": 1, "q8": 2}
 
 # fastllm_logits_mode
 LOGITS_NONE, LOGITS_LAST, LOGITS_ALL = 0, 1, 2
 
 # fastllm_stop_reason
-STOP_REASONS = {0: "eos", 1: "max_tokens", 2: "stop_string", 3: "callback", 4: "context_full", 5: "cancelled"}
+STOP_REASONS = {0: "eos", 1: "max_tokens", 2: "stop_string", 3: "callback", 4: "context_full", 5: "cancelled",
+                6: "grammar"}
 
 
 class ModelParams(Structure):
@@ -46,14 +51,21 @@ class ModelInfo(Structure):
 
 
 class SessionParams(Structure):
-    _fields_ = [("n_ctx", c_int32), ("n_batch", c_int32), ("n_threads", c_int32)]
+    _fields_ = [("n_ctx", c_int32), ("n_batch", c_int32), ("n_threads", c_int32), ("type_k", c_int32),
+                ("type_v", c_int32), ("context_shift", c_int32), ("n_keep", c_int32), ("n_discard", c_int32)]
+
+
+class SessionMemoryInfo(Structure):
+    _fields_ = [("kv_bytes", c_uint64), ("kv_shared_bytes", c_uint64), ("kv_bytes_per_token", c_uint64),
+                ("kv_capacity_bytes", c_uint64), ("session_bytes", c_uint64), ("compute_bytes", c_uint64)]
 
 
 class SamplingParams(Structure):
     _fields_ = [
         ("max_new_tokens", c_int32), ("temperature", c_float), ("top_k", c_int32), ("top_p", c_float),
         ("min_p", c_float), ("repetition_penalty", c_float), ("repeat_last_n", c_int32), ("seed", c_uint64),
-        ("stop", POINTER(c_char_p)), ("n_stop", c_int32), ("ignore_eos", c_int32),
+        ("stop", POINTER(c_char_p)), ("n_stop", c_int32), ("ignore_eos", c_int32), ("grammar", c_char_p),
+        ("json_schema", c_char_p),
     ]
 
 
@@ -122,6 +134,17 @@ _PROTOTYPES = {
     "fastllm_session_is_generating": (c_int, [c_void_p]),
     "fastllm_session_generation_result": (c_int, [c_void_p, POINTER(GenerationResult)]),
     "fastllm_session_cancel_generation": (c_int, [c_void_p]),
+    # fastllm_status fastllm_json_schema_to_grammar(const char *schema, char *out, size_t out_capacity, size_t *out_len)
+    "fastllm_json_schema_to_grammar": (c_int, [c_char_p, c_char_p, c_size_t, POINTER(c_size_t)]),
+    # fastllm_status fastllm_grammar_check(const char *grammar)
+    "fastllm_grammar_check": (c_int, [c_char_p]),
+    "fastllm_session_cancel": (c_int, [c_void_p]),
+    "fastllm_session_fork": (c_int, [c_void_p, c_int32, POINTER(SessionParams), POINTER(c_void_p)]),
+    "fastllm_session_memory": (c_int, [c_void_p, POINTER(SessionMemoryInfo)]),
+    "fastllm_session_save_state": (c_int, [c_void_p, c_void_p, c_size_t, POINTER(c_size_t)]),
+    "fastllm_session_load_state": (c_int, [c_void_p, c_char_p, c_size_t, StreamCallback, c_void_p]),
+    "fastllm_session_save_state_file": (c_int, [c_void_p, c_char_p]),
+    "fastllm_session_load_state_file": (c_int, [c_void_p, c_char_p, StreamCallback, c_void_p]),
 }
 
 

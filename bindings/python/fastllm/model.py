@@ -2,6 +2,8 @@
 from __future__ import annotations
 
 import ctypes
+import json
+import os
 import queue
 import threading
 import weakref
@@ -38,13 +40,35 @@ class GenerationResult:
     """What the last generate() call did."""
     n_prompt_tokens: int
     n_generated_tokens: int
-    stop_reason: str  # "eos", "max_tokens", "stop_string", "callback" or "context_full"
+    stop_reason: str  # "eos", "max_tokens", "stop_string", "callback", "context_full", "cancelled" or "grammar"
     prompt_ms: float
     generate_ms: float
 
 
+def json_schema_to_grammar(schema: str | dict) -> str:
+    """The GBNF grammar of a JSON Schema (a dict, or its JSON text), as generation's json_schema=
+    uses it. FastLLMError: status ERR_UNSUPPORTED naming a keyword it does not implement and where,
+    ERR_INVALID_ARGUMENT for a malformed schema or one that matches nothing."""
+    text = (schema if isinstance(schema, str) else json.dumps(schema)).encode()
+    n = ctypes.c_size_t()
+    capacity = 4 * len(text) + 4096
+    while True:
+        buf = ctypes.create_string_buffer(capacity)
+        status = lib.fastllm_json_schema_to_grammar(text, buf, capacity, ctypes.byref(n))
+        if status != raw.ERR_BUFFER_TOO_SMALL:
+            _check(status)
+            return buf.raw[: n.value].decode()
+        capacity = n.value + 1
+
+
+def check_grammar(grammar: str) -> None:
+    """Raises FastLLMError (ERR_INVALID_ARGUMENT, "grammar: line L col C: ...") for a GBNF grammar
+    that generation's grammar= would refuse."""
+    _check(lib.fastllm_grammar_check(grammar.encode()))
+
+
 def _sampling(max_new_tokens, temperature, top_k, top_p, min_p, repetition_penalty, repeat_last_n, seed, stop,
-              ignore_eos):
+              ignore_eos, grammar=None, json_schema=None):
     p = lib.fastllm_sampling_default_params()
     p.max_new_tokens = max_new_tokens
     optional = dict(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p,
@@ -60,6 +84,10 @@ def _sampling(max_new_tokens, temperature, top_k, top_p, min_p, repetition_penal
     keep = (ctypes.c_char_p * max(len(stop), 1))(*stop)
     p.stop = ctypes.cast(keep, ctypes.POINTER(ctypes.c_char_p)) if stop else None
     p.n_stop = len(stop)
+    # grammar: GBNF text; json_schema: a dict or its JSON text (the structure keeps the bytes alive)
+    p.grammar = grammar.encode() if grammar is not None else None
+    if json_schema is not None:
+        p.json_schema = (json_schema if isinstance(json_schema, str) else json.dumps(json_schema)).encode()
     return p, keep  # keep: the stop strings must outlive the call
 
 
@@ -220,13 +248,15 @@ class Model(_Handle):
         return _closing_iter(session, session.chat(messages, max_new_tokens, stream=True, **sampling))
 
     # -- inference --------------------------------------------------------------------------
-    def session(self, n_ctx: int = 0, n_batch: int = 0, threads: int = 0) -> "Session":
-        """A new stateful context (its own KV cache) over this model."""
-        return Session(self, n_ctx=n_ctx, n_batch=n_batch, threads=threads)
+    def session(self, n_ctx: int = 0, n_batch: int = 0, threads: int = 0, **options) -> "Session":
+        """A new stateful context (its own KV cache) over this model; options as Session's."""
+        return Session(self, n_ctx=n_ctx, n_batch=n_batch, threads=threads, **options)
 
-    def forward(self, ids: Sequence[int]) -> np.ndarray:
-        """Logits of every position, shape (len(ids), vocab_size), in a fresh context."""
-        with self.session(n_ctx=max(len(ids), 1)) as s:
+    def forward(self, ids: Sequence[int], kv_type: str = "f32") -> np.ndarray:
+        """Logits of every position, shape (len(ids), vocab_size), in a fresh context. Its KV cache is
+        f32 unless kv_type says otherwise: the exact computation, which the reference checks compare
+        (sessions default to f16, within 2e-3 of it)."""
+        with self.session(n_ctx=max(len(ids), 1), kv_type=kv_type) as s:
             return s.eval(ids, logits="all")
 
     def generate(self, prompt: str | Sequence[int], max_new_tokens: int = 256, *, stream: bool = False,
@@ -234,7 +264,8 @@ class Model(_Handle):
         """Text continuing prompt in a fresh context (str), or with stream=True an iterator of str pieces.
 
         sampling: temperature (0 = greedy), top_k, top_p, min_p, repetition_penalty, repeat_last_n, seed,
-        stop (str or list), ignore_eos. Defaults are the C library's (temperature 0.8, top_k 40, ...).
+        stop (str or list), ignore_eos, grammar (GBNF), json_schema (dict or JSON text). Defaults are the
+        C library's (temperature 0.8, top_k 40, ...).
         """
         ids = self.tokenize(prompt, add_bos=add_bos) if isinstance(prompt, str) else list(prompt)
         n_ctx = min(self.context_length, len(ids) + max_new_tokens) if ids else 0
@@ -256,15 +287,33 @@ def _closing_iter(session: "Session", pieces: Iterator[str]) -> Iterator[str]:
 class Session(_Handle):
     """One conversation's state over a Model: token history and KV cache. Use from one thread at a time."""
 
-    def __init__(self, model: Model, n_ctx: int = 0, n_batch: int = 0, threads: int = 0):
+    def __init__(self, model: Model, n_ctx: int = 0, n_batch: int = 0, threads: int = 0, *,
+                 kv_type: str | None = None, type_k: str | None = None, type_v: str | None = None,
+                 context_shift: bool = False, n_keep: int = 0, n_discard: int = 0, _fork_of: "Session" = None,
+                 _fork_n: int = 0):
+        """n_ctx 0: 4096 (or the model's context if shorter); the KV cache grows with the context.
+        kv_type sets both type_k and type_v: "f16" (default), "f32" or "q8". context_shift: when the
+        context is full, drop n_discard tokens (0: half) after the first n_keep and go on."""
         params = lib.fastllm_session_default_params()
         params.n_ctx = n_ctx
         if n_batch:
             params.n_batch = n_batch
         params.n_threads = threads
+        for field, value in (("type_k", type_k or kv_type), ("type_v", type_v or kv_type)):
+            if value is not None:
+                if value not in raw.KV_TYPES:
+                    raise ValueError(f"{field} must be one of {sorted(raw.KV_TYPES)}, not {value!r}")
+                setattr(params, field, raw.KV_TYPES[value])
+        params.context_shift, params.n_keep, params.n_discard = int(bool(context_shift)), n_keep, n_discard
         handle = ctypes.c_void_p()
-        _check(lib.fastllm_session_create(model.handle, ctypes.byref(params), ctypes.byref(handle)))
+        if _fork_of is None:
+            _check(lib.fastllm_session_create(model.handle, ctypes.byref(params), ctypes.byref(handle)))
+        else:
+            _check(lib.fastllm_session_fork(_fork_of.handle, _fork_n, ctypes.byref(params), ctypes.byref(handle)))
         self._handle = handle
+        self._options = dict(n_ctx=n_ctx, n_batch=n_batch, threads=threads, type_k=type_k or kv_type,
+                             type_v=type_v or kv_type, context_shift=context_shift, n_keep=n_keep,
+                             n_discard=n_discard)
         self.model = model  # keeps the model alive while the session is
         model._sessions.add(self)
         self.last_result: GenerationResult | None = None
@@ -297,6 +346,51 @@ class Session(_Handle):
         got = ctypes.c_size_t()
         _check(lib.fastllm_session_get_tokens(self.handle, buf, n, ctypes.byref(got)))
         return list(buf[: got.value])
+
+    def fork(self, n_tokens: int | None = None, **options) -> "Session":
+        """A new session whose context is this one's first n_tokens (default: all), sharing their KV
+        cache blocks instead of evaluating or copying them (a persona prompt evaluated once for many
+        NPCs). options as the constructor's (default: this session's); the KV types stay this one's."""
+        opts = {**self._options, **options}
+        child = Session(self.model, _fork_of=self, _fork_n=self.n_tokens if n_tokens is None else n_tokens, **opts)
+        child.messages = [dict(m) for m in self.messages] if n_tokens is None else []
+        return child
+
+    def memory(self) -> dict:
+        """What the session's memory costs now (bytes): kv_bytes, kv_shared_bytes (of them, blocks
+        shared with other sessions), kv_bytes_per_token, kv_capacity_bytes (at a full n_ctx),
+        session_bytes, compute_bytes (the model's working memory, shared by sessions)."""
+        info = raw.SessionMemoryInfo()
+        _check(lib.fastllm_session_memory(self.handle, ctypes.byref(info)))
+        return {name: getattr(info, name) for name, _ in raw.SessionMemoryInfo._fields_}
+
+    def save_state(self) -> bytes:
+        """The session's state (tokens, KV cache, a generation in progress) as bytes; see load_state."""
+        size = ctypes.c_size_t()
+        status = lib.fastllm_session_save_state(self.handle, None, 0, ctypes.byref(size))
+        if status != raw.ERR_BUFFER_TOO_SMALL:
+            _check(status)
+        buf = ctypes.create_string_buffer(size.value)
+        _check(lib.fastllm_session_save_state(self.handle, buf, size.value, ctypes.byref(size)))
+        return buf.raw[: size.value]
+
+    def load_state(self, data: bytes) -> None:
+        """Replaces the context with a saved state of the same model (else FastLLMError, the session
+        unchanged). The chat conversation (messages) is not part of it."""
+        data = bytes(data)
+        _check(lib.fastllm_session_load_state(self.handle, data, len(data), ctypes.cast(None, raw.StreamCallback), None))
+
+    def save_state_file(self, path) -> None:
+        _check(lib.fastllm_session_save_state_file(self.handle, os.fsencode(path)))
+
+    def load_state_file(self, path) -> None:
+        _check(lib.fastllm_session_load_state_file(self.handle, os.fsencode(path), ctypes.cast(None, raw.StreamCallback),
+                                                   None))
+
+    def cancel(self) -> bool:
+        """From any thread: stops the evaluation or generation in progress (eval raises FastLLMError
+        with ERR_CANCELLED; a generation ends with stop reason "cancelled"). False if none was."""
+        return lib.fastllm_session_cancel(self.handle) == raw.OK
 
     def reset(self) -> None:
         """Forgets the context (and the chat conversation)."""
@@ -366,9 +460,13 @@ class Session(_Handle):
                  add_bos: bool | None = None, temperature: float | None = None, top_k: int | None = None,
                  top_p: float | None = None, min_p: float | None = None, repetition_penalty: float | None = None,
                  repeat_last_n: int | None = None, seed: int = 0, stop: str | Sequence[str] | None = None,
-                 ignore_eos: bool = False):
+                 ignore_eos: bool = False, grammar: str | None = None, json_schema: str | dict | None = None):
         """Continues the conversation: appends prompt, then generates. Returns str, or with stream=True an
-        iterator of str pieces. A str prompt gets BOS only when the session is empty (add_bos=None)."""
+        iterator of str pieces. A str prompt gets BOS only when the session is empty (add_bos=None).
+
+        grammar: a GBNF grammar (llama.cpp's syntax) the output must follow; json_schema: a JSON Schema
+        (dict or JSON text) the output must be an instance of (see json_schema_to_grammar). Generation
+        then ends with stop reason "grammar" once the output is complete (docs/grammar.md)."""
         if isinstance(prompt, str):
             if add_bos is None and self.n_tokens > 0:
                 add_bos = False  # BOS opens a context; a continuation does not repeat it
@@ -376,7 +474,7 @@ class Session(_Handle):
         else:
             ids = list(prompt)
         params, keep = _sampling(max_new_tokens, temperature, top_k, top_p, min_p, repetition_penalty, repeat_last_n,
-                                 seed, stop, ignore_eos)
+                                 seed, stop, ignore_eos, grammar, json_schema)
         if stream:
             return self._stream(ids, params, keep)
         pieces: list[bytes] = []

@@ -25,13 +25,14 @@ def _log_softmax(logits: np.ndarray) -> np.ndarray:
 
 
 def perplexity(model, text: str, separator: str = "\n\n", max_documents: int | None = None,
-               n_ctx: int | None = None) -> PerplexityResult:
+               n_ctx: int | None = None, **session_options) -> PerplexityResult:
+    """session_options go to model.session (kv_type="q8", ...)."""
     docs = [d for d in text.split(separator) if d.strip()] if separator else [text]
     if max_documents is not None:
         docs = docs[:max_documents]
     n_ctx = min(n_ctx or model.context_length, model.context_length)
     total, count = 0.0, 0
-    with model.session(n_ctx=n_ctx) as s:
+    with model.session(n_ctx=n_ctx, **session_options) as s:
         for doc in docs:
             ids = model.tokenize(doc, add_bos=True)
             for start in range(0, len(ids) - 1, n_ctx - 1):  # windows overlap by the one token they share

@@ -216,3 +216,34 @@ test('using a freed session or model throws instead of crashing', () => {
     assert.throws(() => m.detokenize([1]), /model has been freed/);
     assert.throws(() => m.createSession(), /model has been freed/);
 });
+
+test('a grammar constrains the output and ends it with stop reason "grammar"', () => {
+    withSession((session) => {
+        const r = session.generate(GOLDEN.prompt, { maxNewTokens: 40, temperature: 1, seed: 3,
+                                                    grammar: 'root ::= ("yes" | "no") "."' });
+        assert.ok(r.text === 'yes.' || r.text === 'no.', r.text);
+        assert.equal(r.stopReason, 'grammar');
+    });
+});
+
+test('a JSON schema (an object) gives JSON of that shape', () => {
+    const schema = { type: 'object', properties: { n: { type: 'integer', minimum: 1, maximum: 9 } },
+                     required: ['n'] };
+    withSession((session) => {
+        const r = session.generate(GOLDEN.prompt, { maxNewTokens: 40, temperature: 1, seed: 5, jsonSchema: schema });
+        const value = JSON.parse(r.text);
+        assert.deepEqual(Object.keys(value), ['n']);
+        assert.ok(Number.isInteger(value.n) && value.n >= 1 && value.n <= 9, r.text);
+        assert.equal(r.stopReason, 'grammar');
+    });
+    assert.match(fastllm.jsonSchemaToGrammar(schema), /^root ::= /);
+    assert.throws(() => fastllm.jsonSchemaToGrammar({ type: 'string', pattern: 'a+' }), (e) => {
+        assert.equal(e.statusName, 'FASTLLM_ERR_UNSUPPORTED');
+        assert.match(e.message, /unsupported keyword 'pattern' at \//);
+        return true;
+    });
+    withSession((session) => {
+        assert.throws(() => session.generate(GOLDEN.prompt, { grammar: 'root ::= "a' }),
+                      { statusName: 'FASTLLM_ERR_INVALID_ARGUMENT', message: /grammar: line 1 col 10/ });
+    });
+});

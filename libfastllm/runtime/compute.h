@@ -1,0 +1,41 @@
+// compute.h — what forward passes compute with: the worker threads, the backend and its scratch,
+// and the working activations (Workspace). They belong to the model, one set per thread count, and
+// every session of that count shares them, so 64 sessions start no more threads than one and keep
+// one copy of the activations (SmolLM2-135M at 256-token batches: about 18 MiB). A pass holds the
+// lock for its whole run: passes over one model's sessions (with the same thread count) run one at
+// a time, each on all the threads.
+#pragma once
+
+#include <memory>
+#include <mutex>
+#include <vector>
+
+#include "arch/decoder.h"
+#include "cpu/backend_cpu.h"
+#include "cpu/thread_pool.h"
+#include "runtime/arena.h"
+#include "runtime/kv_cache.h"
+
+namespace fastllm {
+
+struct Compute {
+    explicit Compute(int n_threads);
+
+    std::mutex mutex;  // held by a pass (and by reserve)
+    ThreadPool pool;
+    CpuBackend backend;
+    Workspace work;
+    std::vector<ForwardRow> rows;  // work.max_batch rows, the inputs of a pass
+    std::vector<int32_t> tokens;
+
+    // Makes the working memory big enough for passes of max_batch rows over `positions` keys;
+    // caller holds the mutex. Throws FASTLLM_ERR_OUT_OF_MEMORY (the old memory stays).
+    void reserve(const Decoder &d, int max_batch, int positions);
+    size_t bytes() const { return arena_ ? arena_->bytes() : 0; }
+
+private:
+    std::unique_ptr<Arena> arena_;
+    int positions_ = 0;
+};
+
+}  // namespace fastllm

@@ -1,0 +1,194 @@
+// session_state.cpp — a session's saved state (fastllm_session_save_state). Layout, little-endian:
+//   "FLMSTATE" u32 version  u64 model fingerprint
+//   u32 n_layers  u32 kv_dim  u32 type_k  u32 type_v  u32 n_tokens  u32 n_evaluated  i32 tokens[n_tokens]
+//   per layer: n_evaluated key rows, then n_evaluated value rows (in type_k / type_v)
+//   u8 generating; if 1: the sampling options, the RNG state, n_prompt / n_generated, the text the
+//     stream holds back, and the last logits (vocab floats)
+//   u64 FNV-1a of everything before
+// Loading checks the checksum, the version, the fingerprint and every size before anything in the
+// session changes.
+#include <cstdio>
+#include <cstring>
+#include <string>
+
+#include "api/error.h"
+#include "cpu/kernels.h"
+#include "runtime/session.h"
+
+namespace fastllm {
+
+namespace {
+
+constexpr char kMagic[8] = {'F', 'L', 'M', 'S', 'T', 'A', 'T', 'E'};
+constexpr uint32_t kStateVersion = 1;
+
+uint64_t fnv1a(const uint8_t *p, size_t n) {
+    uint64_t h = 0xcbf29ce484222325ull;
+    for (size_t i = 0; i < n; i++) h = (h ^ p[i]) * 0x100000001b3ull;
+    return h;
+}
+
+struct Writer {
+    std::vector<uint8_t> out;
+    void bytes(const void *p, size_t n) { out.insert(out.end(), (const uint8_t *)p, (const uint8_t *)p + n); }
+    template <typename T>
+    void put(T v) { bytes(&v, sizeof v); }
+    void str(const std::string &s) {
+        put((uint32_t)s.size());
+        bytes(s.data(), s.size());
+    }
+};
+
+struct Reader {
+    const uint8_t *p, *end;
+    const uint8_t *take(size_t n) {
+        if ((size_t)(end - p) < n) fail(FASTLLM_ERR_BAD_FORMAT, "session state: truncated");
+        const uint8_t *at = p;
+        p += n;
+        return at;
+    }
+    template <typename T>
+    T get() {
+        T v;
+        std::memcpy(&v, take(sizeof v), sizeof v);
+        return v;
+    }
+    std::string str() {
+        const uint32_t n = get<uint32_t>();
+        const uint8_t *at = take(n);
+        return std::string((const char *)at, n);
+    }
+};
+
+void put_options(Writer &w, const SamplingOptions &o) {
+    w.put((int32_t)o.max_new_tokens);
+    w.put(o.temperature), w.put(o.top_p), w.put(o.min_p), w.put(o.repetition_penalty);
+    w.put((int32_t)o.top_k), w.put((int32_t)o.repeat_last_n);
+    w.put(o.seed);
+    w.put((uint8_t)o.ignore_eos);
+    w.put((uint32_t)o.stop.size());
+    for (const std::string &s : o.stop) w.str(s);
+}
+
+SamplingOptions get_options(Reader &r) {
+    SamplingOptions o;
+    o.max_new_tokens = r.get<int32_t>();
+    o.temperature = r.get<float>(), o.top_p = r.get<float>(), o.min_p = r.get<float>();
+    o.repetition_penalty = r.get<float>();
+    o.top_k = r.get<int32_t>(), o.repeat_last_n = r.get<int32_t>();
+    o.seed = r.get<uint64_t>();
+    o.ignore_eos = r.get<uint8_t>() != 0;
+    const uint32_t n_stop = r.get<uint32_t>();
+    if (n_stop > (size_t)(r.end - r.p) / 4) fail(FASTLLM_ERR_BAD_FORMAT, "session state: bad stop string count");
+    for (uint32_t i = 0; i < n_stop; i++) o.stop.push_back(r.str());
+    return o;
+}
+
+}  // namespace
+
+std::vector<uint8_t> Session::save_state() const {
+    Writer w;
+    w.bytes(kMagic, sizeof kMagic);
+    w.put(kStateVersion);
+    w.put(model_.fingerprint());
+    w.put((uint32_t)cache_.n_layers()), w.put((uint32_t)cache_.kv_dim());
+    w.put((uint32_t)cache_.type_k()), w.put((uint32_t)cache_.type_v());
+    w.put((uint32_t)tokens_.size()), w.put((uint32_t)n_evaluated_);
+    w.bytes(tokens_.data(), tokens_.size() * sizeof(int32_t));
+    w.out.reserve(w.out.size() + n_evaluated_ * cache_.bytes_per_position() + 64 + logits_.size() * 4);
+    for (int l = 0; l < cache_.n_layers(); l++) {
+        for (size_t p = 0; p < n_evaluated_; p++) w.bytes(cache_.k_row(l, (int)p), cache_.row_bytes_k());
+        for (size_t p = 0; p < n_evaluated_; p++) w.bytes(cache_.v_row(l, (int)p), cache_.row_bytes_v());
+    }
+    w.put((uint8_t)(gen_ ? 1 : 0));
+    if (gen_) {
+        put_options(w, gen_->params);
+        w.put(gen_->sampler.rng_state());
+        w.put((int32_t)result_.n_prompt_tokens), w.put((int32_t)result_.n_generated_tokens);
+        w.str(gen_->stream.held());
+        w.bytes(logits_.data(), logits_.size() * sizeof(float));
+    }
+    w.put(fnv1a(w.out.data(), w.out.size()));
+    return std::move(w.out);
+}
+
+void Session::load_state(const uint8_t *data, size_t size, fastllm_stream_callback callback, void *user_data) {
+    if (!data && size) fail(FASTLLM_ERR_INVALID_ARGUMENT, "data is NULL");
+    if (size < sizeof kMagic + 4 + 8 || std::memcmp(data, kMagic, sizeof kMagic) != 0)
+        fail(FASTLLM_ERR_BAD_FORMAT, "not a fastllm session state");
+    uint64_t sum;
+    std::memcpy(&sum, data + size - 8, 8);
+    if (fnv1a(data, size - 8) != sum) fail(FASTLLM_ERR_BAD_FORMAT, "session state: truncated or damaged (checksum)");
+    Reader r{data + sizeof kMagic, data + size - 8};
+    const uint32_t version = r.get<uint32_t>();
+    if (version != kStateVersion)
+        fail(FASTLLM_ERR_BAD_FORMAT, "session state version %u; this library reads version %u", version, kStateVersion);
+    if (r.get<uint64_t>() != model_.fingerprint())
+        fail(FASTLLM_ERR_BAD_FORMAT, "session state belongs to another model (its weights, config or vocabulary differ)");
+    const uint32_t layers = r.get<uint32_t>(), dim = r.get<uint32_t>();
+    const uint32_t tk = r.get<uint32_t>(), tv = r.get<uint32_t>();
+    const uint32_t n_tokens = r.get<uint32_t>(), n_eval = r.get<uint32_t>();
+    if ((int)layers != cache_.n_layers() || (int)dim != cache_.kv_dim() || tk >= (uint32_t)kNumKvTypes ||
+        tv >= (uint32_t)kNumKvTypes || n_eval > n_tokens)
+        fail(FASTLLM_ERR_BAD_FORMAT, "session state: inconsistent header");
+    if (n_tokens > (uint32_t)opt_.n_ctx)
+        fail(FASTLLM_ERR_CONTEXT_FULL, "session state holds %u tokens; this session's n_ctx is %d", n_tokens, opt_.n_ctx);
+    std::vector<int32_t> tokens(n_tokens);
+    std::memcpy(tokens.data(), r.take((size_t)n_tokens * 4), (size_t)n_tokens * 4);
+    model_.check_token_ids(tokens.data(), tokens.size());
+
+    // The rows go into a new cache (converted when the types differ); it replaces ours at the end.
+    const KvType type_k = (KvType)tk, type_v = (KvType)tv;
+    const size_t rk = kv_row_bytes(type_k, (int)dim), rv = kv_row_bytes(type_v, (int)dim);
+    KvCache cache(cache_.n_layers(), opt_.n_ctx, cache_.kv_dim(), cache_.type_k(), cache_.type_v());
+    cache.prepare(0, (int)n_eval);
+    const KernelTable &k = kernels();
+    std::vector<float> row(dim);
+    auto copy_rows = [&](KvType from, size_t row_bytes, KvType to, char *(KvCache::*at)(int, int) const, int l) {
+        const uint8_t *src = r.take((size_t)n_eval * row_bytes);
+        for (uint32_t p = 0; p < n_eval; p++, src += row_bytes) {
+            char *dst = (cache.*at)(l, (int)p);
+            if (from == to) {
+                std::memcpy(dst, src, row_bytes);
+            } else {
+                k.kv_load[(int)from](src, row.data(), (int)dim);
+                k.kv_store[(int)to](row.data(), (int)dim, dst);
+            }
+        }
+    };
+    for (int l = 0; l < cache_.n_layers(); l++) {
+        copy_rows(type_k, rk, cache_.type_k(), &KvCache::k_row, l);
+        copy_rows(type_v, rv, cache_.type_v(), &KvCache::v_row, l);
+    }
+    const bool generating = r.get<uint8_t>() != 0;
+    std::unique_ptr<Generation> gen;
+    GenerationResult result;
+    std::vector<float> logits;
+    if (generating) {
+        const SamplingOptions o = get_options(r);
+        const uint64_t rng = r.get<uint64_t>();
+        result.n_prompt_tokens = r.get<int32_t>(), result.n_generated_tokens = r.get<int32_t>();
+        std::string held = r.str();
+        logits.resize(logits_.size());
+        std::memcpy(logits.data(), r.take(logits.size() * 4), logits.size() * 4);
+        if (n_eval != n_tokens) fail(FASTLLM_ERR_BAD_FORMAT, "session state: a generation with unevaluated tokens");
+        gen = std::make_unique<Generation>(o, model_.config().vocab_size, callback, user_data);
+        gen->sampler.set_rng_state(rng);
+        gen->stream.restore_held(std::move(held));
+        gen->start = std::chrono::steady_clock::now();
+    }
+    if (r.p != r.end) fail(FASTLLM_ERR_BAD_FORMAT, "session state: %zu bytes too many", (size_t)(r.end - r.p));
+
+    cache_ = std::move(cache);
+    tokens_ = std::move(tokens);
+    tokens_.reserve((size_t)opt_.n_ctx + 1);
+    n_evaluated_ = n_eval;
+    gen_ = std::move(gen);
+    has_gen_ = gen_ != nullptr;
+    if (gen_) {
+        logits_ = std::move(logits);
+        result_ = result;
+    }
+}
+
+}  // namespace fastllm
