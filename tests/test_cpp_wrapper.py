@@ -125,3 +125,12 @@ def test_npc_demo_reports_a_missing_model(npc_exe, tmp_path):
     assert "FASTLLM_ERR_IO" in r.stderr and str(missing) in r.stderr
     r = run(npc_exe)
     assert r.returncode != 0 and "usage" in r.stderr
+
+
+def test_sessions_for_npcs(hpp_check):
+    assert int(hpp_check["fork.n_tokens"]) == len(GOLDEN["input_ids"])
+    assert hpp_check["fork.shared"] == "1"
+    assert hpp_check["state.same_text"] == "1"
+    assert hpp_check["state.truncated"] == "FASTLLM_ERR_BAD_FORMAT"
+    assert hpp_check["cancel.idle"] == "0"
+    assert hpp_check["fork.types"] == "FASTLLM_ERR_INVALID_ARGUMENT"

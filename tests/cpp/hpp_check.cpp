@@ -117,6 +117,36 @@ int main(int argc, char **argv) {
     session.truncate(1);
     put("truncate.n_tokens", session.n_tokens());
 
+    // Sessions for many NPCs: a fork shares the prefix's KV blocks, a saved state restores the
+    // conversation, options reach the C params.
+    {
+        fastllm::SessionOptions o;
+        o.type_k = o.type_v = FASTLLM_KV_F32;
+        fastllm::Session persona(model, o);
+        persona.eval(ids);
+        fastllm::Session npc = persona.fork();
+        put("fork.n_tokens", npc.n_tokens());
+        put("fork.shared", npc.memory().kv_shared_bytes > 0);
+        const std::vector<uint8_t> state = npc.save_state();
+        const std::string first = npc.generate(std::vector<int32_t>{}, greedy(n_new)).text;
+        fastllm::Session restored(model, o);
+        restored.load_state(state);
+        put("state.same_text", restored.generate(std::vector<int32_t>{}, greedy(n_new)).text == first);
+        try {
+            restored.load_state(std::vector<uint8_t>(state.begin(), state.begin() + 100));
+            put("state.truncated", "none");
+        } catch (const fastllm::Error &e) {
+            put("state.truncated", fastllm_status_name(e.status()));
+        }
+        put("cancel.idle", npc.cancel());
+        try {
+            persona.fork(1, fastllm::SessionOptions{});  // f16: not the source's types
+            put("fork.types", "none");
+        } catch (const fastllm::Error &e) {
+            put("fork.types", fastllm_status_name(e.status()));
+        }
+    }
+
     // A chat template given as text (stories260K has none of its own).
     const std::string chatml =
         "{% for message in messages %}{{'<|im_start|>' + message['role'] + '\\n' + message['content'] + "

@@ -197,9 +197,22 @@ private:
 // Each default is read from the C library, so the wrapper cannot drift from it; being an
 // aggregate, SessionOptions{1024} sets n_ctx alone.
 struct SessionOptions {
-    int32_t n_ctx = fastllm_session_default_params().n_ctx;      // 0 = the model's context length
+    int32_t n_ctx = fastllm_session_default_params().n_ctx;      // 0 = 4096 (or the model's, if shorter)
     int32_t threads = fastllm_session_default_params().n_threads;  // 0 = the model's default
     int32_t n_batch = fastllm_session_default_params().n_batch;
+    fastllm_kv_type type_k = static_cast<fastllm_kv_type>(fastllm_session_default_params().type_k);  // f16
+    fastllm_kv_type type_v = static_cast<fastllm_kv_type>(fastllm_session_default_params().type_v);
+    bool context_shift = fastllm_session_default_params().context_shift != 0;  // drop old tokens when full
+    int32_t n_keep = fastllm_session_default_params().n_keep;        // tokens a shift keeps at the start
+    int32_t n_discard = fastllm_session_default_params().n_discard;  // 0 = half of those after n_keep
+
+    fastllm_session_params to_c() const {
+        fastllm_session_params p = fastllm_session_default_params();
+        p.n_ctx = n_ctx, p.n_threads = threads, p.n_batch = n_batch;
+        p.type_k = type_k, p.type_v = type_v;
+        p.context_shift = context_shift ? 1 : 0, p.n_keep = n_keep, p.n_discard = n_discard;
+        return p;
+    }
 };
 
 struct SamplingParams {
@@ -238,12 +251,46 @@ public:
     // The model must outlive the session. Moving the Model object is fine: the session keeps the
     // C handle, not the wrapper.
     explicit Session(const Model &model, const SessionOptions &options = {}) : model_(model.get()) {
-        fastllm_session_params p = fastllm_session_default_params();
-        p.n_ctx = options.n_ctx;
-        p.n_threads = options.threads;
-        p.n_batch = options.n_batch;
+        const fastllm_session_params p = options.to_c();
         detail::check(fastllm_session_create(model_, &p, &session_));
     }
+
+    // A new session whose context is this one's first n_tokens (-1: all), sharing their KV cache
+    // blocks (a persona evaluated once for many NPCs); options' KV types must be this session's.
+    Session fork(int n_tokens = -1) const { return fork_with(n_tokens, nullptr); }
+    Session fork(int n_tokens, const SessionOptions &options) const {
+        const fastllm_session_params p = options.to_c();
+        return fork_with(n_tokens, &p);
+    }
+
+    fastllm_session_memory_info memory() const {
+        fastllm_session_memory_info m{};
+        detail::check(fastllm_session_memory(session_, &m));
+        return m;
+    }
+
+    // The session's state (tokens, KV cache, a generation in progress) as bytes, and back; loading
+    // a state of another model or a damaged one throws, leaving the session as it was.
+    std::vector<uint8_t> save_state() const {
+        size_t n = 0;
+        const fastllm_status st = fastllm_session_save_state(session_, nullptr, 0, &n);
+        if (st != FASTLLM_ERR_BUFFER_TOO_SMALL) detail::check(st);
+        std::vector<uint8_t> out(n);
+        detail::check(fastllm_session_save_state(session_, out.data(), out.size(), &n));
+        return out;
+    }
+    void load_state(const std::vector<uint8_t> &state) {
+        detail::check(fastllm_session_load_state(session_, state.data(), state.size(), nullptr, nullptr));
+    }
+    void save_state_file(const std::string &path) const {
+        detail::check(fastllm_session_save_state_file(session_, path.c_str()));
+    }
+    void load_state_file(const std::string &path) {
+        detail::check(fastllm_session_load_state_file(session_, path.c_str(), nullptr, nullptr));
+    }
+
+    // From any thread: stops the evaluation or generation in progress; false if there is none.
+    bool cancel() noexcept { return fastllm_session_cancel(session_) == FASTLLM_OK; }
 
     Session(Session &&other) noexcept
         : session_(std::exchange(other.session_, nullptr)), model_(std::exchange(other.model_, nullptr)) {}
@@ -335,6 +382,13 @@ public:
     }
 
 private:
+    Session fork_with(int n_tokens, const fastllm_session_params *p) const {
+        Session child;
+        child.model_ = model_;
+        detail::check(fastllm_session_fork(session_, n_tokens < 0 ? this->n_tokens() : n_tokens, p, &child.session_));
+        return child;
+    }
+
     struct Stream {
         const PieceCallback *on_piece;
         std::string text;

@@ -98,6 +98,14 @@ const types = {
         n_keep: 'int32_t',
         n_discard: 'int32_t',
     }),
+    fastllm_session_memory_info: koffi.struct('fastllm_session_memory_info', {
+        kv_bytes: 'uint64_t',
+        kv_shared_bytes: 'uint64_t',
+        kv_bytes_per_token: 'uint64_t',
+        kv_capacity_bytes: 'uint64_t',
+        session_bytes: 'uint64_t',
+        compute_bytes: 'uint64_t',
+    }),
     fastllm_sampling_params: koffi.struct('fastllm_sampling_params', {
         max_new_tokens: 'int32_t',
         temperature: 'float',
@@ -156,6 +164,16 @@ const C = {
     sessionNCtx: lib.func('int32_t fastllm_session_n_ctx(const fastllm_session *session)'),
     sessionGetTokens: lib.func('fastllm_status fastllm_session_get_tokens(const fastllm_session *session, '
         + 'int32_t *out_tokens, size_t out_capacity, _Out_ size_t *out_n_tokens)'),
+
+    sessionFork: lib.func('fastllm_status fastllm_session_fork(const fastllm_session *src, int32_t n_tokens, '
+        + 'const fastllm_session_params *params, _Out_ fastllm_session **out_session)'),
+    sessionMemory: lib.func('fastllm_status fastllm_session_memory(const fastllm_session *session, '
+        + '_Out_ fastllm_session_memory_info *out_info)'),
+    sessionSaveState: lib.func('fastllm_status fastllm_session_save_state(const fastllm_session *session, '
+        + 'uint8_t *out, size_t out_capacity, _Out_ size_t *out_len)'),
+    sessionLoadState: lib.func('fastllm_status fastllm_session_load_state(fastllm_session *session, '
+        + 'const uint8_t *data, size_t size, void *callback, void *user_data)'),
+    sessionCancel: lib.func('fastllm_status fastllm_session_cancel(fastllm_session *session)'),
 
     samplingDefaultParams: lib.func('fastllm_sampling_params fastllm_sampling_default_params(void)'),
     jsonSchemaToGrammar: lib.func('fastllm_status fastllm_json_schema_to_grammar(const char *schema, '
@@ -284,21 +302,77 @@ class Model {
 // ---------------------------------------------------------------------------------------------
 // Session
 
+const KV_TYPES = { f32: 0, f16: 1, q8: 2 };
+
+// options: nCtx (0 = 4096, or the model's context if shorter), nBatch, threads, kvType (or typeK
+// and typeV: 'f16' default, 'f32', 'q8'), contextShift, nKeep, nDiscard.
+function sessionParams({ nCtx = 0, nBatch = 0, threads = 0, kvType, typeK, typeV, contextShift = false,
+    nKeep = 0, nDiscard = 0 } = {}) {
+    const params = C.sessionDefaultParams();
+    params.n_ctx = nCtx;
+    if (nBatch) params.n_batch = nBatch;
+    params.n_threads = threads;
+    for (const [field, value] of [['type_k', typeK || kvType], ['type_v', typeV || kvType]]) {
+        if (value === undefined) continue;
+        if (!(value in KV_TYPES)) throw new TypeError(`${field} must be one of f32, f16, q8, not ${value}`);
+        params[field] = KV_TYPES[value];
+    }
+    params.context_shift = contextShift ? 1 : 0;
+    params.n_keep = nKeep;
+    params.n_discard = nDiscard;
+    return params;
+}
+
 class Session {
     /**
      * options.nCtx: context length in tokens (0 = the model's); options.nBatch: most tokens per
      * forward pass (0 = the library's default); options.threads (0 = the model's default).
      */
-    constructor(model, { nCtx = 0, nBatch = 0, threads = 0 } = {}) {
-        const params = C.sessionDefaultParams();
-        params.n_ctx = nCtx;
-        if (nBatch) params.n_batch = nBatch;
-        params.n_threads = threads;
+    constructor(model, options = {}, forkOf = null, forkN = 0) {
+        const params = sessionParams(options);
         const out = [null];
-        check(C.sessionCreate(model.handle, params, out));
+        if (forkOf) check(C.sessionFork(forkOf.handle, forkN, params, out));
+        else check(C.sessionCreate(model.handle, params, out));
         this._handle = out[0];
+        this._options = options;
         this.model = model;
         model._sessions.add(this);
+    }
+
+    /**
+     * A new session whose context is this one's first nTokens (default: all), sharing their KV
+     * cache blocks (a persona evaluated once for many NPCs). options as the constructor's (default:
+     * this session's); the KV types stay this one's.
+     */
+    fork(nTokens = this.nTokens, options = this._options) {
+        return new Session(this.model, options, this, nTokens);
+    }
+
+    /** What the session's memory costs now, in bytes (fastllm_session_memory_info's fields). */
+    memory() {
+        const info = {};
+        check(C.sessionMemory(this.handle, info));
+        return info;
+    }
+
+    /** The session's state (tokens, KV cache, a generation in progress) as a Buffer. */
+    saveState() {
+        const n = [0];
+        const status = C.sessionSaveState(this.handle, null, 0, n);
+        if (status !== ERR_BUFFER_TOO_SMALL) check(status);
+        const out = Buffer.alloc(Number(n[0]));
+        check(C.sessionSaveState(this.handle, out, out.length, n));
+        return out;
+    }
+
+    /** Replaces the context with a saved state (of this model; else a FastllmError, nothing changed). */
+    loadState(state) {
+        check(C.sessionLoadState(this.handle, state, state.length, null, null));
+    }
+
+    /** Stops the evaluation or generation in progress; false if there is none. */
+    cancel() {
+        return C.sessionCancel(this.handle) === OK;
     }
 
     get handle() {

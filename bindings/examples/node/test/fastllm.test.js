@@ -151,6 +151,36 @@ test('a session continues its context; reset forgets it', () => {
     });
 });
 
+test('a fork shares the prefix; a saved state restores the conversation', () => {
+    const persona = model.createSession({ kvType: 'f32' });
+    try {
+        persona.generate(GOLDEN.prompt, { ...GREEDY, maxNewTokens: 1 });
+        const npc = persona.fork();
+        try {
+            assert.equal(npc.nTokens, persona.nTokens);
+            const m = npc.memory();
+            assert.ok(m.kv_shared_bytes > 0 && m.kv_shared_bytes <= m.kv_bytes);
+            const state = npc.saveState();
+            const first = npc.generate([], { ...GREEDY, maxNewTokens: 8 }).text;
+            const restored = model.createSession({ kvType: 'f32' });
+            try {
+                restored.loadState(state);
+                assert.equal(restored.generate([], { ...GREEDY, maxNewTokens: 8 }).text, first);
+                assert.throws(() => restored.loadState(state.subarray(0, 50)),
+                    (e) => e instanceof FastllmError && e.statusName === 'FASTLLM_ERR_BAD_FORMAT');
+            } finally {
+                restored.free();
+            }
+            assert.equal(npc.cancel(), false);  // nothing in progress
+        } finally {
+            npc.free();
+        }
+    } finally {
+        persona.free();
+    }
+    assert.throws(() => model.createSession({ kvType: 'q4' }), TypeError);
+});
+
 test('sampling with a seed is reproducible', () => {
     const opts = { maxNewTokens: 20, temperature: 1.0, topK: 0, topP: 1.0, minP: 0 };
     const run = (seed) => withSession((s) => s.generate(GOLDEN.prompt, { ...opts, seed }).text);
