@@ -65,8 +65,10 @@ public:
     // Moves a layer's positions [from, from + n) of the cache down by delta positions (to
     // from - delta; the blocks written are the caller's to own), rotating each moved key by ks.
     virtual void shift_cache(KvCache &cache, int layer, int from, int n, int delta, const KeyShift &ks) = 0;
-    // Causal attention of T queries of one cache at positions pos0 .. pos0 + T - 1.
-    virtual void attention(const float *q, int T, int pos0, const KvCache &cache, int layer, const AttentionShape &s,
+    // Causal attention of a pass's rows (q and out: [rows, n_heads * head_dim]), grouped in runs of
+    // consecutive positions of one cache (a prompt, or one session's token in a step over many),
+    // all in one job over the threads.
+    virtual void attention(const float *q, const AttentionRun *runs, int n_runs, int layer, const AttentionShape &s,
                            float *out) = 0;
     // out[t] = act(gate[t]) * up[t] with gate_up[t] = [gate (n) | up (n)].
     virtual void glu(GluKind kind, const float *gate_up, int T, int n, float *out) = 0;

@@ -110,6 +110,7 @@ void Decoder::carve(Arena &a, Workspace &w, int B) const {
     w.act = a.take((size_t)B * c.intermediate_size);
     w.logits = a.take((size_t)kLogitRows * c.vocab_size);
     w.rope = a.take<const RopeTable *>((size_t)B);
+    w.runs = a.take<AttentionRun>((size_t)B);
 }
 
 void Decoder::shift_cache(Backend &be, KvCache &cache, int from, int n_rows, int delta) const {
@@ -147,6 +148,9 @@ bool Decoder::forward(Backend &be, Workspace &w, const int32_t *tokens, const Fo
         }
     };
 
+    int n_runs = 0;
+    for_each_run([&](int t, int g) { w.runs[n_runs++] = AttentionRun{t, g, rows[t].pos, rows[t].cache}; });
+
     be.embed(embedding_, tokens, T, c.embedding_scale, w.x);
     be.norm(nk, eps, layers_[0].attn_norm, layers_[0].attn_norm_bias, w.x, T, H, w.xb);
     for (int l = 0; l < c.num_layers; l++) {
@@ -164,10 +168,7 @@ bool Decoder::forward(Backend &be, Workspace &w, const int32_t *tokens, const Fo
                    c.qk_norm ? &L.k_norm : nullptr, nk, eps, c.rope.dim, c.rope.interleaved, w.rope, rows, l};
         be.qkv_to_cache(qs);
         const AttentionShape shape{c.num_heads, c.num_kv_heads, c.head_dim, scale, c.attn_softcap, c.window[l]};
-        for_each_run([&](int t, int g) {
-            be.attention(w.q + (size_t)t * c.q_dim(), g, rows[t].pos, *rows[t].cache, l, shape,
-                         w.attn + (size_t)t * c.q_dim());
-        });
+        be.attention(w.q, w.runs, n_runs, l, shape, w.attn);
         be.matmul(L.attn_output, L.attn_output_bias, w.attn, T, w.xb);
         be.add_norm(nk, eps, L.post_attn_norm, w.xb, w.x, L.ffn_norm, L.ffn_norm_bias, T, H, w.xb);
 

@@ -34,6 +34,7 @@ struct Workspace {
     float *x, *xb, *q, *qkv, *attn, *gate_up, *act;  // [max_batch, ...]
     float *logits;                                   // [kLogitRows, vocab]: output-head rows before copy-out
     const RopeTable **rope;                          // [max_batch]: the table each row rotates with
+    AttentionRun *runs;                              // [max_batch]: the pass's runs of one cache
 };
 
 class Decoder {

@@ -85,9 +85,9 @@ void CpuBackend::shift_cache(KvCache &c, int layer, int from, int n, int delta, 
     }
 }
 
-void CpuBackend::attention(const float *q, int T, int pos0, const KvCache &cache, int layer, const AttentionShape &s,
+void CpuBackend::attention(const float *q, const AttentionRun *runs, int n_runs, int layer, const AttentionShape &s,
                            float *out) {
-    ops::attention(k_, q, T, pos0, cache, layer, s, out, scores_, scores_stride_, pool_);
+    ops::attention(k_, q, runs, n_runs, layer, s, out, scores_, scores_stride_, pool_);
 }
 
 void CpuBackend::glu(GluKind kind, const float *gate_up, int T, int n, float *out) {

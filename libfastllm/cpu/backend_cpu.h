@@ -25,7 +25,7 @@ public:
                   const Tensor &b, int T, int n, float *out) override;
     void qkv_to_cache(const QkvStep &s) override;
     void shift_cache(KvCache &cache, int layer, int from, int n, int delta, const KeyShift &ks) override;
-    void attention(const float *q, int T, int pos0, const KvCache &cache, int layer, const AttentionShape &s,
+    void attention(const float *q, const AttentionRun *runs, int n_runs, int layer, const AttentionShape &s,
                    float *out) override;
     void glu(GluKind kind, const float *gate_up, int T, int n, float *out) override;
     void softcap(float *x, size_t n, float cap) override;

@@ -136,9 +136,31 @@ void kv_accum(const float *a, int n, const void *rows, size_t stride, int off, i
         for (int j = 0; j < n; j++) y[i] += a[j] * Load1(row(j), off + i);
 }
 
+// The 8 sums of 8 accumulators, one per lane (row r's in lane r).
+inline __m256 hsum8(const __m256 *a) {
+    const __m256 s0123 = _mm256_hadd_ps(_mm256_hadd_ps(a[0], a[1]), _mm256_hadd_ps(a[2], a[3]));
+    const __m256 s4567 = _mm256_hadd_ps(_mm256_hadd_ps(a[4], a[5]), _mm256_hadd_ps(a[6], a[7]));
+    return _mm256_add_ps(_mm256_permute2f128_ps(s0123, s4567, 0x20), _mm256_permute2f128_ps(s0123, s4567, 0x31));
+}
+
+// Attention scores: rows are one head long (64, 128 values), so 8 rows at a time share each load
+// of q and one reduction (a reduction per row cost as much as the row's products: SmolLM2 decode
+// at 1,000 tokens of context, attention 24% -> 9% of the time).
 template <__m256 (*Load8)(const void *, int), float (*Load1)(const void *, int), size_t kSize>
 void kv_dot(const void *rows, size_t stride, int n, int off, const float *q, int dim, float *y) {
-    dot_rows<Load8, Load1>((const char *)rows + (size_t)off * kSize, stride, n, q, dim, y);
+    const char *base = (const char *)rows + (size_t)off * kSize;
+    int j = 0;
+    if (dim % 8 == 0)
+        for (; j + 8 <= n; j += 8) {
+            __m256 acc[8];
+            for (int r = 0; r < 8; r++) acc[r] = _mm256_setzero_ps();
+            for (int i = 0; i < dim; i += 8) {
+                const __m256 qi = _mm256_loadu_ps(q + i);
+                for (int r = 0; r < 8; r++) acc[r] = _mm256_fmadd_ps(Load8(base + (size_t)(j + r) * stride, i), qi, acc[r]);
+            }
+            _mm256_storeu_ps(y + j, hsum8(acc));
+        }
+    if (j < n) dot_rows<Load8, Load1>(base + (size_t)j * stride, stride, n - j, q, dim, y + j);
 }
 
 // q8 rows (tensor.h): a head of whole blocks (head_dim a multiple of 32, as in every model with
@@ -153,7 +175,27 @@ inline float blk_scale(const char *row, int b) {
 void kv_dot_q8(const void *rows, size_t stride, int n, int off, const float *q, int dim, float *y) {
     if (off % kKvQ8Block || dim % kKvQ8Block) return scalar_kernels()->kv_dot[(int)KvType::Q8](rows, stride, n, off, q, dim, y);
     const int b0 = off / kKvQ8Block, nb = dim / kKvQ8Block;
-    for (int j = 0; j < n; j++) {
+    int j0 = 0;
+    for (; j0 + 8 <= n; j0 += 8) {  // 8 rows at a time, as kv_dot above
+        __m256 acc[8];
+        for (int r = 0; r < 8; r++) acc[r] = _mm256_setzero_ps();
+        for (int b = 0; b < nb; b++) {
+            const float *qb = q + b * kKvQ8Block;
+            const __m256 q0 = _mm256_loadu_ps(qb), q1 = _mm256_loadu_ps(qb + 8), q2 = _mm256_loadu_ps(qb + 16),
+                         q3 = _mm256_loadu_ps(qb + 24);
+            for (int r = 0; r < 8; r++) {
+                const char *row = (const char *)rows + (size_t)(j0 + r) * stride;
+                const int8_t *c = (const int8_t *)row + (size_t)(b0 + b) * kKvQ8BlockBytes + 4;
+                __m256 s = _mm256_mul_ps(codes8(c), q0);
+                s = _mm256_fmadd_ps(codes8(c + 8), q1, s);
+                s = _mm256_fmadd_ps(codes8(c + 16), q2, s);
+                s = _mm256_fmadd_ps(codes8(c + 24), q3, s);
+                acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(blk_scale(row, b0 + b)), s, acc[r]);
+            }
+        }
+        _mm256_storeu_ps(y + j0, hsum8(acc));
+    }
+    for (int j = j0; j < n; j++) {
         const char *row = (const char *)rows + (size_t)j * stride;
         __m256 acc = _mm256_setzero_ps();
         for (int b = 0; b < nb; b++) {

@@ -198,19 +198,26 @@ void softmax(const KernelTable &k, float *x, int n) {
     for (int i = 0; i < n; i++) x[i] *= inv;
 }
 
-void attention(const KernelTable &k, const float *q, int T, int pos0, const KvCache &cache, int layer,
+void attention(const KernelTable &k, const float *q, const AttentionRun *runs, int n_runs, int layer,
                const AttentionShape &sh, float *out, float *scores, size_t scores_stride, ThreadPool &pool) {
     const int n_heads = sh.n_heads, head_dim = sh.head_dim, group = n_heads / sh.n_kv_heads;
-    const auto kdot = k.kv_dot[(int)cache.type_k()];
-    const auto vacc = k.kv_accum[(int)cache.type_v()];
-    const size_t k_stride = cache.row_bytes_k(), v_stride = cache.row_bytes_v();
-    pool.parallel_for((int64_t)T * n_heads, [&](int64_t first, int64_t last, int tid) {
+    const int rows = runs[n_runs - 1].first_row + runs[n_runs - 1].T;
+    // One job for every run: 32 sessions decoding together are 32 runs of one row, and a job per
+    // run would leave the threads waiting on each other 32 times per layer.
+    pool.parallel_for((int64_t)rows * n_heads, [&](int64_t first, int64_t last, int tid) {
         float *s = scores + (size_t)tid * scores_stride;
+        const AttentionRun *run = runs;
         for (int64_t task = first; task < last; task++) {
-            const int t = (int)(task / n_heads), h = (int)(task % n_heads);
-            const int end = pos0 + t + 1, begin = sh.window > 0 ? std::max(0, end - sh.window) : 0, n = end - begin;
+            const int row = (int)(task / n_heads), h = (int)(task % n_heads);
+            while (row >= run->first_row + run->T) run++;  // tasks come in order of row
+            const KvCache &cache = *run->cache;
+            const auto kdot = k.kv_dot[(int)cache.type_k()];
+            const auto vacc = k.kv_accum[(int)cache.type_v()];
+            const size_t k_stride = cache.row_bytes_k(), v_stride = cache.row_bytes_v();
+            const int end = run->pos0 + (row - run->first_row) + 1;
+            const int begin = sh.window > 0 ? std::max(0, end - sh.window) : 0, n = end - begin;
             const int kv_off = (h / group) * head_dim;
-            const float *qh = q + (size_t)t * n_heads * head_dim + (size_t)h * head_dim;
+            const float *qh = q + (size_t)row * n_heads * head_dim + (size_t)h * head_dim;
             // The cache's blocks one after another: each holds a run of consecutive rows.
             for (int p = begin, len; p < end; p += len) {
                 len = KvCache::run_in_block(p, end);
@@ -219,7 +226,7 @@ void attention(const KernelTable &k, const float *q, int T, int pos0, const KvCa
             for (int j = 0; j < n; j++) s[j] *= sh.scale;
             if (sh.softcap > 0) softcap(s, (size_t)n, sh.softcap);
             softmax(k, s, n);
-            float *o = out + (size_t)t * n_heads * head_dim + (size_t)h * head_dim;
+            float *o = out + (size_t)row * n_heads * head_dim + (size_t)h * head_dim;
             std::fill(o, o + head_dim, 0.0f);
             for (int p = begin, len; p < end; p += len) {
                 len = KvCache::run_in_block(p, end);

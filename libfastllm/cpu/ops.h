@@ -52,10 +52,12 @@ void softcap(float *x, size_t n, float cap);
 
 void softmax(const KernelTable &k, float *x, int n);
 
-// Causal attention for T query tokens at positions pos0..pos0+T-1 over one layer of a KV cache (of
-// any KvType, read in place) that already holds positions up to pos0+T-1. q and out are
-// [T, n_heads*head_dim]. scores: scratch of pool.n_threads() rows of scores_stride >= pos0 + T floats.
-void attention(const KernelTable &k, const float *q, int T, int pos0, const KvCache &cache, int layer,
+// Causal attention over one layer of KV caches (of any KvType, read in place) for the rows of
+// runs[0..n_runs) (sorted by first_row; each run's cache already holds its positions up to
+// pos0 + T - 1); q and out are [rows, n_heads*head_dim]. One job over the threads for all the runs'
+// (row, head) pairs. scores: scratch of pool.n_threads() rows of scores_stride floats, at least
+// the longest run's pos0 + T.
+void attention(const KernelTable &k, const float *q, const AttentionRun *runs, int n_runs, int layer,
                const AttentionShape &shape, float *out, float *scores, size_t scores_stride, ThreadPool &pool);
 
 }  // namespace ops

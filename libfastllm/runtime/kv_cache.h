@@ -85,4 +85,10 @@ struct ForwardRow {
     float *logits;
 };
 
+// Rows first_row .. first_row + T - 1 of a pass: consecutive positions pos0 .. of one cache.
+struct AttentionRun {
+    int first_row, T, pos0;
+    const KvCache *cache;
+};
+
 }  // namespace fastllm

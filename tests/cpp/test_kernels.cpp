@@ -231,7 +231,8 @@ static void test_attention(const KernelTable &k) {
             for (KvType tv : {KvType::F32, KvType::F16, KvType::Q8}) {
                 const KvCache cache = make_cache(k, tk, tv, pos0 + T, kv_dim, kc, vc);
                 for (const AttentionShape &sh : shapes) {
-                    ops::attention(k, q.data(), T, pos0, cache, 0, sh, out.data(), scores.data(), pos0 + T, g_pool);
+                    const AttentionRun run{0, T, pos0, &cache};
+                    ops::attention(k, q.data(), &run, 1, 0, sh, out.data(), scores.data(), pos0 + T, g_pool);
                     ref::attention(q.data(), T, pos0, cache, 0, sh, outr.data());
                     double e = rel_err(out.data(), outr.data(), out.size());
                     CHECK(e < 1e-5, "attention %s K %s V %s head %d window %d softcap %g rel err %g", isa_name(k.isa),
@@ -241,7 +242,8 @@ static void test_attention(const KernelTable &k) {
         // A window of 1 attends to the query's own position only: the output is its value row.
         const KvCache cache = make_cache(k, KvType::F32, KvType::F32, pos0 + T, kv_dim, kc, vc);
         const AttentionShape own{n_heads, n_kv, hd, 0.25f, 0.0f, 1};
-        ops::attention(k, q.data(), T, pos0, cache, 0, own, out.data(), scores.data(), pos0 + T, g_pool);
+        const AttentionRun run{0, T, pos0, &cache};
+        ops::attention(k, q.data(), &run, 1, 0, own, out.data(), scores.data(), pos0 + T, g_pool);
         double worst = 0;
         for (int t = 0; t < T; t++)
             for (int h = 0; h < n_heads; h++)
@@ -249,6 +251,18 @@ static void test_attention(const KernelTable &k) {
                     worst = std::max(worst, (double)std::fabs(out[((size_t)t * n_heads + h) * hd + i] -
                                                               vc[(size_t)(pos0 + t) * kv_dim + (h / (n_heads / n_kv)) * hd + i]));
         CHECK(worst < 1e-6, "attention %s window 1 is not the own value row (%g)", isa_name(k.isa), worst);
+
+        // Runs of several caches in one call (sessions stepping together): each row as alone.
+        const KvCache c2 = make_cache(k, KvType::Q8, KvType::F16, pos0 + T, kv_dim, vc, kc);
+        const AttentionRun runs[] = {{0, 2, pos0 - 1, &cache}, {2, 1, 3, &c2}, {3, 2, pos0 + T - 2, &c2}};
+        ops::attention(k, q.data(), runs, 3, 0, shapes[3], out.data(), scores.data(), pos0 + T, g_pool);
+        double e = 0;
+        for (const AttentionRun &r : runs) {
+            ref::attention(q.data() + (size_t)r.first_row * n_heads * hd, r.T, r.pos0, *r.cache, 0, shapes[3],
+                           outr.data());
+            e = std::max(e, rel_err(out.data() + (size_t)r.first_row * n_heads * hd, outr.data(), (size_t)r.T * n_heads * hd));
+        }
+        CHECK(e < 1e-5, "attention %s over 3 runs of 2 caches rel err %g", isa_name(k.isa), e);
     }
 }
 
