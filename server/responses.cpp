@@ -33,10 +33,13 @@ ResponseMeta make_meta(Endpoint endpoint, const std::string &model) {
     return m;
 }
 
-json usage_json(int32_t prompt_tokens, int32_t completion_tokens) {
-    return json{{"prompt_tokens", prompt_tokens},
-                {"completion_tokens", completion_tokens},
-                {"total_tokens", prompt_tokens + completion_tokens}};
+// OpenAI's usage, with prompt_tokens_details.cached_tokens: the prompt's prefix the server found
+// in a session and did not evaluate again.
+json usage_json(const JobResult &r) {
+    return json{{"prompt_tokens", r.n_prompt_tokens},
+                {"completion_tokens", r.n_generated_tokens},
+                {"total_tokens", r.n_prompt_tokens + r.n_generated_tokens},
+                {"prompt_tokens_details", {{"cached_tokens", r.n_cached_tokens}}}};
 }
 
 json timings_json(const JobTimings &t) {
@@ -61,7 +64,7 @@ json completion_body(const ResponseMeta &meta, const std::string &text, const Jo
                 {"model", meta.model},
                 {"system_fingerprint", nullptr},
                 {"choices", json::array({choice})},
-                {"usage", usage_json(result.n_prompt_tokens, result.n_generated_tokens)},
+                {"usage", usage_json(result)},
                 {"timings", timings_json(result.timings)}};
 }
 
@@ -96,7 +99,7 @@ json usage_chunk(const ResponseMeta &meta, const JobResult &result) {
                 {"model", meta.model},
                 {"system_fingerprint", nullptr},
                 {"choices", json::array()},
-                {"usage", usage_json(result.n_prompt_tokens, result.n_generated_tokens)}};
+                {"usage", usage_json(result)}};
 }
 
 json error_json(const ApiError &e) {

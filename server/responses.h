@@ -20,7 +20,7 @@ struct ResponseMeta {
 
 ResponseMeta make_meta(Endpoint endpoint, const std::string &model);
 
-json usage_json(int32_t prompt_tokens, int32_t completion_tokens);
+json usage_json(const JobResult &result);
 // Extension field "timings" (as llama.cpp's server has): queued_ms, prompt_ms, first_token_ms, total_ms.
 json timings_json(const JobTimings &t);
 

@@ -1,5 +1,7 @@
 #include "scheduler.h"
 
+#include <algorithm>
+
 #include "engine.h"
 
 namespace fastllm_server {
@@ -212,10 +214,10 @@ void Scheduler::begin(Slot &slot) {
     slot.timings = JobTimings{};
     slot.timings.queued_ms = ms_since(job.arrived());
     if (job.cancelled()) return end(slot, simple_result(FinishReason::Cancelled));
-    fastllm_status s = fastllm_session_reset(slot.session);
-    if (s == FASTLLM_OK)
-        s = fastllm_session_begin_generation(slot.session, job.prompt_.data(), job.prompt_.size(), &job.params_,
-                                             on_text, &job);
+    const size_t cached = reuse_prefix(slot, job.prompt_);
+    slot.n_prompt = (int32_t)job.prompt_.size(), slot.n_cached = (int32_t)cached;
+    fastllm_status s = fastllm_session_begin_generation(slot.session, job.prompt_.data() + cached,
+                                                        job.prompt_.size() - cached, &job.params_, on_text, &job);
     if (s != FASTLLM_OK) {
         JobResult r;
         r.reason = FinishReason::Error;
@@ -225,6 +227,53 @@ void Scheduler::begin(Slot &slot) {
     slot.timings.prompt_ms = ms_since(job.arrived()) - slot.timings.queued_ms;
     metrics_.add_prompt_tokens((int64_t)job.prompt_.size());
     if (!fastllm_session_is_generating(slot.session)) end_with_library_result(slot);
+}
+
+namespace {
+std::vector<int32_t> tokens_of(const fastllm_session *s) {
+    std::vector<int32_t> ids((size_t)std::max(0, fastllm_session_n_tokens(s)));
+    size_t n = 0;
+    if (fastllm_session_get_tokens(s, ids.data(), ids.size(), &n) != FASTLLM_OK) return {};
+    ids.resize(n);
+    return ids;
+}
+
+size_t common_prefix(const std::vector<int32_t> &a, const std::vector<int32_t> &b) {
+    size_t n = 0;
+    while (n < a.size() && n < b.size() && a[n] == b[n]) n++;
+    return n;
+}
+
+// A fork pays for copying one KV block (32 positions); a shorter gain is not worth it.
+constexpr size_t kMinForkGain = 32;
+}  // namespace
+
+// Prefix reuse, as llama.cpp's cache_prompt but across slots: the conversation a slot served
+// last is usually the one that comes back (its own session, truncated to the common part); a
+// system prompt many requests share lives in some session (forked: its KV blocks are shared,
+// nothing is evaluated or copied). Only the scheduler thread touches the sessions, so reading a
+// busy one to fork it is safe.
+size_t Scheduler::reuse_prefix(Slot &slot, const std::vector<int32_t> &prompt) {
+    size_t own = common_prefix(tokens_of(slot.session), prompt), best = own;
+    Slot *from = nullptr;
+    for (auto &other : slots_) {
+        if (&other == &slot) continue;
+        const size_t n = common_prefix(tokens_of(other.session), prompt);
+        if (n > best) best = n, from = &other;
+    }
+    if (from && best >= own + kMinForkGain) {
+        fastllm_session *fork = nullptr;
+        if (fastllm_session_fork(from->session, (int32_t)best, nullptr, &fork) == FASTLLM_OK) {
+            fastllm_session_free(slot.session);
+            slot.session = fork;
+            return best;
+        }
+    }
+    if (fastllm_session_truncate(slot.session, (int32_t)own) != FASTLLM_OK) {
+        fastllm_session_reset(slot.session);
+        return 0;
+    }
+    return own;
 }
 
 void Scheduler::end(Slot &slot, JobResult result) {
@@ -244,7 +293,8 @@ void Scheduler::end_with_library_result(Slot &slot) {
     fastllm_generation_result g{};
     fastllm_session_generation_result(slot.session, &g);
     JobResult r;
-    r.n_prompt_tokens = g.n_prompt_tokens;
+    r.n_prompt_tokens = slot.n_prompt;
+    r.n_cached_tokens = slot.n_cached;
     r.n_generated_tokens = g.n_generated_tokens;
     switch (g.stop_reason) {
     case FASTLLM_STOP_MAX_TOKENS:

@@ -45,6 +45,7 @@ struct JobTimings {
 struct JobResult {
     FinishReason reason = FinishReason::Stop;
     int32_t n_prompt_tokens = 0;
+    int32_t n_cached_tokens = 0;  // of the prompt: a prefix found in a session, not evaluated again
     int32_t n_generated_tokens = 0;
     JobTimings timings;
     ApiError error;  // when reason == Error
@@ -123,11 +124,15 @@ private:
         fastllm_session *session = nullptr;
         std::shared_ptr<Job> job;
         int32_t n_generated = 0;  // as of the last step, for the token counters
+        int32_t n_prompt = 0, n_cached = 0;  // of the job: its prompt, and the part reused
         JobTimings timings;       // of the job so far
     };
 
     void run();
     void begin(Slot &slot);
+    // Sets up slot.session to hold the longest prefix of prompt that any slot's session holds;
+    // returns its length (the tokens not to evaluate again).
+    size_t reuse_prefix(Slot &slot, const std::vector<int32_t> &prompt);
     void end(Slot &slot, JobResult result);
     void end_with_library_result(Slot &slot);
     void step();

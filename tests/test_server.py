@@ -541,3 +541,18 @@ def test_python_serve_without_binary(monkeypatch, capsys, stories_flm):
     monkeypatch.setattr(cli, "find_server", lambda: None)
     assert cli.main(["serve", str(stories_flm)]) == 1
     assert "fastllm-server was not found" in capsys.readouterr().err
+
+
+def test_prompt_prefix_is_reused_and_reported_as_cached(server, client, model):
+    """A prompt that begins with what a session already holds evaluates only the rest (its own
+    slot's conversation, or another slot's, forked): usage.prompt_tokens_details.cached_tokens
+    says how much, and the text is what a fresh evaluation gives."""
+    story = model.tokenize((STORIES / "text" / "tinystories_sample.txt").read_text()[:600])[:120]
+    first = client.completions.create(model="stories260K", prompt=story + [13], max_tokens=8, temperature=0)
+    assert first.usage.prompt_tokens == 121
+    second = client.completions.create(model="stories260K", prompt=story + [29], max_tokens=8, temperature=0)
+    assert second.usage.prompt_tokens == 121
+    assert second.usage.prompt_tokens_details.cached_tokens >= 120
+    assert second.choices[0].text == model.generate(story + [29], 8, temperature=0.0)
+    other = client.completions.create(model="stories260K", prompt=[300, 301, 302], max_tokens=2, temperature=0)
+    assert other.usage.prompt_tokens_details.cached_tokens == 0
