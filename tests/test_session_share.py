@@ -296,3 +296,29 @@ def test_cancel_a_generation_from_another_thread(stories_model):
         t.join()
         assert result["r"].stop_reason == "cancelled"
         assert 20 <= result["r"].n_generated_tokens < stories_model.context_length - 10
+
+
+def test_state_saved_mid_generation_keeps_the_grammar(stories_model):
+    """A constrained generation saved halfway resumes under its grammar, where it was."""
+    p = lib.fastllm_sampling_default_params()
+    p.temperature, p.max_new_tokens, p.seed = 1.0, 60, 77
+    grammar = b'root ::= "The " [a-z]+ (" " [a-z]+){3,12} "."'
+    p.grammar = grammar
+    ids, n = fastllm.model._ids_array(stories_model.tokenize("Once upon a time"))
+    texts = []
+    cb = raw.StreamCallback(lambda t, l, _u: texts.append(ctypes.string_at(t, l)) or 0)
+    with stories_model.session() as a:
+        assert lib.fastllm_session_begin_generation(a.handle, ids, n, ctypes.byref(p), cb, None) == 0
+        _step_tokens(a, 4)
+        state = a.save_state()
+        want = _step_tokens(a, 100)
+        result = raw.GenerationResult()
+        lib.fastllm_session_generation_result(a.handle, ctypes.byref(result))
+        assert raw.STOP_REASONS[result.stop_reason] == "grammar"
+    text = b"".join(texts).decode()
+    assert text.startswith("The ") and text.endswith(".")
+    with stories_model.session() as b:
+        b.load_state(state)
+        assert _step_tokens(b, 100) == want
+        lib.fastllm_session_generation_result(b.handle, ctypes.byref(result))
+        assert raw.STOP_REASONS[result.stop_reason] == "grammar"

@@ -2,8 +2,9 @@
 //   "FLMSTATE" u32 version  u64 model fingerprint
 //   u32 n_layers  u32 kv_dim  u32 type_k  u32 type_v  u32 n_tokens  u32 n_evaluated  i32 tokens[n_tokens]
 //   per layer: n_evaluated key rows, then n_evaluated value rows (in type_k / type_v)
-//   u8 generating; if 1: the sampling options, the RNG state, n_prompt / n_generated, the text the
-//     stream holds back, and the last logits (vocab floats)
+//   u8 generating; if 1: the sampling options (stop strings, grammar), the RNG state, n_prompt /
+//     n_generated, the text the stream holds back, the text the grammar has accepted (replayed
+//     into a new matcher on load), and the last logits (vocab floats)
 //   u64 FNV-1a of everything before
 // Loading checks the checksum, the version, the fingerprint and every size before anything in the
 // session changes.
@@ -68,6 +69,7 @@ void put_options(Writer &w, const SamplingOptions &o) {
     w.put((uint8_t)o.ignore_eos);
     w.put((uint32_t)o.stop.size());
     for (const std::string &s : o.stop) w.str(s);
+    w.str(o.grammar);
 }
 
 SamplingOptions get_options(Reader &r) {
@@ -81,6 +83,7 @@ SamplingOptions get_options(Reader &r) {
     const uint32_t n_stop = r.get<uint32_t>();
     if (n_stop > (size_t)(r.end - r.p) / 4) fail(FASTLLM_ERR_BAD_FORMAT, "session state: bad stop string count");
     for (uint32_t i = 0; i < n_stop; i++) o.stop.push_back(r.str());
+    o.grammar = r.str();
     return o;
 }
 
@@ -106,6 +109,7 @@ std::vector<uint8_t> Session::save_state() const {
         w.put(gen_->sampler.rng_state());
         w.put((int32_t)result_.n_prompt_tokens), w.put((int32_t)result_.n_generated_tokens);
         w.str(gen_->stream.held());
+        w.str(gen_->grammar ? gen_->grammar->accepted() : std::string());  // replayed into a new matcher
         w.bytes(logits_.data(), logits_.size() * sizeof(float));
     }
     w.put(fnv1a(w.out.data(), w.out.size()));
@@ -169,10 +173,20 @@ void Session::load_state(const uint8_t *data, size_t size, fastllm_stream_callba
         const uint64_t rng = r.get<uint64_t>();
         result.n_prompt_tokens = r.get<int32_t>(), result.n_generated_tokens = r.get<int32_t>();
         std::string held = r.str();
+        const std::string accepted = r.str();
         logits.resize(logits_.size());
         std::memcpy(logits.data(), r.take(logits.size() * 4), logits.size() * 4);
         if (n_eval != n_tokens) fail(FASTLLM_ERR_BAD_FORMAT, "session state: a generation with unevaluated tokens");
-        gen = std::make_unique<Generation>(o, model_.config().vocab_size, callback, user_data);
+        std::unique_ptr<GrammarMatcher> matcher;
+        if (!o.grammar.empty()) {
+            try {
+                matcher = std::make_unique<GrammarMatcher>(Grammar::parse(o.grammar));
+            } catch (const Error &e) {
+                fail(FASTLLM_ERR_BAD_FORMAT, "session state: its grammar does not parse (%s)", e.what());
+            }
+            if (!matcher->accept(accepted)) fail(FASTLLM_ERR_BAD_FORMAT, "session state: its grammar rejects its text");
+        }
+        gen = std::make_unique<Generation>(o, model_.config().vocab_size, callback, user_data, std::move(matcher));
         gen->sampler.set_rng_state(rng);
         gen->stream.restore_held(std::move(held));
         gen->start = std::chrono::steady_clock::now();
