@@ -3,6 +3,7 @@
 The programs are compiled here with g++ against the in-tree headers and build/libfastllm.so (the
 out-of-tree builds against `cmake --install` are in test_packaging.py)."""
 import json
+import re
 import subprocess
 
 import pytest
@@ -110,12 +111,32 @@ def test_moved_handles(hpp_check):
     assert hpp_check["moved.assign_ok"] == "1"
 
 
-def test_npc_demo_two_turns(npc_exe, stories_flm):
-    r = run(npc_exe, stories_flm, 2, 12)
+NPC_ACTION_SCHEMA = {  # the demo's kActionSchema
+    "type": "object",
+    "properties": {"action": {"enum": ["talk", "trade", "guard", "leave"]},
+                   "target": {"enum": ["Guard", "Merchant", "Smith", "player"]},
+                   "mood": {"enum": ["calm", "angry", "happy"]}},
+    "required": ["action", "target", "mood"], "additionalProperties": False}
+
+
+def test_npc_demo_forks_acts_in_json_and_restores_a_saved_npc(npc_exe, stories_flm):
+    import jsonschema
+    r = run(npc_exe, stories_flm, 6, 12)
     assert r.returncode == 0, r.stderr
     lines = r.stdout.splitlines()
-    assert [l.split(":")[0] for l in lines[:2]] == ["Guard", "Merchant"]
-    assert lines[2] == "[2 turns, two sessions sharing one model]" and len(lines) == 3
+    spoken = [l for l in lines if not l.startswith("[")]
+    names = ["Guard", "Merchant", "Smith"] * 2
+    assert [l.split(":")[0] for l in spoken] == [x for n in names for x in (n, n + " does")], r.stdout
+    for l in spoken[1::2]:
+        jsonschema.validate(json.loads(l.split(" does: ", 1)[1]), NPC_ACTION_SCHEMA)
+    saved = [i for i, l in enumerate(lines) if l.startswith("[saved Merchant")]
+    restored = [i for i, l in enumerate(lines) if l.startswith("[restored Merchant")]
+    assert len(saved) == len(restored) == 1 and saved[0] < restored[0], r.stdout
+    m = re.match(r"\[6 turns, 3 NPCs sharing one model and a (\d+)-token world \((\d+) KiB", lines[-1])
+    assert m and int(m.group(1)) > 50 and int(m.group(2)) > 0, lines[-1]
+    # the same game without the save: the same lines, so the restored Merchant went on exactly
+    plain = run(npc_exe, stories_flm, 6, 12, "--no-save")
+    assert [l for l in plain.stdout.splitlines() if not l.startswith("[")] == spoken
 
 
 def test_npc_demo_reports_a_missing_model(npc_exe, tmp_path):

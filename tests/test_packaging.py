@@ -189,7 +189,8 @@ def test_install_tree(prefix):
 def run_npc(binary, model, **env):
     r = subprocess.run([binary, model, "2", "12"], capture_output=True, text=True, timeout=120, env=clean_env(**env))
     assert r.returncode == 0, r.stderr
-    assert [line.split(":")[0] for line in r.stdout.splitlines()[:2]] == ["Guard", "Merchant"], r.stdout
+    assert [line.split(":")[0] for line in r.stdout.splitlines()[:4]] == ["Guard", "Guard does", "Merchant",
+                                                                         "Merchant does"], r.stdout
     return r.stdout
 
 
