@@ -20,8 +20,9 @@
  * so two at once would only compete for the cores).
  * What is tested (tests/cpp/test_threads.cpp, under ThreadSanitizer on every CI run): one model,
  * 8 threads each generating, truncating and resetting its own session (of 1 or 2 compute threads),
- * 2 threads tokenizing and detokenizing and 1 rendering chat templates on the same model, and a
- * log callback receiving all their messages: no race reported, every output equal to the same
+ * 2 threads tokenizing and detokenizing and 1 rendering chat templates on the same model, 4 of the
+ * 8 forking their sessions from one shared persona session at once, 1 thread cancelling another's
+ * generation, and a log callback receiving all their messages: no race reported, every output equal to the same
  * work done on one thread, no message lost. fastllm_generate_step over several sessions counts as
  * using each of them. Not covered: fastllm_log_set racing with messages in flight (it is locked,
  * but untested), and OpenBLAS's own threads (the TSan build runs without it).
