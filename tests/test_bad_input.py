@@ -134,6 +134,16 @@ def test_null_handles():
     assert lib.fastllm_session_reset(None) == raw.ERR_INVALID_ARGUMENT
     assert lib.fastllm_model_get_info(None, None) == raw.ERR_INVALID_ARGUMENT
     assert lib.fastllm_model_chat_template(None) is None
+    # the calls of many-session games
+    info = raw.SessionMemoryInfo()
+    null_cb = raw.StreamCallback()
+    assert lib.fastllm_session_fork(None, 0, None, ctypes.byref(out)) == raw.ERR_INVALID_ARGUMENT
+    assert lib.fastllm_session_memory(None, ctypes.byref(info)) == raw.ERR_INVALID_ARGUMENT
+    assert lib.fastllm_session_save_state(None, None, 0, ctypes.byref(n)) == raw.ERR_INVALID_ARGUMENT
+    assert lib.fastllm_session_load_state(None, b"x", 1, null_cb, None) == raw.ERR_INVALID_ARGUMENT
+    assert lib.fastllm_session_save_state_file(None, b"/tmp/x") == raw.ERR_INVALID_ARGUMENT
+    assert lib.fastllm_session_load_state_file(None, b"/tmp/x", null_cb, None) == raw.ERR_INVALID_ARGUMENT
+    assert lib.fastllm_session_cancel(None) == raw.ERR_INVALID_ARGUMENT
     lib.fastllm_model_free(None)
     lib.fastllm_session_free(None)
 
@@ -221,3 +231,18 @@ def test_load_from_memory_refuses_what_the_file_loader_refuses(good):
     handle = ctypes.c_void_p(1)
     assert lib.fastllm_model_load_from_memory(None, 10, None, ctypes.byref(handle)) == raw.ERR_INVALID_ARGUMENT
     assert handle.value is None and "data" in lib.fastllm_last_error().decode()
+
+
+def test_session_state_null_arguments(stories_model):
+    with stories_model.session() as s:
+        n = ctypes.c_size_t()
+        info = raw.SessionMemoryInfo()
+        assert lib.fastllm_session_memory(s.handle, None) == raw.ERR_INVALID_ARGUMENT
+        assert lib.fastllm_session_save_state(s.handle, None, 0, None) == raw.ERR_INVALID_ARGUMENT
+        assert lib.fastllm_session_load_state(s.handle, None, 10, raw.StreamCallback(), None) == raw.ERR_INVALID_ARGUMENT
+        assert lib.fastllm_session_save_state_file(s.handle, None) == raw.ERR_INVALID_ARGUMENT
+        assert lib.fastllm_session_save_state_file(s.handle, b"/nonexistent-dir/x.state") == raw.ERR_IO
+        assert lib.fastllm_session_fork(s.handle, 0, None, None) == raw.ERR_INVALID_ARGUMENT
+        assert lib.fastllm_session_memory(s.handle, ctypes.byref(info)) == raw.OK
+        assert lib.fastllm_session_save_state(s.handle, None, 0, ctypes.byref(n)) == raw.ERR_BUFFER_TOO_SMALL
+        assert n.value > 0

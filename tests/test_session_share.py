@@ -322,3 +322,48 @@ def test_state_saved_mid_generation_keeps_the_grammar(stories_model):
         assert _step_tokens(b, 100) == want
         lib.fastllm_session_generation_result(b.handle, ctypes.byref(result))
         assert raw.STOP_REASONS[result.stop_reason] == "grammar"
+
+
+def _fnv1a(data: bytes) -> int:
+    h = 0xcbf29ce484222325
+    for b in data:
+        h = ((h ^ b) * 0x100000001b3) & 0xFFFFFFFFFFFFFFFF
+    return h
+
+
+def test_states_damaged_behind_a_valid_checksum_never_crash(stories_model):
+    """Bytes changed and the checksum recomputed, so that the reader's own checks are what stands
+    between them and the session (run under ASan by the sanitizer job): every load either succeeds
+    or fails with a status, and a failed one leaves the session as it was."""
+    import random
+    p = lib.fastllm_sampling_default_params()
+    p.temperature, p.max_new_tokens = 1.0, 30
+    p.stop = (ctypes.c_char_p * 1)(b"zz")
+    p.n_stop = 1
+    ids, n = fastllm.model._ids_array(stories_model.tokenize("Tom and"))
+    with stories_model.session() as a:
+        assert lib.fastllm_session_begin_generation(a.handle, ids, n, ctypes.byref(p), raw.StreamCallback(), None) == 0
+        _step_tokens(a, 3)
+        state = bytearray(a.save_state())
+    body = len(state) - 8
+    rng = random.Random(1)
+    statuses = set()
+    with stories_model.session() as b:
+        b.eval([7, 8, 9], logits=None)
+        for i in range(300):
+            bad = bytearray(state[:body])
+            # the header and the generation's fields are where sizes live: most edits go there
+            at = rng.randrange(0, 80) if i % 3 else rng.randrange(body - 4 * stories_model.vocab_size - 120, body)
+            bad[at] = rng.randrange(256) if i % 2 else bad[at] ^ (1 << rng.randrange(8))
+            if i % 7 == 0:
+                bad = bad[:rng.randrange(len(bad))]
+            bad += _fnv1a(bytes(bad)).to_bytes(8, "little")
+            try:
+                b.load_state(bytes(bad))
+                statuses.add("ok")
+                b.reset()
+                b.eval([7, 8, 9], logits=None)
+            except fastllm.FastLLMError as e:
+                statuses.add(e.status)
+                assert b.tokens == [7, 8, 9]
+    assert raw.ERR_BAD_FORMAT in statuses, statuses
