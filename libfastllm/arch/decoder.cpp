@@ -180,7 +180,7 @@ bool Decoder::forward(Backend &be, Workspace &w, const int32_t *tokens, const Fo
         const bool last = l + 1 == c.num_layers;
         be.add_norm(nk, eps, L.post_ffn_norm, w.xb, w.x, last ? Tensor{} : layers_[l + 1].attn_norm,
                     last ? Tensor{} : layers_[l + 1].attn_norm_bias, T, H, w.xb);
-        if (cancel && cancel->load(std::memory_order_relaxed)) return false;  // SmolLM2 256-token batch: ~30 ms a layer
+        if (cancel && cancel->load(std::memory_order_relaxed)) return false;  // SmolLM2, 256 tokens: 17 ms a layer
     }
 
     // Output head, for the rows that want logits, kLogitRows at a time.
