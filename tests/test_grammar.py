@@ -482,19 +482,23 @@ def test_stop_reasons_and_eos(stories_model):
         assert re.fullmatch("[a-e]{2,4}!", out) and s.last_result.stop_reason == "grammar"
 
 
-def _npc_prompt(model, i):
-    return model.tokenize(model.apply_chat_template([
-        {"role": "system", "content": "You are an NPC in a fantasy game. Answer with one JSON action."},
-        {"role": "user", "content": ["Hello!", "Where is the castle?", "Give me your sword.", "Attack!"][i % 4]}]),
-        add_bos=False)
+NPC_QUESTIONS = ["Hello, guard!", "Where is the castle?", "Give me your sword.", "Attack the goblin!"]
 
 
 def test_100_samples_at_temperature_1_parse_and_validate(smollm):
-    """100 NPC actions (seeds 0-99), advanced together with fastllm_generate_step: every one is
-    JSON that validates against the schema, and the generation ended because it was complete."""
+    """100 NPC actions sampled at temperature 1 (plain sampling: no top-k, top-p or min-p; seeds
+    0-99), advanced together with fastllm_generate_step: every one is JSON that validates against
+    the schema, and every generation ended because the grammar was complete. Four prompts, each
+    evaluated once and forked 25 times."""
     import jsonschema
     n = 100
-    sessions = [smollm.session(n_ctx=160) for _ in range(n)]
+    prompts = []
+    for q in NPC_QUESTIONS:
+        ids = smollm.tokenize(f"<|im_start|>user\n{q}<|im_end|>\n<|im_start|>assistant\n", add_bos=False)
+        base = smollm.session(n_ctx=160)
+        base.eval(ids[:-1], logits=None)
+        prompts.append((base, ids[-1]))
+    sessions = [prompts[i % 4][0].fork() for i in range(n)]
     texts = [[] for _ in range(n)]
     callbacks = [raw.StreamCallback(lambda t, l, _u, i=i: texts[i].append(ctypes.string_at(t, l)) or 0)
                  for i in range(n)]
@@ -503,12 +507,11 @@ def test_100_samples_at_temperature_1_parse_and_validate(smollm):
     try:
         for i, s in enumerate(sessions):
             p = lib.fastllm_sampling_default_params()
-            p.max_new_tokens, p.temperature, p.top_k, p.top_p, p.min_p, p.seed = 100, 1.0, 0, 1.0, 0.0, i
+            p.max_new_tokens, p.temperature, p.top_k, p.top_p, p.min_p, p.seed = 120, 1.0, 0, 1.0, 0.0, i
             p.json_schema = schema
-            ids = _npc_prompt(smollm, i)
-            arr = (ctypes.c_int32 * len(ids))(*ids)
+            last = (ctypes.c_int32 * 1)(prompts[i % 4][1])  # the prompt's last token: its logits start the reply
             keep.append(p)
-            assert lib.fastllm_session_begin_generation(s.handle, arr, len(ids), ctypes.byref(p), callbacks[i],
+            assert lib.fastllm_session_begin_generation(s.handle, last, 1, ctypes.byref(p), callbacks[i],
                                                         None) == raw.OK, lib.fastllm_last_error()
         active = list(range(n))
         while active:
@@ -526,7 +529,7 @@ def test_100_samples_at_temperature_1_parse_and_validate(smollm):
             assert set(value) <= set(NPC_SCHEMA["properties"])
         assert reasons == ["grammar"] * n
     finally:
-        for s in sessions:
+        for s in sessions + [b for b, _ in prompts]:
             s.close()
 
 

@@ -19,6 +19,7 @@ constexpr size_t kMaxSymbols = 1u << 20;    // the grammar once repetitions are 
 constexpr size_t kMaxStacks = 10000;        // parse stacks after one character: "too ambiguous" beyond
 constexpr size_t kMaxExpansion = 1u << 20;  // expansion steps for one character
 constexpr size_t kMaxStates = 1u << 14;     // cached DFA states (1 KiB of transitions each) before a reset
+constexpr int kMaxNesting = 256;            // groups inside groups
 
 constexpr size_t npos = std::string::npos;
 
@@ -100,6 +101,7 @@ private:
     std::vector<Grammar::CharClass> classes_;
     std::map<std::vector<std::pair<uint32_t, uint32_t>>, uint32_t> class_ids_;
     size_t n_syms_ = 0;
+    int depth_ = 0;  // of groups
 };
 
 void GrammarParser::line_col(size_t at, int &line, int &col) const {
@@ -252,6 +254,7 @@ GrammarParser::Seq GrammarParser::parse_sequence(bool nested) {
             seq.push_back(class_of({{0, kMaxCodepoint}}, false, at));
         } else if (c == '(') {
             pos_++;
+            if (++depth_ > kMaxNesting) error(at, "groups nested deeper than %d", kMaxNesting);
             uint32_t g = new_rule(at);
             std::vector<Seq> alts = parse_alternatives(true);
             rules_[g].alts = std::move(alts);
@@ -263,6 +266,7 @@ GrammarParser::Seq GrammarParser::parse_sequence(bool nested) {
                       describe_here().c_str());
             }
             pos_++;
+            depth_--;
             item_begin = seq.size();
             seq.push_back({true, g});
         } else if (is_name_char(c)) {
@@ -391,6 +395,14 @@ GrammarParser::Sym GrammarParser::class_of(std::vector<std::pair<uint32_t, uint3
         if (next <= kMaxCodepoint) inv.emplace_back(next, kMaxCodepoint);
         merged.swap(inv);
     }
+    // Surrogates are no characters of UTF-8 text: left out, so that a partial character that could
+    // only become one is dead at once (after 0xED, the bytes 0xA0-0xBF).
+    std::vector<std::pair<uint32_t, uint32_t>> chars;
+    for (const auto &r : merged) {
+        if (r.first < 0xD800) chars.emplace_back(r.first, std::min<uint32_t>(r.second, 0xD7FF));
+        if (r.second > 0xDFFF) chars.emplace_back(std::max<uint32_t>(r.first, 0xE000), r.second);
+    }
+    merged.swap(chars);
     if (merged.empty()) error(at, "the character class matches no character");
     auto it = class_ids_.find(merged);
     if (it != class_ids_.end()) return {false, it->second};
@@ -436,6 +448,7 @@ void GrammarParser::parse_repetition(Seq &seq, size_t item_begin) {
         if (max >= 0 && max < min) error(op, "the repetition {%ld,%ld} has its maximum below its minimum", min, max);
     }
     Seq item(seq.begin() + (long)item_begin, seq.end());
+    if (item.empty()) return;  // "" repeated: still the empty text (found by fuzz_grammar)
     seq.resize(item_begin);
     if (item.size() > 1) {  // a literal of several characters repeats as one
         uint32_t g = new_rule(op);
@@ -571,8 +584,16 @@ void GrammarParser::check_and_flatten(Grammar &g) {
             g.elems_.push_back({Grammar::kEnd, 0});
         }
     if (g.elems_.size() > 2 * kMaxSymbols) error(0, "the grammar is too large");
+    for (const Grammar::CharClass &c : classes_)
+        for (const auto &r : c.ranges) g.boundaries_.push_back(r.first), g.boundaries_.push_back(r.second + 1);
+    std::sort(g.boundaries_.begin(), g.boundaries_.end());
+    g.boundaries_.erase(std::unique(g.boundaries_.begin(), g.boundaries_.end()), g.boundaries_.end());
     g.classes_ = std::move(classes_);
     g.root_ = root->second;
+}
+
+uint32_t Grammar::char_group(uint32_t cp) const {
+    return (uint32_t)(std::upper_bound(boundaries_.begin(), boundaries_.end(), cp) - boundaries_.begin());
 }
 
 std::shared_ptr<const Grammar> Grammar::parse(std::string_view text) { return GrammarParser(text).run(); }
@@ -673,9 +694,13 @@ int32_t GrammarMatcher::compute(int32_t state, uint8_t byte) {
     int32_t result = kDead;
     // After a whole character: the stacks that consume it (dead if none, unless the text may end).
     auto after_char = [&](uint32_t cp) {
+        const uint64_t key = (uint64_t)st.set << 32 | grammar_->char_group(cp);
+        auto it = after_group_.find(key);
+        if (it != after_group_.end()) return it->second;
         StackSet n = advance(sets_[st.set], cp);
-        if (n.stacks.empty() && !n.accepting) return kDead;
-        return intern_state(intern_set(std::move(n)), 0, 0, 0);
+        const int32_t to = n.stacks.empty() && !n.accepting ? kDead : intern_state(intern_set(std::move(n)), 0, 0, 0);
+        after_group_.emplace(key, to);
+        return to;
     };
     // Part of a character: alive while some top accepts a code point it can still become.
     auto partial = [&](uint32_t bits, uint8_t need, uint8_t len) {
@@ -710,6 +735,7 @@ void GrammarMatcher::compact_if_large() {
     set_ids_.clear();
     states_.clear();
     state_ids_.clear();
+    after_group_.clear();
     next_.clear();
     current_ = intern_state(intern_set(std::move(keep)), cur.prefix, cur.need, cur.len);
 }
@@ -723,6 +749,14 @@ bool GrammarMatcher::accept(std::string_view bytes) {
     }
     current_ = s;
     accepted_.append(bytes);
+    return true;
+}
+
+bool GrammarMatcher::allows(std::string_view bytes) {
+    compact_if_large();
+    int32_t s = current_;
+    for (char b : bytes)
+        if ((s = next(s, (uint8_t)b)) < 0) return false;
     return true;
 }
 

@@ -28,7 +28,8 @@ public:
     // "grammar: line L col C: ..."): bad syntax, an undefined rule, no `root` rule, left recursion
     // (the matcher cannot follow it), a rule that can never finish (`x ::= "a" x`) reachable from
     // root, a repetition of something that can match empty text, a character class that matches
-    // no character, or a grammar too large (over 2^20 symbols once repetitions are expanded).
+    // no character, groups nested deeper than 256, or a grammar too large (over 2^20 symbols once
+    // repetitions are expanded).
     static std::shared_ptr<const Grammar> parse(std::string_view text);
 
     const std::string &source() const { return source_; }
@@ -50,6 +51,9 @@ public:
     const std::vector<uint32_t> &alternatives(uint32_t rule) const { return alts_[rule]; }
     const CharClass &char_class(uint32_t id) const { return classes_[id]; }
     uint32_t root() const { return root_; }
+    // Code points that every class either contains or not alike share a group (the ranges'
+    // boundaries cut the code space into them): the matcher advances once per group.
+    uint32_t char_group(uint32_t cp) const;
 
 private:
     friend class GrammarParser;
@@ -57,6 +61,7 @@ private:
     std::vector<Elem> elems_;
     std::vector<std::vector<uint32_t>> alts_;  // per rule: where each alternative starts
     std::vector<CharClass> classes_;
+    std::vector<uint32_t> boundaries_;  // sorted: where some class starts or ends + 1
     uint32_t root_ = 0;
 };
 
@@ -67,6 +72,8 @@ public:
     // Follows bytes (any split of UTF-8, a character may end in a later call). Returns false and
     // changes nothing if they do not continue a valid prefix.
     bool accept(std::string_view bytes);
+    // Whether accept(bytes) would succeed; the state stays as it is.
+    bool allows(std::string_view bytes);
     // The text so far is a complete match (not in the middle of a character).
     bool complete() const;
     // Some more text could still follow.
@@ -120,6 +127,7 @@ private:
     std::unordered_map<std::string, uint32_t> set_ids_;
     std::vector<State> states_;
     std::unordered_map<uint64_t, int32_t> state_ids_;
+    std::unordered_map<uint64_t, int32_t> after_group_;  // (set, char group) -> the state after it
     std::vector<int32_t> next_;  // 256 per state: the state after a byte, kDead, or kUnknown
     int32_t current_ = 0;
     std::string accepted_;

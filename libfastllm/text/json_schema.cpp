@@ -681,8 +681,14 @@ private:
 
 std::string json_schema_to_grammar(std::string_view text) {
     json schema;
+    // Deeper JSON is refused while parsing: the walks over it (dump() of a const, the converter)
+    // recurse, and a schema never needs that much.
+    const auto depth_limit = [](int depth, json::parse_event_t, json &) {
+        if (depth > 4 * kMaxDepth) fail(FASTLLM_ERR_UNSUPPORTED, "json_schema: JSON nested deeper than %d levels", 4 * kMaxDepth);
+        return true;
+    };
     try {
-        schema = json::parse(text.begin(), text.end());
+        schema = json::parse(text.begin(), text.end(), depth_limit);
     } catch (const json::exception &e) {
         fail(FASTLLM_ERR_INVALID_ARGUMENT, "json_schema: not valid JSON: %s", e.what());
     }
