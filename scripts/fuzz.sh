@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Runs the libFuzzer targets of tests/fuzz (docs/reliability.md):
-#   bash scripts/fuzz.sh TARGET SECONDS     TARGET: flm, tokenizer, chat_template, server_request or all
+#   bash scripts/fuzz.sh TARGET SECONDS     TARGET: flm, tokenizer, chat_template, server_request, grammar or all
 # Builds them with clang (installed from Debian's packages when missing) into build-fuzz/, with
 # ASan + UBSan, runs each for SECONDS on one core, growing build-fuzz/corpus/TARGET from the
 # committed seeds in tests/fuzz/corpus/TARGET, and prints libFuzzer's final figures. A crash
@@ -10,7 +10,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 [ $# -eq 2 ] || { sed -n 2,3p "$0"; exit 2; }
 TARGETS="$1"; SECONDS_EACH="$2"
-[ "$TARGETS" = all ] && TARGETS="flm tokenizer chat_template server_request"
+[ "$TARGETS" = all ] && TARGETS="flm tokenizer chat_template server_request grammar"
 
 SUDO=""
 [ "$(id -u)" -ne 0 ] && SUDO="sudo"

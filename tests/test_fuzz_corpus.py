@@ -10,7 +10,7 @@ import pytest
 from conftest import BUILD, REPO
 
 FUZZ = REPO / "tests" / "fuzz"
-TARGETS = ["flm", "tokenizer", "chat_template", "server_request"]
+TARGETS = ["flm", "tokenizer", "chat_template", "server_request", "grammar"]
 
 
 @pytest.fixture(scope="module")

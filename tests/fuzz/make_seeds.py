@@ -72,11 +72,34 @@ def server_request_seeds():
     write("server_request", "not-json", b'{"prompt": "x", ')
 
 
+def grammar_seeds():
+    """GBNF grammars and JSON schemas (from tests/test_grammar.py), each with text to feed after a NUL."""
+    from test_grammar import ARITHMETIC, LIST, MIXED, NESTED_SCHEMA, NPC_SCHEMA, UNICODE
+    seeds = {
+        "arithmetic": (ARITHMETIC, "12*(3+-4)/5"), "list": (LIST, "Shopping list:\n- eggs\n- milk\n"),
+        "unicode": (UNICODE, "αβ 中文😀é."), "mixed": (MIXED, "<abc>x!!ab\\"),
+        "any": ("root ::= .* [^a-z]{2,4} \"\\u00e9\" \"\\U0001F600\"", "xyz 12é😀"),
+        "npc": (json.dumps(NPC_SCHEMA), '{"action": "say", "text": "Hi\\n", "mood": -3}'),
+        "nested": (json.dumps(NESTED_SCHEMA), '{"items": [{"id": 120, "tags": ["a"]}], "kind": null, "zz": 5}'),
+        "object": ('{"type": "object"}', '{\n  "a": [1, 2.5e-3, true, null, {"b": "c"}]\n}'),
+        "formats": ('{"type": "array", "items": {"type": "string", "format": "date-time"}, "maxItems": 2}',
+                    '["2024-01-31T12:00:00Z"]'),
+    }
+    for name, (text, feed) in seeds.items():
+        data, pieces, at = feed.encode(), b"", 0
+        while at < len(data):  # pieces of 1, 2, 3, 4, 1, ... bytes, each after a byte giving its size - 1
+            n = 1 + len(pieces) % 4
+            pieces += bytes([n - 1]) + data[at:at + n]
+            at += n
+        write("grammar", name, text.encode() + b"\0" + pieces)
+
+
 if __name__ == "__main__":
     flm_seeds()
     tokenizer_seeds()
     chat_template_seeds()
     server_request_seeds()
+    grammar_seeds()
     for d in sorted((HERE / "corpus").iterdir()):
         files = list(d.iterdir())
         print(d.name, len(files), "files", sum(f.stat().st_size for f in files), "bytes")
