@@ -5,7 +5,8 @@ cd "$(dirname "$0")/.."
 
 SUDO=""
 [ "$(id -u)" -ne 0 ] && SUDO="sudo"
-# libcpp-httplib-dev, nlohmann-json3-dev, pkg-config: for fastllm-server (server/)
+# nlohmann-json3-dev: the core reads JSON schemas with it (header-only), the server its requests;
+# libcpp-httplib-dev, pkg-config: for fastllm-server (server/)
 APT_PACKAGES="cmake g++ libopenblas-dev libcpp-httplib-dev nlohmann-json3-dev pkg-config"
 # nodejs, npm: the Node.js client's test (bindings/examples/node); most machines already have them
 command -v node >/dev/null && command -v npm >/dev/null || APT_PACKAGES="$APT_PACKAGES nodejs npm"
