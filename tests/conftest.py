@@ -11,6 +11,7 @@ REPO = Path(__file__).resolve().parents[1]
 BUILD = Path(os.environ.get("FASTLLM_BUILD_DIR", REPO / "build"))
 SHARED = Path(os.environ.get("FASTLLM_SHARED", REPO.parent / "shared"))  # data beside the checkout
 STORIES = SHARED / "models" / "stories260K"
+SHAKESPEARE_TXT = SHARED / "models" / "corpora" / "tinyshakespeare.txt"
 
 sys.path.insert(0, str(REPO / "bindings" / "python"))
 sys.path.insert(0, str(REPO))
@@ -100,6 +101,20 @@ def smollm_gguf():
 def smollm_flm(smollm_gguf, tmp_path_factory):
     return convert(smollm_gguf, tmp_path_factory.mktemp("smollm") / "smollm2.flm")
 
+
+
+@pytest.fixture(scope="session")
+def smollm(smollm_flm):
+    """SmolLM2 with two threads (the session and KV cache tests)."""
+    import fastllm
+    with fastllm.Model(smollm_flm, threads=2) as m:
+        yield m
+
+
+def rel_to_max(a, b):
+    """Largest |a - b| relative to the largest |b|."""
+    import numpy as np
+    return float(np.abs(a - b).max() / np.abs(b).max())
 
 
 def run_binary(name, *args, **kw):

@@ -1,27 +1,15 @@
 """The KV cache's element types (f32, f16, q8), its memory (allocated as the context grows, the
 memory query), the default context length, and the worker threads sessions share."""
 import os
-from pathlib import Path
 
-import numpy as np
 import pytest
 
 import fastllm
-from conftest import SHARED, STORIES
+from conftest import SHAKESPEARE_TXT, STORIES, rel_to_max
 from fastllm.perplexity import perplexity
 
 SAMPLE = (STORIES / "text" / "tinystories_sample.txt").read_text()
-SHAKESPEARE = (SHARED / "models" / "corpora" / "tinyshakespeare.txt").read_text()
-
-
-@pytest.fixture(scope="module")
-def smollm(smollm_flm):
-    with fastllm.Model(smollm_flm, threads=2) as m:
-        yield m
-
-
-def rel_to_max(a, b):
-    return float(np.abs(a - b).max() / np.abs(b).max())
+SHAKESPEARE = SHAKESPEARE_TXT.read_text()
 
 
 @pytest.mark.parametrize("which", ["stories", "smollm"])

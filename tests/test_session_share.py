@@ -8,22 +8,12 @@ import numpy as np
 import pytest
 
 import fastllm
-from conftest import SHARED, STORIES, convert
+from conftest import BUILD, SHAKESPEARE_TXT, STORIES, convert, rel_to_max
 from fastllm import _lib as raw
 
 lib = raw.lib
 SAMPLE = (STORIES / "text" / "tinystories_sample.txt").read_text()
-SHAKESPEARE = (SHARED / "models" / "corpora" / "tinyshakespeare.txt").read_text()
-
-
-@pytest.fixture(scope="module")
-def smollm(smollm_flm):
-    with fastllm.Model(smollm_flm, threads=2) as m:
-        yield m
-
-
-def rel_to_max(a, b):
-    return float(np.abs(a - b).max() / np.abs(b).max())
+SHAKESPEARE = SHAKESPEARE_TXT.read_text()
 
 
 # ---- shared prefixes ------------------------------------------------------------------------
@@ -105,6 +95,10 @@ def test_state_round_trip_continues_identically(stories_model):
         assert b.tokens == want_tokens
 
 
+def _begin(session, ids, n, params, callback):
+    assert lib.fastllm_session_begin_generation(session.handle, ids, n, ctypes.byref(params), callback, None) == 0
+
+
 def _step_tokens(session, n):
     done = ctypes.c_int32(0)
     handles = (ctypes.c_void_p * 1)(session.handle)
@@ -123,7 +117,7 @@ def test_state_saved_mid_generation_resumes_the_same(stories_model, tmp_path, te
     texts = []
     cb = raw.StreamCallback(lambda t, l, _u: texts.append(ctypes.string_at(t, l)) or 0)
     with stories_model.session() as a:
-        assert lib.fastllm_session_begin_generation(a.handle, ids, n, ctypes.byref(p), cb, None) == 0
+        _begin(a, ids, n, p, cb)
         _step_tokens(a, 15)
         path = tmp_path / "npc.state"
         a.save_state_file(path)
@@ -269,9 +263,9 @@ def test_cancel_a_long_prompt_from_another_thread(smollm):
         latency = out["end"] - asked
         print(f"cancel latency {latency * 1000:.1f} ms")
         assert out["error"].status == raw.ERR_CANCELLED
-        assert latency < 0.5
-        n = s.n_tokens
-        assert 0 < n < 2000 and n % 256 == 0 and s.tokens == ids[:n]
+        assert latency < (2.0 if "asan" in BUILD.name else 0.5)  # a layer: 17 ms here, 10x that under ASan
+        n = s.n_tokens  # 0 when the machine is so loaded that no batch was done within the second
+        assert 0 <= n < 2000 and n % 256 == 0 and s.tokens == ids[:n]
         # consistent: going on gives what a fresh evaluation gives
         got = s.eval(ids[n:n + 5], logits="last")
         with smollm.session(kv_type="f32") as fresh:
@@ -308,7 +302,7 @@ def test_state_saved_mid_generation_keeps_the_grammar(stories_model):
     texts = []
     cb = raw.StreamCallback(lambda t, l, _u: texts.append(ctypes.string_at(t, l)) or 0)
     with stories_model.session() as a:
-        assert lib.fastllm_session_begin_generation(a.handle, ids, n, ctypes.byref(p), cb, None) == 0
+        _begin(a, ids, n, p, cb)
         _step_tokens(a, 4)
         state = a.save_state()
         want = _step_tokens(a, 100)
@@ -342,7 +336,7 @@ def test_states_damaged_behind_a_valid_checksum_never_crash(stories_model):
     p.n_stop = 1
     ids, n = fastllm.model._ids_array(stories_model.tokenize("Tom and"))
     with stories_model.session() as a:
-        assert lib.fastllm_session_begin_generation(a.handle, ids, n, ctypes.byref(p), raw.StreamCallback(), None) == 0
+        _begin(a, ids, n, p, raw.StreamCallback())
         _step_tokens(a, 3)
         state = bytearray(a.save_state())
     body = len(state) - 8
