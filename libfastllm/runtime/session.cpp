@@ -285,9 +285,16 @@ void Session::step(Session *const *sessions, size_t n, int32_t *done) {
         for (size_t j = 0; j < i; j++)
             if (sessions[j] == sessions[i]) fail(FASTLLM_ERR_INVALID_ARGUMENT, "session %zu is listed twice", i);
     }
-    std::vector<Busy> busy;
-    busy.reserve(n);
-    for (size_t i = 0; i < n; i++) busy.emplace_back(*sessions[i]);
+    struct BusyAll {  // Busy for every listed session, without allocating per step
+        Session *const *s;
+        size_t n;
+        BusyAll(Session *const *s, size_t n) : s(s), n(n) {
+            for (size_t i = 0; i < n; i++) s[i]->busy_.fetch_add(1);
+        }
+        ~BusyAll() {
+            for (size_t i = 0; i < n; i++) s[i]->busy_.fetch_sub(1);
+        }
+    } busy(sessions, n);
     // The cache block of each session's next position first: running out of memory then leaves
     // every session as it was.
     for (size_t i = 0; i < n; i++) {
