@@ -52,7 +52,7 @@ const char *const kUsage =
     "  --threads N          compute threads (default 0 = all cores)\n"
     "  --max-sessions N     sessions decoding together (default 4)\n"
     "  --max-queue N        requests that may wait for a session; more get 503 (default 64)\n"
-    "  --n-ctx N            context length of each session (default 0 = the model's)\n"
+    "  --n-ctx N            context length of each session (default 0 = 4096, or the model's if shorter)\n"
     "  --api-key KEY        demand 'Authorization: Bearer KEY' (also $FASTLLM_API_KEY); /health is exempt\n"
     "  --model-name NAME    the model id clients use (default: the file name without .flm)\n"
     "  --max-body-bytes N   largest request body (default 1048576); larger ones get 413\n"
