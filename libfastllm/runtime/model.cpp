@@ -8,6 +8,7 @@
 #include "arch/family.h"
 #include "cpu/kernels.h"
 #include "api/log.h"
+#include "runtime/fnv.h"
 
 namespace fastllm {
 
@@ -35,21 +36,10 @@ Model::Model(std::unique_ptr<FlmFile> file, int n_threads) : file_(std::move(fil
         file_->size() / 1048576.0, file_->mapped() ? "mapped" : "read", ms, isa_name(kernels().isa), n_threads_);
 }
 
-namespace {
-struct Fnv {  // FNV-1a, 64 bits
-    uint64_t h = 0xcbf29ce484222325ull;
-    void add(const void *p, size_t n) {
-        for (size_t i = 0; i < n; i++) h = (h ^ ((const uint8_t *)p)[i]) * 0x100000001b3ull;
-    }
-    template <typename T>
-    void add_value(T v) { add(&v, sizeof v); }
-};
-}  // namespace
-
 // 4 KiB at each end of every tensor: a different checkpoint of the same shape differs there
 // (about 2 MiB read for a 1B model, a few ms once at load).
 uint64_t Model::compute_fingerprint() const {
-    Fnv f;
+    Fnv1a f;
     f.add(architecture_.data(), architecture_.size());
     for (const auto &kv : file_->tensors()) {
         const Tensor &t = kv.second;

@@ -14,6 +14,7 @@
 
 #include "api/error.h"
 #include "cpu/kernels.h"
+#include "runtime/fnv.h"
 #include "runtime/session.h"
 
 namespace fastllm {
@@ -24,9 +25,9 @@ constexpr char kMagic[8] = {'F', 'L', 'M', 'S', 'T', 'A', 'T', 'E'};
 constexpr uint32_t kStateVersion = 1;
 
 uint64_t fnv1a(const uint8_t *p, size_t n) {
-    uint64_t h = 0xcbf29ce484222325ull;
-    for (size_t i = 0; i < n; i++) h = (h ^ p[i]) * 0x100000001b3ull;
-    return h;
+    Fnv1a f;
+    f.add(p, n);
+    return f.h;
 }
 
 struct Writer {
