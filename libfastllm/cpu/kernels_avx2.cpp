@@ -167,11 +167,6 @@ void kv_dot(const void *rows, size_t stride, int n, int off, const float *q, int
 // q8 rows (tensor.h): a head of whole blocks (head_dim a multiple of 32, as in every model with
 // heads of 64 or 128) runs here; shorter heads take the portable kernel.
 inline __m256 codes8(const int8_t *c) { return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)c))); }
-inline float blk_scale(const char *row, int b) {
-    float d;
-    std::memcpy(&d, row + (size_t)b * kKvQ8BlockBytes, 4);
-    return d;
-}
 
 void kv_dot_q8(const void *rows, size_t stride, int n, int off, const float *q, int dim, float *y) {
     if (off % kKvQ8Block || dim % kKvQ8Block) return scalar_kernels()->kv_dot[(int)KvType::Q8](rows, stride, n, off, q, dim, y);
@@ -186,12 +181,12 @@ void kv_dot_q8(const void *rows, size_t stride, int n, int off, const float *q, 
                          q3 = _mm256_loadu_ps(qb + 24);
             for (int r = 0; r < 8; r++) {
                 const char *row = (const char *)rows + (size_t)(j0 + r) * stride;
-                const int8_t *c = (const int8_t *)row + (size_t)(b0 + b) * kKvQ8BlockBytes + 4;
+                const int8_t *c = kv_q8_codes(row, b0 + b);
                 __m256 s = _mm256_mul_ps(codes8(c), q0);
                 s = _mm256_fmadd_ps(codes8(c + 8), q1, s);
                 s = _mm256_fmadd_ps(codes8(c + 16), q2, s);
                 s = _mm256_fmadd_ps(codes8(c + 24), q3, s);
-                acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(blk_scale(row, b0 + b)), s, acc[r]);
+                acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(kv_q8_scale(row, b0 + b)), s, acc[r]);
             }
         }
         _mm256_storeu_ps(y + j0, hsum8(acc));
@@ -200,13 +195,13 @@ void kv_dot_q8(const void *rows, size_t stride, int n, int off, const float *q, 
         const char *row = (const char *)rows + (size_t)j * stride;
         __m256 acc = _mm256_setzero_ps();
         for (int b = 0; b < nb; b++) {
-            const int8_t *c = (const int8_t *)row + (size_t)(b0 + b) * kKvQ8BlockBytes + 4;
+            const int8_t *c = kv_q8_codes(row, b0 + b);
             const float *qb = q + b * kKvQ8Block;
             __m256 s = _mm256_mul_ps(codes8(c), _mm256_loadu_ps(qb));
             s = _mm256_fmadd_ps(codes8(c + 8), _mm256_loadu_ps(qb + 8), s);
             s = _mm256_fmadd_ps(codes8(c + 16), _mm256_loadu_ps(qb + 16), s);
             s = _mm256_fmadd_ps(codes8(c + 24), _mm256_loadu_ps(qb + 24), s);
-            acc = _mm256_fmadd_ps(_mm256_set1_ps(blk_scale(row, b0 + b)), s, acc);
+            acc = _mm256_fmadd_ps(_mm256_set1_ps(kv_q8_scale(row, b0 + b)), s, acc);
         }
         y[j] = hsum(acc);
     }
@@ -220,8 +215,8 @@ void kv_accum_q8(const float *a, int n, const void *rows, size_t stride, int off
                y3 = _mm256_loadu_ps(y + i + 24);
         for (int j = 0; j < n; j++) {
             const char *row = (const char *)rows + (size_t)j * stride;
-            const int8_t *c = (const int8_t *)row + (size_t)b * kKvQ8BlockBytes + 4;
-            const __m256 w = _mm256_set1_ps(a[j] * blk_scale(row, b));
+            const int8_t *c = kv_q8_codes(row, b);
+            const __m256 w = _mm256_set1_ps(a[j] * kv_q8_scale(row, b));
             y0 = _mm256_fmadd_ps(w, codes8(c), y0);
             y1 = _mm256_fmadd_ps(w, codes8(c + 8), y1);
             y2 = _mm256_fmadd_ps(w, codes8(c + 16), y2);

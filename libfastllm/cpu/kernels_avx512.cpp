@@ -72,12 +72,11 @@ void kv_accum_q8(const float *a, int n, const void *rows, size_t stride, int off
         const int b = (off + i) / kKvQ8Block;
         __m512 y0 = _mm512_loadu_ps(y + i), y1 = _mm512_loadu_ps(y + i + 16);
         for (int j = 0; j < n; j++) {
-            const char *blk = (const char *)rows + (size_t)j * stride + (size_t)b * kKvQ8BlockBytes;
-            float d;
-            std::memcpy(&d, blk, 4);
-            const __m512 w = _mm512_set1_ps(a[j] * d);
-            y0 = _mm512_fmadd_ps(w, codes16((const int8_t *)blk + 4), y0);
-            y1 = _mm512_fmadd_ps(w, codes16((const int8_t *)blk + 20), y1);
+            const char *row = (const char *)rows + (size_t)j * stride;
+            const int8_t *c = kv_q8_codes(row, b);
+            const __m512 w = _mm512_set1_ps(a[j] * kv_q8_scale(row, b));
+            y0 = _mm512_fmadd_ps(w, codes16(c), y0);
+            y1 = _mm512_fmadd_ps(w, codes16(c + 16), y1);
         }
         _mm512_storeu_ps(y + i, y0), _mm512_storeu_ps(y + i + 16, y1);
     }

@@ -92,13 +92,7 @@ void to_f32_bf16(const void *src, float *dst, int n) {
     for (int i = 0; i < n; i++) dst[i] = bf16_to_f32(((const uint16_t *)src)[i]);
 }
 
-// The KV cache's rows (tensor.h). A q8 row: per block of 32 values a float scale, then the codes.
-inline float q8_scale(const char *row, int b) {
-    float d;
-    std::memcpy(&d, row + (size_t)b * kKvQ8BlockBytes, 4);
-    return d;
-}
-inline const int8_t *q8_codes(const char *row, int b) { return (const int8_t *)row + (size_t)b * kKvQ8BlockBytes + 4; }
+// The KV cache's rows (tensor.h has the layouts and the q8 block accessors).
 
 void kv_dot_f32(const void *rows, size_t stride, int n, int off, const float *q, int dim, float *y) {
     dot_rows_f32((const float *)rows + off, stride, n, q, dim, y);
@@ -113,10 +107,10 @@ void kv_dot_q8(const void *rows, size_t stride, int n, int off, const float *q, 
         float s = 0;
         for (int i = off; i < off + dim;) {
             const int b = i / kKvQ8Block, end = std::min(off + dim, (b + 1) * kKvQ8Block);
-            const int8_t *c = q8_codes(row, b) - b * kKvQ8Block;
+            const int8_t *c = kv_q8_codes(row, b) - b * kKvQ8Block;
             float acc = 0;
             for (; i < end; i++) acc += (float)c[i] * q[i - off];
-            s += q8_scale(row, b) * acc;
+            s += kv_q8_scale(row, b) * acc;
         }
         y[j] = s;
     }
@@ -139,8 +133,8 @@ void kv_accum_q8(const float *a, int n, const void *rows, size_t stride, int off
         const char *row = (const char *)rows + (size_t)j * stride;
         for (int i = off; i < off + dim;) {
             const int b = i / kKvQ8Block, end = std::min(off + dim, (b + 1) * kKvQ8Block);
-            const int8_t *c = q8_codes(row, b) - b * kKvQ8Block;
-            const float w = a[j] * q8_scale(row, b);
+            const int8_t *c = kv_q8_codes(row, b) - b * kKvQ8Block;
+            const float w = a[j] * kv_q8_scale(row, b);
             for (; i < end; i++) y[i - off] += w * (float)c[i];
         }
     }
@@ -165,7 +159,7 @@ void kv_store_q8(const float *x, int n, void *row) {
 }
 void kv_load_q8(const void *row, float *x, int n) {
     for (int i = 0; i < n; i++)
-        x[i] = q8_scale((const char *)row, i / kKvQ8Block) * (float)q8_codes((const char *)row, i / kKvQ8Block)[i % kKvQ8Block];
+        x[i] = kv_q8_scale((const char *)row, i / kKvQ8Block) * (float)kv_q8_codes((const char *)row, i / kKvQ8Block)[i % kKvQ8Block];
 }
 
 void quantize_acts(const float *x, int n, const QuantActs &out) {

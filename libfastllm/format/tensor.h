@@ -58,6 +58,13 @@ inline const char *kv_type_name(KvType t) {
     static const char *const names[kNumKvTypes] = {"f32", "f16", "q8"};
     return (int)t >= 0 && (int)t < kNumKvTypes ? names[(int)t] : "?";
 }
+// Block b of a q8 row: its scale, and its 32 codes.
+inline float kv_q8_scale(const char *row, int b) {
+    float d;
+    __builtin_memcpy(&d, row + (size_t)b * kKvQ8BlockBytes, 4);
+    return d;
+}
+inline const int8_t *kv_q8_codes(const char *row, int b) { return (const int8_t *)row + (size_t)b * kKvQ8BlockBytes + 4; }
 inline size_t kv_row_bytes(KvType t, int n) {
     if (t == KvType::F32) return (size_t)n * 4;
     if (t == KvType::F16) return (size_t)n * 2;
