@@ -132,8 +132,7 @@ void Session::run_pending(fastllm_logits_mode mode, float *out_logits) {
     while (n_evaluated_ < tokens_.size()) {
         if (cancel_.load()) break;
         const int T = (int)std::min<size_t>(opt_.n_batch, tokens_.size() - n_evaluated_);
-        std::lock_guard<std::mutex> lock(compute_.mutex);
-        compute_.reserve(model_.decoder(), T, model_.config().context_length);
+        std::lock_guard<std::mutex> lock(compute_.mutex);  // the constructor reserved room for n_batch rows
         for (int t = 0; t < T; t++) {
             const size_t i = n_evaluated_ + t;
             float *logits = nullptr;
