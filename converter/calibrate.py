@@ -176,6 +176,7 @@ class _Group:
     mats: list           # the HF matrices fused into it, in row order (names without .weight)
     norm: str | None     # qkv, gate_up: the RMSNorm weight that divides by s
     rows: list           # o, down: [(HF matrix, first row, end row)] producing its input
+    norm_shift: float = 0.0  # the norm scales by shift + weight (Gemma: 1 + w)
 
 
 _KINDS = (("qkv", "attn_qkv"), ("o", "attn_output"), ("gate_up", "ffn_gate_up"), ("down", "ffn_down"))
@@ -205,17 +206,16 @@ def _groups(family, hp, policy) -> list:
             dtype = policy(spec.name, shape)
             if dtype not in quantize.QUANT:
                 continue
-            norm, rows = None, []
-            if kind == "qkv":
-                norm = specs[b + "attn_norm.weight"].parts[0][0]
-            elif kind == "gate_up":
-                norm = specs[b + "ffn_norm.weight"].parts[0][0]
+            norm, rows, shift = None, [], 0.0
+            if kind in ("qkv", "gate_up"):
+                ns = specs[b + ("attn_norm.weight" if kind == "qkv" else "ffn_norm.weight")]
+                norm, shift = ns.parts[0][0], ns.shift
             elif kind == "o":  # the v rows of attn_qkv
                 rows = _row_range(specs[b + "attn_qkv.weight"], q + kv, q + 2 * kv)
             else:  # the up rows of ffn_gate_up
                 rows = _row_range(specs[b + "ffn_gate_up.weight"], I, 2 * I)
             groups.append(_Group(i, kind, spec.name, dtype,
-                                 [n[: -len(".weight")] for n, _ in spec.parts], norm, rows))
+                                 [n[: -len(".weight")] for n, _ in spec.parts], norm, rows, shift))
     return groups
 
 
@@ -403,8 +403,8 @@ def calibrate(ckpt, hp, policy, text_path, n_tokens: int = DEFAULT_TOKENS, alpha
             st = torch.from_numpy(s)
             for n in g.mats:  # columns *= s
                 param(n + ".weight").mul_(st)
-            if g.norm is not None:  # the RMSNorm before them divides
-                param(g.norm).div_(st)
+            if g.norm is not None:  # the RMSNorm before them divides (Gemma's whole 1 + w)
+                param(g.norm).add_(g.norm_shift).div_(st).sub_(g.norm_shift)
             else:  # the rows (and bias) of the matrix producing their input divide
                 rows = st.reshape(nkv, nh // nkv, hd)[:, 0, :].reshape(-1) if g.kind == "o" else st
                 k = 0

@@ -378,6 +378,8 @@ def gguf_config(g: GgufModel, family=None) -> dict:
         raise ConversionError(f"{g.path}: rope.dimension_count ({rot}) differs from the head "
                               f"size ({head_dim}): partial rotary embeddings are not supported "
                               f"for {a}")
+    if a in ("gemma", "gemma2", "gemma3"):
+        _gemma_config(g, a, config)
     if a in ("qwen2", "qwen3") and config["sliding_window"]:
         # Qwen2Config: the window needs use_sliding_window; which layers use it: the pattern
         config["use_sliding_window"] = True
@@ -390,6 +392,46 @@ def gguf_config(g: GgufModel, family=None) -> dict:
         else:
             config["max_window_layers"] = 0
     return config
+
+
+# llama.cpp's 27B Gemma 2 / 3 (by layer count) scale q . k by (hidden / heads)^-1/2, the others
+# by head_dim^-1/2: what query_pre_attn_scalar is in those checkpoints (it is not in the file)
+_GEMMA_27B_LAYERS = {"gemma2": 46, "gemma3": 62}
+
+
+def _gemma_config(g: GgufModel, a: str, config: dict) -> None:
+    """Gemma's keys as llama.cpp reads them: embeddings scaled by sqrtf(hidden) (float32), the
+    GELU-tanh GLU; Gemma 2 / 3: the soft-caps (Gemma 2's defaults 50 and 30), the window on the
+    layers `attention.sliding_window_pattern` marks (a list, or every n-th layer full: n = 2
+    for Gemma 2, 6 for Gemma 3), Gemma 3's local RoPE base `rope.freq_base_swa` (default 1e4)."""
+    config.update(hidden_act="gelu_pytorch_tanh", hidden_activation="gelu_pytorch_tanh", dtype="float32")
+    if a == "gemma":
+        return
+    layers = config["num_hidden_layers"]
+    config["query_pre_attn_scalar"] = (config["hidden_size"] // config["num_attention_heads"]
+                                       if layers == _GEMMA_27B_LAYERS[a] else config["head_dim"])
+    softcaps = (50.0, 30.0) if a == "gemma2" else (None, None)
+    config["attn_logit_softcapping"] = g.get_float(f"{a}.attn_logit_softcapping", softcaps[0])
+    config["final_logit_softcapping"] = g.get_float(f"{a}.final_logit_softcapping", softcaps[1]) or None
+    window = config["sliding_window"] if a == "gemma3" else g.get_int(f"{a}.attention.sliding_window", 4096)
+    config["sliding_window"] = window
+    pattern = g.value(f"{a}.attention.sliding_window_pattern")
+    if isinstance(pattern, list):
+        if len(pattern) != layers:
+            raise ConversionError(f"{g.path}: {a}.attention.sliding_window_pattern has "
+                                  f"{len(pattern)} entries for {layers} layers")
+        types = ["sliding_attention" if p else "full_attention" for p in pattern]
+    else:
+        n = g.get_positive(f"{a}.attention.sliding_window_pattern", 2 if a == "gemma2" else 6)
+        types = ["sliding_attention" if (i + 1) % n else "full_attention" for i in range(layers)]
+    config["layer_types"] = types if window else ["full_attention"] * layers
+    if a == "gemma3":
+        full = dict(config.pop("rope_scaling") or {"rope_type": "default"})
+        full["rope_theta"] = config.pop("rope_theta")
+        config["rope_parameters"] = {
+            "full_attention": full,
+            "sliding_attention": {"rope_type": "default",
+                                  "rope_theta": g.get_float(f"{a}.rope.freq_base_swa", 10000.0)}}
 
 
 def _phi3_config(g: GgufModel, a: str, config: dict, rot: int) -> None:
@@ -532,7 +574,10 @@ def add_tensors(writer, g: GgufModel, family, hp: common.HParams, dtype: str) ->
         used.add(name)
 
     def declare(spec: common.TensorSpec):
-        parts = [p for name, shape in spec.parts for p in _gguf_parts(g, hp, name, shape)]
+        if spec.name.endswith("norm.weight"):  # norms have llama.cpp's names (and its 1 + w, spec.shift)
+            parts = [(spec.name, spec.parts[0][1], 0)]
+        else:
+            parts = [p for name, shape in spec.parts for p in _gguf_parts(g, hp, name, shape)]
         for name, shape, _ in parts:
             check(name, shape)
         shape = list(parts[0][1])

@@ -61,7 +61,16 @@ TOP_NAMES = {
     "lm_head.weight": "output.weight",
 }
 # HF model_type -> llama.cpp's architecture
-GGUF_ARCH = {"llama": "llama", "mistral": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "phi3": "phi3"}
+GGUF_ARCH = {"llama": "llama", "mistral": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "phi3": "phi3",
+             "gemma": "gemma", "gemma2": "gemma2", "gemma3_text": "gemma3"}
+# Gemma 2 / 3's norms around attention and MLP (gguf-py's TensorNameMap for those architectures)
+SANDWICH_NAMES = {
+    "post_attention_layernorm.weight": "post_attention_norm.weight",
+    "pre_feedforward_layernorm.weight": "ffn_norm.weight",
+    "post_feedforward_layernorm.weight": "post_ffw_norm.weight",
+}
+# the window pattern llama.cpp assumes without sliding_window_pattern (every n-th layer full)
+GEMMA_PATTERN = {"gemma2": 2, "gemma3_text": 6}
 
 # K-quant and IQ blocks have no quantizer in the gguf package: random blocks are written
 # instead, any bit pattern being a valid block once its f16 scale fields are finite.
@@ -147,7 +156,8 @@ def _hparams(w, a: str, cfg: dict, hf_config) -> None:
     w.add_uint32(f"{a}.feed_forward_length", cfg["intermediate_size"])
     w.add_uint32(f"{a}.attention.head_count", nh)
     w.add_uint32(f"{a}.attention.head_count_kv", nkv)
-    w.add_float32(f"{a}.rope.freq_base", float(theta))
+    if not cfg["model_type"].startswith("gemma"):  # Gemma: see _gemma_hparams
+        w.add_float32(f"{a}.rope.freq_base", float(theta))
     w.add_float32(f"{a}.attention.layer_norm_rms_epsilon", cfg["rms_norm_eps"])
     w.add_uint32(f"{a}.vocab_size", cfg["vocab_size"])
     if hd != H // nh:
@@ -169,6 +179,9 @@ def _hparams(w, a: str, cfg: dict, hf_config) -> None:
         elif rope_type != "default":
             raise ValueError(rope_type)
         return
+    if model_type.startswith("gemma"):
+        _gemma_hparams(w, a, cfg, hf_config, hd)
+        return
     w.add_uint32(f"{a}.rope.dimension_count", hd)
     if model_type == "mistral" and cfg.get("sliding_window"):
         w.add_uint32(f"{a}.attention.sliding_window", cfg["sliding_window"])
@@ -185,6 +198,41 @@ def _hparams(w, a: str, cfg: dict, hf_config) -> None:
             fields["original_max_position_embeddings"]))
     elif rope_type != "default":
         raise ValueError(rope_type)
+
+
+def _gemma_hparams(w, a: str, cfg: dict, hf_config, hd: int) -> None:
+    """GemmaModel / Gemma2Model / Gemma3Model in llama.cpp's converter: key and value length always;
+    Gemma 2 the soft-caps and the window; Gemma 3 the global theta and scaling, the local theta
+    (freq_base_swa), the final soft-cap when set, the window. The layers' pattern is written (as
+    the array llama.cpp's loader reads) only when it is not the one the loader assumes."""
+    model_type = cfg["model_type"]
+    w.add_uint32(f"{a}.attention.key_length", hd)
+    w.add_uint32(f"{a}.attention.value_length", hd)
+    if model_type == "gemma":
+        return
+    if model_type == "gemma2":
+        for key in ("attn_logit_softcapping", "final_logit_softcapping"):
+            if cfg.get(key) is not None:
+                w.add_float32(f"{a}.{key}", cfg[key])
+        w.add_float32(f"{a}.rope.freq_base", float(rope_of(hf_config)[0]))
+    else:
+        params = hf_config.rope_parameters
+        full, local = params["full_attention"], params["sliding_attention"]
+        w.add_float32(f"{a}.rope.freq_base", float(full["rope_theta"]))
+        w.add_float32(f"{a}.rope.freq_base_swa", float(local["rope_theta"]))
+        if full.get("rope_type", "default") == "linear":
+            w.add_string(f"{a}.rope.scaling.type", "linear")
+            w.add_float32(f"{a}.rope.scaling.factor", full["factor"])
+        elif full.get("rope_type", "default") != "default":
+            raise ValueError(full)
+        if cfg.get("final_logit_softcapping"):
+            w.add_float32(f"{a}.final_logit_softcapping", cfg["final_logit_softcapping"])
+    types = hf_config.layer_types
+    if cfg.get("sliding_window") is not None and "sliding_attention" in types:
+        w.add_uint32(f"{a}.attention.sliding_window", cfg["sliding_window"])
+        n = GEMMA_PATTERN[model_type]
+        if types != ["sliding_attention" if (i + 1) % n else "full_attention" for i in range(len(types))]:
+            w.add_array(f"{a}.attention.sliding_window_pattern", [t == "sliding_attention" for t in types])
 
 
 def _added_tokens(hf_dir: Path) -> dict:
@@ -222,7 +270,8 @@ def _spm_tokenizer(w, hf_dir: Path, cfg: dict) -> None:
     if pad is not None:
         w.add_uint32("tokenizer.ggml.padding_token_id", pad)
     w.add_bool("tokenizer.ggml.add_bos_token", tc.get("add_bos_token", True))
-    w.add_bool("tokenizer.ggml.add_space_prefix", spm.add_dummy_prefix)
+    # llama.cpp's Gemma converters write add_space_prefix false whatever the model says
+    w.add_bool("tokenizer.ggml.add_space_prefix", spm.add_dummy_prefix and not cfg["model_type"].startswith("gemma"))
     w.add_bool("tokenizer.ggml.remove_extra_whitespaces", spm.remove_extra_whitespaces)
 
 
@@ -284,6 +333,8 @@ def write_gguf(hf_dir: Path, path: Path, types: dict | None = None, seed: int = 
         edit(w)
 
     def add(name, t: torch.Tensor, heads=0):
+        if native.startswith("gemma") and name.endswith("norm.weight"):
+            t = t.float() + 1  # llama.cpp's Gemma converters store the (1 + w) of Gemma's RMSNorm
         arr = t.float().numpy()
         if heads:
             arr = permute_rope_rows(arr, heads)
@@ -301,7 +352,8 @@ def write_gguf(hf_dir: Path, path: Path, types: dict | None = None, seed: int = 
             add(TOP_NAMES[hf_name], t)
             continue
         _, _, layer, rest = hf_name.split(".", 3)
-        name = f"blk.{layer}.{LAYER_NAMES[rest]}"
+        sandwich = native in ("gemma2", "gemma3") and rest in SANDWICH_NAMES
+        name = f"blk.{layer}.{SANDWICH_NAMES[rest] if sandwich else LAYER_NAMES[rest]}"
         heads = 0
         if native == "llama":  # llama.cpp reorders q / k only for its llama architecture
             heads = nh if ".attn_q." in name else nkv if ".attn_k." in name else 0

@@ -4,7 +4,7 @@
     path = make_llama(tmp_path, safe_serialization=False)              # pytorch_model.bin
     path = make_llama(tmp_path, max_shard_size="20KB")                 # sharded safetensors
     path = make_llama(tmp_path, rope_theta=500000.0, rope_scaling={...}, config_style="v5")
-    path = make_model(tmp_path, "qwen3", num_key_value_heads=2)        # llama mistral qwen2 qwen3 phi3
+    path = make_model(tmp_path, "qwen3", num_key_value_heads=2)        # llama mistral qwen2 qwen3 phi3 gemma*
     model = load_model(path)                                           # the HF reference (its class)
 
 The weights are random with a fixed seed (every parameter, norms and biases included, so that a
@@ -168,6 +168,9 @@ FAMILIES = {
     "qwen2": ("Qwen2Config", "Qwen2ForCausalLM", "bpe", {}),
     "qwen3": ("Qwen3Config", "Qwen3ForCausalLM", "bpe", dict(head_dim=32)),
     "phi3": ("Phi3Config", "Phi3ForCausalLM", "phi3", {}),
+    "gemma": ("GemmaConfig", "GemmaForCausalLM", "spm", dict(head_dim=16)),
+    "gemma2": ("Gemma2Config", "Gemma2ForCausalLM", "spm", dict(head_dim=16, query_pre_attn_scalar=16)),
+    "gemma3": ("Gemma3TextConfig", "Gemma3ForCausalLM", "spm", dict(head_dim=16, query_pre_attn_scalar=16)),
 }
 
 PHI3_ADDED = ["<|endoftext|>", "<|assistant|>", "<|system|>", "<|end|>", "<|user|>"]
@@ -211,6 +214,11 @@ def make_model(tmp_dir, family: str, name: str | None = None, seed: int = 0,
     torch.manual_seed(seed)
     model = getattr(transformers, model_cls)(config).to(torch.float32).eval()
     _randomize(model, seed)
+    if family.startswith("gemma"):  # Gemma's norms scale by 1 + w: the same 1 + 0.1 N(0, 1)
+        with torch.no_grad():
+            for name, p in model.named_parameters():
+                if name.endswith("norm.weight"):
+                    p.sub_(1.0)
 
     path = Path(tmp_dir) / (name or f"tiny-{family}")
     path.mkdir(parents=True, exist_ok=True)

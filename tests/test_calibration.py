@@ -84,11 +84,12 @@ def test_folding_keeps_the_function(tmp_path, monkeypatch, bias):
     assert np.abs(got - expected).max() <= 1e-4 * scale
 
 
-@pytest.mark.parametrize("family", ["qwen2", "qwen3", "phi3"])
+@pytest.mark.parametrize("family", ["qwen2", "qwen3", "phi3", "gemma2"])
 def test_folding_keeps_the_function_in_every_family(tmp_path, monkeypatch, family):
     """As above, on transformers alone: the family's layout says which rows absorb 1/s (Qwen2's
     v rows carry a bias; Qwen3 normalises q and k per head; Phi-3's v rows are the last rows of
-    its fused qkv_proj and its up rows the second half of gate_up_proj)."""
+    its fused qkv_proj and its up rows the second half of gate_up_proj; Gemma 2's norms scale by
+    1 + w and its MLP input norm is pre_feedforward_layernorm)."""
     from converter.families import FAMILIES
     extra = dict(attention_bias=True) if family == "qwen3" else {}
     path = make_model(tmp_path, family, num_attention_heads=4, num_key_value_heads=2,

@@ -44,6 +44,28 @@ CASES = {
                                                  long_factor=[2.0 + 0.5 * i for i in range(8)])),
     ("phi3", "partial_tied"): dict(num_attention_heads=4, num_key_value_heads=2, partial_rotary_factor=0.75,
                                    tie_word_embeddings=True),
+    # Gemma: (1 + w) norms, GELU-tanh, scaled embeddings (tied by default); soft-caps small enough
+    # to bend these random models' scores and logits (0.02 changes the logits by 10%)
+    ("gemma", "mqa_tied"): dict(num_attention_heads=4, num_key_value_heads=1, tie_word_embeddings=True),
+    ("gemma", "mha_untied"): dict(num_attention_heads=4, num_key_value_heads=4, tie_word_embeddings=False),
+    ("gemma", "bias_head_dim"): dict(num_attention_heads=4, num_key_value_heads=2, head_dim=24, attention_bias=True),
+    ("gemma2", "window_softcap"): dict(num_attention_heads=4, num_key_value_heads=2, num_hidden_layers=3,
+                                       sliding_window=12, attn_logit_softcapping=0.02, final_logit_softcapping=1.0,
+                                       tie_word_embeddings=True),
+    # query_pre_attn_scalar = head_dim != hidden / heads (what llama.cpp's GGUF loader assumes)
+    ("gemma2", "mqa_untied"): dict(num_attention_heads=4, num_key_value_heads=1, tie_word_embeddings=False,
+                                   head_dim=24, query_pre_attn_scalar=24, sliding_window=5),
+    ("gemma2", "mha_default_caps"): dict(num_attention_heads=4, num_key_value_heads=4, sliding_window=100),
+    ("gemma3", "pattern_window"): dict(num_attention_heads=4, num_key_value_heads=1, num_hidden_layers=3,
+                                       sliding_window=12, sliding_window_pattern=3, tie_word_embeddings=True),
+    ("gemma3", "linear_rope"): dict(num_attention_heads=4, num_key_value_heads=2, num_hidden_layers=4,
+                                    sliding_window=8, layer_types=["sliding_attention", "full_attention"] * 2,
+                                    rope_parameters={"full_attention": {"rope_type": "linear", "factor": 4.0,
+                                                                        "rope_theta": 10000.0},
+                                                     "sliding_attention": {"rope_type": "default",
+                                                                           "rope_theta": 100.0}}),
+    ("gemma3", "softcap_untied"): dict(num_attention_heads=4, num_key_value_heads=4, tie_word_embeddings=False,
+                                       sliding_window=6, sliding_window_pattern=2, final_logit_softcapping=1.0),
 }
 
 

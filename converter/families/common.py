@@ -42,6 +42,14 @@ class HParams:
     qk_norm: bool = False         # RMSNorm over head_dim of each q and k head (Qwen3)
     sliding_window: int | None = None            # every layer sees the last N positions
     sliding_window_layers: list | None = None    # per layer: N, or 0 for full attention
+    ffn_activation: str = "silu"  # the GLU's activation: silu, gelu_tanh (Gemma)
+    norm_shift: float = 0.0       # added to every norm weight (Gemma's x * (1 + w), folded in)
+    embedding_scale: float | None = None   # embeddings times this (Gemma: sqrt(hidden))
+    attention_scale: float | None = None   # of q . k; None: 1 / sqrt(head_dim)
+    attn_softcap: float | None = None      # scores -> cap * tanh(scores / cap) (Gemma 2)
+    final_softcap: float | None = None     # the same for the logits
+    local_rope: Rope | None = None         # a second RoPE set (Gemma 3's sliding layers)
+    rope_layer_sets: list | None = None    # per layer: 0 rope, 1 local_rope
 
 
 # ---- config.json ----------------------------------------------------------------------------
@@ -66,11 +74,18 @@ def flag(config: dict, key: str, default: bool = False) -> bool:
     return v
 
 
-def read_hparams(config: dict, arch: str, defaults: dict, rope_options=None, **flags) -> HParams:
+# transformers' activation names -> the GLU activations the decoder has
+ACTIVATIONS = {"silu": "silu", "gelu_pytorch_tanh": "gelu_tanh"}
+
+
+def read_hparams(config: dict, arch: str, defaults: dict, rope_options=None, rope=None,
+                 activation=None, **flags) -> HParams:
     """The hyperparameters every family has. The sizes (vocab, hidden, intermediate, layers,
     heads) are required; for the rest `defaults` holds the family's transformers config defaults
     (num_key_value_heads: None means num_attention_heads; head_dim: None means hidden / heads).
-    rope_options go to rope.read_rope_config; flags (qkv_bias, ...) to HParams."""
+    rope_options go to rope.read_rope_config (or `rope(head_dim, context)` computes the Rope);
+    activation: the transformers activation name, when the family reads it from its own key
+    (default: hidden_act, silu); flags (qkv_bias, ...) to HParams."""
     hidden = positive_int(config, "hidden_size")
     heads = positive_int(config, "num_attention_heads")
     kv_heads = positive_int(config, "num_key_value_heads", defaults.get("num_key_value_heads") or heads)
@@ -87,14 +102,16 @@ def read_hparams(config: dict, arch: str, defaults: dict, rope_options=None, **f
             raise ConversionError(f"config.json: hidden_size ({hidden}) is not a multiple of "
                                   f"num_attention_heads ({heads}) and there is no head_dim")
         head_dim = hidden // heads
-    act = config.get("hidden_act", "silu")
-    if act != "silu":
-        raise ConversionError(f"config.json: hidden_act {act!r} is not supported (only silu)")
+    act = activation or config.get("hidden_act", "silu")
+    if act not in ACTIVATIONS:
+        raise ConversionError(f"config.json: activation {act!r} is not supported for {arch} "
+                              f"(supported: {', '.join(ACTIVATIONS)})")
     eps = config.get("rms_norm_eps", defaults["rms_norm_eps"])
     if isinstance(eps, bool) or not isinstance(eps, (int, float)) or not eps > 0:
         raise ConversionError(f"config.json: invalid rms_norm_eps {eps!r}")
     context = positive_int(config, "max_position_embeddings", defaults["max_position_embeddings"])
-    rope = compute_rope(read_rope_config(config, **(rope_options or {})), head_dim, context)
+    rope = (rope(head_dim, context) if rope is not None else
+            compute_rope(read_rope_config(config, **(rope_options or {})), head_dim, context))
     return HParams(
         arch=arch,
         vocab_size=positive_int(config, "vocab_size"),
@@ -108,6 +125,7 @@ def read_hparams(config: dict, arch: str, defaults: dict, rope_options=None, **f
         rms_norm_eps=float(eps),
         tie_word_embeddings=flag(config, "tie_word_embeddings", False),
         rope=rope,
+        ffn_activation=ACTIVATIONS[act],
         **flags,
     )
 
@@ -177,6 +195,16 @@ def add_metadata(writer, hp: HParams, tied: bool) -> None:
         writer.add_i64(a + "sliding_window", hp.sliding_window)
     if hp.sliding_window_layers is not None:
         writer.add_i64_array(a + "sliding_window_layers", hp.sliding_window_layers)
+    if hp.local_rope is not None:
+        writer.add_f32_array(a + "rope.local_inv_freq", hp.local_rope.inv_freq)
+        writer.add_i64_array(a + "rope.layer_sets", hp.rope_layer_sets)
+    if hp.ffn_activation != "silu":
+        writer.add_string(a + "ffn_activation", hp.ffn_activation)
+    for key, value in (("embedding_scale", hp.embedding_scale), ("attention.scale", hp.attention_scale),
+                       ("attn_logit_softcapping", hp.attn_softcap),
+                       ("final_logit_softcapping", hp.final_softcap)):
+        if value is not None:
+            writer.add_f64(a + key, float(value))
 
 
 # ---- tensors --------------------------------------------------------------------------------
@@ -186,13 +214,20 @@ class TensorSpec(NamedTuple):
     name: str
     matrix: bool       # a weight matrix takes the conversion dtype; norms and biases stay f32
     parts: tuple
+    shift: float = 0.0  # added to the HF values (hp.norm_shift, for norms)
+
+
+# The HF names of a LLaMA layer's norms, by role: before attention, before the MLP, and (Gemma 2,
+# Gemma 3) on the attention and MLP outputs.
+LLAMA_NORMS = dict(attn="input_layernorm", ffn="post_attention_layernorm")
 
 
 def decoder_layer(hp: HParams, i: int, qkv=("q_proj", "k_proj", "v_proj"),
-                  gate_up=("gate_proj", "up_proj")) -> list:
+                  gate_up=("gate_proj", "up_proj"), norms=LLAMA_NORMS) -> list:
     """The tensors of decoder layer i in the LLaMA layout (HF names under layers.i.self_attn /
     .mlp); qkv and gate_up name the HF matrices fused into attn_qkv and ffn_gate_up (Phi-3 stores
-    them fused already: qkv_proj, gate_up_proj). Biases and q/k norms as hp says."""
+    them fused already: qkv_proj, gate_up_proj); norms the layer's norms by role (LLAMA_NORMS,
+    plus post_attn and post_ffn for sandwich norms). Biases and q/k norms as hp says."""
     H, I = hp.hidden_size, hp.intermediate_size
     q, kv = hp.num_heads * hp.head_dim, hp.num_kv_heads * hp.head_dim
     rows = {"q_proj": q, "k_proj": kv, "v_proj": kv, "qkv_proj": q + 2 * kv,
@@ -204,23 +239,32 @@ def decoder_layer(hp: HParams, i: int, qkv=("q_proj", "k_proj", "v_proj"),
         return tuple((prefix + n + suffix, (rows[n], H) if suffix == ".weight" else (rows[n],))
                      for n in names)
 
-    specs = [TensorSpec(b + "attn_norm.weight", False, ((p + "input_layernorm.weight", (H,)),)),
-             TensorSpec(b + "attn_qkv.weight", True, fused(a, qkv, ".weight"))]
+    def norm(flm, role, size=H, prefix=p):
+        return TensorSpec(b + flm + ".weight", False, ((prefix + norms[role] + ".weight", (size,)),),
+                          hp.norm_shift)
+
+    specs = [norm("attn_norm", "attn"), TensorSpec(b + "attn_qkv.weight", True, fused(a, qkv, ".weight"))]
     if hp.qkv_bias:
         specs.append(TensorSpec(b + "attn_qkv.bias", False, fused(a, qkv, ".bias")))
     if hp.qk_norm:
-        specs.append(TensorSpec(b + "attn_q_norm.weight", False, ((a + "q_norm.weight", (hp.head_dim,)),)))
-        specs.append(TensorSpec(b + "attn_k_norm.weight", False, ((a + "k_norm.weight", (hp.head_dim,)),)))
+        specs.append(TensorSpec(b + "attn_q_norm.weight", False, ((a + "q_norm.weight", (hp.head_dim,)),),
+                                hp.norm_shift))
+        specs.append(TensorSpec(b + "attn_k_norm.weight", False, ((a + "k_norm.weight", (hp.head_dim,)),),
+                                hp.norm_shift))
     specs.append(TensorSpec(b + "attn_output.weight", True, ((a + "o_proj.weight", (H, q)),)))
     if hp.o_bias:
         specs.append(TensorSpec(b + "attn_output.bias", False, ((a + "o_proj.bias", (H,)),)))
-    specs.append(TensorSpec(b + "ffn_norm.weight", False, ((p + "post_attention_layernorm.weight", (H,)),)))
+    if "post_attn" in norms:
+        specs.append(norm("post_attention_norm", "post_attn"))
+    specs.append(norm("ffn_norm", "ffn"))
     specs.append(TensorSpec(b + "ffn_gate_up.weight", True, fused(m, gate_up, ".weight")))
     if hp.mlp_bias:
         specs.append(TensorSpec(b + "ffn_gate_up.bias", False, fused(m, gate_up, ".bias")))
     specs.append(TensorSpec(b + "ffn_down.weight", True, ((m + "down_proj.weight", (H, I)),)))
     if hp.mlp_bias:
         specs.append(TensorSpec(b + "ffn_down.bias", False, ((m + "down_proj.bias", (H,)),)))
+    if "post_ffn" in norms:
+        specs.append(norm("post_ffw_norm", "post_ffn"))
     return specs
 
 
@@ -230,7 +274,7 @@ def model_tensors(hp: HParams, layer_tensors) -> list:
     specs = [TensorSpec("token_embd.weight", True, (("embed_tokens.weight", (V, H)),))]
     for i in range(hp.num_layers):
         specs += layer_tensors(hp, i)
-    specs.append(TensorSpec("output_norm.weight", False, (("norm.weight", (H,)),)))
+    specs.append(TensorSpec("output_norm.weight", False, (("norm.weight", (H,)),), hp.norm_shift))
     return specs
 
 
@@ -301,6 +345,8 @@ def add_tensors(writer, ckpt, hp: HParams, dtype: str, layer_tensors) -> bool:
         def produce():
             tensors = [ckpt.get(n) for n in full]
             t = tensors[0] if len(tensors) == 1 else torch.cat(tensors, dim=0)
+            if spec.shift:  # in float32, as transformers computes 1.0 + weight.float()
+                t = t.to(torch.float32) + spec.shift
             arr = to_numpy(t, out_dtype, spec.name)
             grids = [ckpt.grid(n) if hasattr(ckpt, "grid") else None for n in full]
             if all(g is not None for g in grids):  # rounded by calibration (calibrate.py)

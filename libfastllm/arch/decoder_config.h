@@ -10,9 +10,8 @@ namespace fastllm {
 class FlmFile;
 
 enum class NormKind {
-    Rms,         // x / rms(x) * w
-    RmsPlusOne,  // x / rms(x) * (1 + w)   (Gemma)
-    Layer,       // (x - mean) / std(x) * w + b
+    Rms,    // x / rms(x) * w   (Gemma's x / rms(x) * (1 + w): its converter adds the 1 to w)
+    Layer,  // (x - mean) / std(x) * w + b
 };
 enum class GluKind {
     Silu,      // silu(gate) * up   (SwiGLU)

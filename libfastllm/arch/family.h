@@ -25,5 +25,8 @@ void mistral_hparams(const FlmFile &f, DecoderConfig &c);
 void qwen2_hparams(const FlmFile &f, DecoderConfig &c);
 void qwen3_hparams(const FlmFile &f, DecoderConfig &c);
 void phi3_hparams(const FlmFile &f, DecoderConfig &c);
+void gemma_hparams(const FlmFile &f, DecoderConfig &c);
+void gemma2_hparams(const FlmFile &f, DecoderConfig &c);
+void gemma3_hparams(const FlmFile &f, DecoderConfig &c);
 
 }  // namespace fastllm

@@ -84,6 +84,40 @@ void read_common_hparams(const FlmFile &f, DecoderConfig &c) {
     } else if (f.has(a + "sliding_window")) {
         c.window.assign((size_t)c.num_layers, read_dim(f, a + "sliding_window", 0, 1 << 22));
     }
+
+    // A second RoPE set (Gemma 3's sliding layers: another base, no scaling), chosen per layer.
+    if (f.has(a + "rope.local_inv_freq")) {
+        r.sets.push_back(read_freqs(f, a + "rope.local_inv_freq", 1.0, r.dim));
+        const auto &s = f.get_ints(a + "rope.layer_sets");
+        if ((int)s.size() != c.num_layers)
+            fail(FASTLLM_ERR_BAD_FORMAT, "%s: %srope.layer_sets has %zu values for %d layers", path, a.c_str(),
+                 s.size(), c.num_layers);
+        if (r.long_set >= 0)
+            fail(FASTLLM_ERR_BAD_FORMAT, "%s: %srope.local_inv_freq cannot be combined with LongRoPE", path, a.c_str());
+        for (int64_t v : s) {
+            if (v != 0 && v != 1)
+                fail(FASTLLM_ERR_BAD_FORMAT, "%s: %srope.layer_sets holds %lld (0: rope.inv_freq, 1: local)", path,
+                     a.c_str(), (long long)v);
+            r.layer_set.push_back((int)v);
+        }
+    }
+
+    // The GLU's activation and the optional scales of embeddings, scores and logits (Gemma).
+    const std::string act = f.get_string(a + "ffn_activation", "silu");
+    if (act == "silu") c.glu = GluKind::Silu;
+    else if (act == "gelu_tanh") c.glu = GluKind::GeluTanh;
+    else fail(FASTLLM_ERR_BAD_FORMAT, "%s: %sffn_activation '%s' is not silu or gelu_tanh", path, a.c_str(), act.c_str());
+    auto positive = [&](const char *key, float &out) {
+        if (!f.has(a + key)) return;
+        const double v = f.get_float(a + key);
+        if (!(v > 0 && v < 1e30))
+            fail(FASTLLM_ERR_BAD_FORMAT, "%s: %s%s = %g must be a positive number", path, a.c_str(), key, v);
+        out = (float)v;
+    };
+    positive("embedding_scale", c.embedding_scale);
+    positive("attention.scale", c.attn_scale);
+    positive("attn_logit_softcapping", c.attn_softcap);
+    positive("final_logit_softcapping", c.final_softcap);
 }
 
 }  // namespace fastllm

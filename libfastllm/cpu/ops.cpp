@@ -147,13 +147,6 @@ void rmsnorm(const float *x, const float *w, int n, float eps, float *out) {
 
 void norm(NormKind kind, const float *x, const float *w, const float *b, int n, float eps, float *out) {
     if (kind == NormKind::Rms) return rmsnorm(x, w, n, eps, out);
-    if (kind == NormKind::RmsPlusOne) {  // Gemma: the weight is stored as w - 1
-        double ss = 0;
-        for (int i = 0; i < n; i++) ss += x[i] * x[i];
-        const float inv = (float)(1.0 / std::sqrt(ss / n + eps));
-        for (int i = 0; i < n; i++) out[i] = x[i] * inv * (1.0f + w[i]);
-        return;
-    }
     double sum = 0, ss = 0;
     for (int i = 0; i < n; i++) sum += x[i];
     const float mean = (float)(sum / n);

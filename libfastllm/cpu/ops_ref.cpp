@@ -79,8 +79,7 @@ void norm(NormKind kind, const float *x, const float *w, const float *b, int n, 
     for (int i = 0; i < n; i++) ss += ((double)x[i] - mean) * ((double)x[i] - mean);
     const double inv = 1.0 / std::sqrt(ss / n + eps);
     for (int i = 0; i < n; i++) {
-        const double wi = kind == NormKind::RmsPlusOne ? 1.0 + w[i] : w[i];
-        out[i] = (float)((x[i] - mean) * inv * wi + (kind == NormKind::Layer && b ? b[i] : 0.0));
+        out[i] = (float)((x[i] - mean) * inv * w[i] + (kind == NormKind::Layer && b ? b[i] : 0.0));
     }
 }
 

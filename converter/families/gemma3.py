@@ -1,0 +1,75 @@
+"""Gemma 3 text models (Gemma3ForCausalLM, model_type gemma3_text, e.g. gemma-3-1b-it): Gemma 2's
+layout (gemma2.py) plus a (1 + w) RMSNorm of every q and k head (q_norm, k_norm), no
+soft-capping unless configured, the sliding window on 5 of every 6 layers (`layer_types`, or
+sliding_window_pattern, default 6), and two RoPE sets: the full-attention layers rotate with
+rope_theta (default 1e6) and the config's scaling, the sliding ones with rope_local_base_freq
+(default 1e4) and no scaling — `rope_parameters` {full_attention: ..., sliding_attention: ...}
+in transformers 5.x configs. attn_logit_softcapping is ignored with a warning (transformers'
+Gemma 3 never applies it). The multimodal Gemma3ForConditionalGeneration is refused."""
+
+from __future__ import annotations
+
+import warnings
+
+from ..errors import ConversionError
+from ..rope import compute_rope, read_rope_config
+from . import common, gemma2
+
+ARCH = "gemma3"
+HF_ARCHITECTURES = ("Gemma3ForCausalLM",)
+MODEL_TYPE = "gemma3_text"
+GGUF_ARCH = "gemma3"
+ADD_BOS_DEFAULT = True
+DEFAULTS = dict(num_key_value_heads=4, head_dim=256, max_position_embeddings=131072, rms_norm_eps=1e-6)
+ROPE_TYPES = ("default", "linear", "llama3")
+# architectures of the family that are refused, with why
+REFUSED = {"Gemma3ForConditionalGeneration": "a multimodal Gemma 3 checkpoint (its vision tower and "
+           "projector included) is not supported; only Gemma 3 text models (Gemma3ForCausalLM, e.g. "
+           "gemma-3-1b-it) are"}
+
+add_metadata = common.add_metadata
+
+
+def rope_params(config: dict) -> tuple:
+    """(full-attention, sliding-attention) rope parameter dicts, from either config style."""
+    params = config.get("rope_parameters")
+    if isinstance(params, dict) and ("full_attention" in params or "sliding_attention" in params):
+        full = dict(params.get("full_attention") or {})
+        local = dict(params.get("sliding_attention") or {})
+    else:
+        full = dict(config.get("rope_scaling") or params or {})
+        local = {}
+    full.setdefault("rope_theta", config.get("rope_theta", 1_000_000.0))
+    local.setdefault("rope_theta", config.get("rope_local_base_freq", 10_000.0))
+    local.setdefault("rope_type", "default")
+    return full, local
+
+
+def read_hparams(config: dict) -> common.HParams:
+    if "text_config" in config:
+        raise ConversionError(f"config.json has a text_config: {REFUSED['Gemma3ForConditionalGeneration']}")
+    full, local = rope_params(config)
+
+    def rope(params):
+        return lambda head_dim, context: compute_rope(
+            read_rope_config({"rope_parameters": params}, types=ROPE_TYPES), head_dim, context)
+
+    if config.get("attn_logit_softcapping") is not None:
+        # Gemma3Config documents it, Gemma3Attention never applies it (transformers 5.24), llama.cpp's
+        # converter refuses it: the model computes without it, and so does fastllm
+        warnings.warn(f"config.json: attn_logit_softcapping {config['attn_logit_softcapping']} is "
+                      f"ignored, as transformers' Gemma 3 ignores it")
+    hp = gemma2.sandwich_hparams(config, ARCH, DEFAULTS, (None, None),
+                                 config.get("sliding_window_pattern", 6), rope=rope(full), qk_norm=True)
+    if hp.sliding_window_layers is not None:
+        hp.local_rope = rope(local)(hp.head_dim, hp.context_length)
+        hp.rope_layer_sets = [1 if w else 0 for w in hp.sliding_window_layers]
+    return hp
+
+
+def layer_tensors(hp: common.HParams, i: int) -> list:
+    return common.decoder_layer(hp, i, norms=gemma2.SANDWICH_NORMS)
+
+
+def add_tensors(writer, ckpt, hp: common.HParams, dtype: str) -> bool:
+    return common.add_tensors(writer, ckpt, hp, dtype, layer_tensors)
