@@ -51,9 +51,9 @@ extern "C" {
  * version. The ABI version changes whenever a struct layout or a function signature changes, or a
  * function that the bindings need is added; bindings compare it with fastllm_abi_version(). */
 #define FASTLLM_VERSION_MAJOR 0
-#define FASTLLM_VERSION_MINOR 4
+#define FASTLLM_VERSION_MINOR 5
 #define FASTLLM_VERSION_PATCH 0
-#define FASTLLM_ABI_VERSION 4
+#define FASTLLM_ABI_VERSION 5
 
 typedef enum fastllm_status {
     FASTLLM_OK = 0,
@@ -256,6 +256,13 @@ typedef struct fastllm_session_params {
     int32_t context_shift;
     int32_t n_keep;    /* tokens at the start a shift keeps; default 0; must be < n_ctx */
     int32_t n_discard; /* tokens a shift drops; 0 (default) = half of those after n_keep */
+    /* 0 (default): a layer with a sliding window (Mistral, Gemma 2 and 3, Qwen2's, ...) keeps only
+     * the positions its queries can still see, its window and 32 more (and the first n_keep with
+     * context_shift): Gemma-3-1B at n_ctx 8192 holds 4.6x less. Truncating or forking further back
+     * than that makes the next evaluation evaluate the kept tokens again, from the first (the layers
+     * with a window need their predecessors' states). 1: every layer keeps every position, as
+     * llama.cpp's --swa-full. */
+    int32_t swa_full;
 } fastllm_session_params;
 
 FASTLLM_API fastllm_session_params fastllm_session_default_params(void);
@@ -293,8 +300,14 @@ FASTLLM_API fastllm_status fastllm_session_memory(const fastllm_session *session
 FASTLLM_API fastllm_status fastllm_session_reset(fastllm_session *session);
 /* Keeps the first n_keep tokens of the context and forgets the rest (their KV cache entries are
  * reused). To continue from a common prefix instead of recomputing it: truncate, then eval the
- * tokens that differ. n_keep larger than the context is an error. */
+ * tokens that differ. n_keep larger than the context is an error. A model with sliding-window
+ * layers keeps only their windows (see swa_full): truncating further back than that keeps the
+ * tokens but not their KV cache, and the next evaluation evaluates them again
+ * (fastllm_session_n_cached says how many are held). */
 FASTLLM_API fastllm_status fastllm_session_truncate(fastllm_session *session, int32_t n_keep);
+/* Of the context's tokens, how many have their KV cache held (the first ones); the rest are
+ * evaluated by the next evaluation (a token sampled last, or after a truncation past a window). */
+FASTLLM_API int32_t fastllm_session_n_cached(const fastllm_session *session);
 /* Number of tokens in the session's context so far (evaluated or pending). */
 FASTLLM_API int32_t fastllm_session_n_tokens(const fastllm_session *session);
 FASTLLM_API int32_t fastllm_session_n_ctx(const fastllm_session *session);

@@ -214,10 +214,12 @@ void Scheduler::begin(Slot &slot) {
     slot.timings = JobTimings{};
     slot.timings.queued_ms = ms_since(job.arrived());
     if (job.cancelled()) return end(slot, simple_result(FinishReason::Cancelled));
-    const size_t cached = reuse_prefix(slot, job.prompt_);
-    slot.n_prompt = (int32_t)job.prompt_.size(), slot.n_cached = (int32_t)cached;
-    fastllm_status s = fastllm_session_begin_generation(slot.session, job.prompt_.data() + cached,
-                                                        job.prompt_.size() - cached, &job.params_, on_text, &job);
+    const size_t reused = reuse_prefix(slot, job.prompt_);
+    // cached_tokens: what the session holds of it (a sliding-window model may evaluate it again)
+    slot.n_prompt = (int32_t)job.prompt_.size();
+    slot.n_cached = (int32_t)std::min(reused, (size_t)fastllm_session_n_cached(slot.session));
+    fastllm_status s = fastllm_session_begin_generation(slot.session, job.prompt_.data() + reused,
+                                                        job.prompt_.size() - reused, &job.params_, on_text, &job);
     if (s != FASTLLM_OK) {
         JobResult r;
         r.reason = FinishReason::Error;

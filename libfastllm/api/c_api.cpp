@@ -305,6 +305,7 @@ fastllm_session_params fastllm_session_default_params(void) {
     p.context_shift = 0;
     p.n_keep = 0;
     p.n_discard = 0;
+    p.swa_full = 0;
     return p;
 }
 
@@ -314,6 +315,7 @@ fastllm::SessionOptions session_options(const fastllm_session_params &p) {
     o.n_ctx = p.n_ctx, o.n_batch = p.n_batch, o.n_threads = p.n_threads;
     o.type_k = (fastllm::KvType)p.type_k, o.type_v = (fastllm::KvType)p.type_v;  // range-checked by the session
     o.context_shift = p.context_shift != 0, o.n_keep = p.n_keep, o.n_discard = p.n_discard;
+    o.swa_full = p.swa_full != 0;
     return o;
 }
 }  // namespace
@@ -419,6 +421,7 @@ fastllm_status fastllm_session_reset(fastllm_session *session) {
 }
 
 int32_t fastllm_session_n_tokens(const fastllm_session *session) { return session ? session->impl.n_tokens() : 0; }
+int32_t fastllm_session_n_cached(const fastllm_session *session) { return session ? session->impl.n_cached() : 0; }
 int32_t fastllm_session_n_ctx(const fastllm_session *session) { return session ? session->impl.n_ctx() : 0; }
 
 fastllm_status fastllm_session_get_tokens(const fastllm_session *session, int32_t *out_tokens, size_t out_capacity,

@@ -63,7 +63,8 @@ public:
     // at the row's position in its own cache.
     virtual void qkv_to_cache(const QkvStep &s) = 0;
     // Moves a layer's positions [from, from + n) of the cache down by delta positions (to
-    // from - delta; the blocks written are the caller's to own), rotating each moved key by ks.
+    // from - delta; the blocks written are the caller's to own), rotating each moved key by ks;
+    // positions the cache no longer holds (out of a sliding window) are skipped.
     virtual void shift_cache(KvCache &cache, int layer, int from, int n, int delta, const KeyShift &ks) = 0;
     // Causal attention of a pass's rows (q and out: [rows, n_heads * head_dim]), grouped in runs of
     // consecutive positions of one cache (a prompt, or one session's token in a step over many),

@@ -78,6 +78,7 @@ void CpuBackend::shift_cache(KvCache &c, int layer, int from, int n, int delta, 
     const auto load_k = k_.kv_load[(int)c.type_k()];
     const auto store_k = k_.kv_store[(int)c.type_k()];
     for (int p = from; p < from + n; p++) {
+        if (!c.holds(layer, p)) continue;  // out of a sliding window: dropped
         load_k(c.k_row(layer, p), row, dim);
         ops::rope(row, ks.n_kv_heads, ks.head_dim, ks.rope_dim, ks.rope_interleaved, ks.cos, ks.sin);
         store_k(row, dim, c.k_row(layer, p - delta));

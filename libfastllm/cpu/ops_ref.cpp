@@ -138,7 +138,8 @@ void attention(const float *q, int T, int pos0, const KvCache &cache, int layer,
     const int head_dim = sh.head_dim, kv_dim = sh.n_kv_heads * head_dim, group = sh.n_heads / sh.n_kv_heads;
     const int positions = pos0 + T;
     std::vector<float> k_cache((size_t)positions * kv_dim), v_cache(k_cache.size());
-    for (int j = 0; j < positions; j++) {
+    // The keys the run's first query sees on: a windowed cache holds no others.
+    for (int j = sh.window > 0 ? std::max(0, pos0 - sh.window + 1) : 0; j < positions; j++) {
         kv_load(cache.type_k(), cache.k_row(layer, j), kv_dim, &k_cache[(size_t)j * kv_dim]);
         kv_load(cache.type_v(), cache.v_row(layer, j), kv_dim, &v_cache[(size_t)j * kv_dim]);
     }

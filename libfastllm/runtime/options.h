@@ -19,6 +19,7 @@ struct SessionOptions {
     KvType type_k = KvType::F16, type_v = KvType::F16;
     bool context_shift = false;
     int n_keep = 0, n_discard = 0;  // n_discard 0: half of the tokens after n_keep
+    bool swa_full = false;          // sliding-window layers keep every position
 
     static constexpr int kDefaultContext = 4096;
 };

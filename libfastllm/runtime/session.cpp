@@ -37,16 +37,21 @@ SessionOptions resolve(const Model &model, SessionOptions p) {
 
 Session::Session(const Model &model, const SessionOptions &options)
     : model_(model), opt_(resolve(model, options)), compute_(model.compute(opt_.n_threads)),
-      cache_(model.config().num_layers, opt_.n_ctx, model.config().kv_dim(), opt_.type_k, opt_.type_v) {
+      cache_(make_cache()) {
     {
         std::lock_guard<std::mutex> lock(compute_.mutex);
         compute_.reserve(model_.decoder(), opt_.n_batch, model_.config().context_length);  // any session's positions fit
     }
     tokens_.reserve((size_t)opt_.n_ctx + 1);
     logits_.resize((size_t)model.config().vocab_size);
-    log(FASTLLM_LOG_INFO, "session: n_ctx %d, n_batch %d, %d threads, KV cache %s/%s (%.1f KiB a token, allocated as used)",
+    const size_t full = (size_t)opt_.n_ctx * cache_.bytes_per_position();
+    char windows[160] = "";
+    if (cache_.n_dropping_layers() > 0)
+        std::snprintf(windows, sizeof windows, "; %d of %d layers keep only their sliding window: at most %.1f MiB, not %.1f",
+                      cache_.n_dropping_layers(), cache_.n_layers(), cache_.capacity_bytes() / 1048576.0, full / 1048576.0);
+    log(FASTLLM_LOG_INFO, "session: n_ctx %d, n_batch %d, %d threads, KV cache %s/%s (%.1f KiB a token, allocated as used%s)",
         opt_.n_ctx, opt_.n_batch, opt_.n_threads, kv_type_name(opt_.type_k), kv_type_name(opt_.type_v),
-        cache_.bytes_per_position() / 1024.0);
+        cache_.bytes_per_position() / 1024.0, windows);
 }
 
 Session::Session(const Session &src, size_t n, const SessionOptions &options) : Session(src.model_, options) {
@@ -56,6 +61,26 @@ Session::Session(const Session &src, size_t n, const SessionOptions &options) : 
     cache_.share(src.cache_, (int)std::min(n, src.n_evaluated_));
     tokens_.assign(src.tokens_.begin(), src.tokens_.begin() + n);
     n_evaluated_ = std::min(n, src.n_evaluated_);
+    keep_or_recompute();
+}
+
+KvCache Session::make_cache() const {
+    const DecoderConfig &c = model_.config();
+    return KvCache(c.num_layers, opt_.n_ctx, c.kv_dim(), opt_.type_k, opt_.type_v, c.window, !opt_.swa_full,
+                   opt_.context_shift ? opt_.n_keep : 0);
+}
+
+void Session::keep_or_recompute() {
+    if (cache_.can_continue((int)n_evaluated_)) {
+        cache_.release_from((int)n_evaluated_);
+        return;
+    }
+    // The sliding-window layers no longer hold the window before n_evaluated_ (they dropped it as the
+    // context grew): the tokens are evaluated again, from the first, by the next evaluation.
+    log(FASTLLM_LOG_INFO, "session: the sliding-window layers no longer hold positions before %zu; its %zu tokens "
+        "will be evaluated again (swa_full keeps every position)", n_evaluated_, tokens_.size());
+    n_evaluated_ = 0;
+    cache_.release_from(0);
 }
 
 void Session::reset() {
@@ -71,7 +96,7 @@ void Session::truncate(size_t n_keep) {
         fail(FASTLLM_ERR_INVALID_ARGUMENT, "cannot keep %zu tokens: the context has %zu", n_keep, tokens_.size());
     tokens_.resize(n_keep);
     n_evaluated_ = std::min(n_evaluated_, n_keep);
-    cache_.release_from((int)n_evaluated_);
+    keep_or_recompute();
     gen_.reset();
     has_gen_ = false;
 }
@@ -81,7 +106,7 @@ SessionMemory Session::memory() const {
     m.kv_bytes = cache_.bytes();
     m.kv_shared_bytes = cache_.shared_bytes();
     m.kv_bytes_per_token = cache_.bytes_per_position();
-    m.kv_capacity_bytes = (size_t)(opt_.n_ctx + KvCache::kBlock - 1) / KvCache::kBlock * cache_.block_bytes();
+    m.kv_capacity_bytes = cache_.capacity_bytes();
     m.session_bytes = sizeof(*this) + logits_.capacity() * sizeof(float) + tokens_.capacity() * sizeof(int32_t) +
                       (size_t)(opt_.n_ctx + KvCache::kBlock - 1) / KvCache::kBlock * 16;
     m.compute_bytes = compute_.bytes();
@@ -122,16 +147,21 @@ void Session::shift(int discard) {
     }
     tokens_.erase(tokens_.begin() + keep, tokens_.begin() + from);
     cache_.release_from((int)n_evaluated_);
+    cache_.forget((int)n_evaluated_);  // the windowed layers' blocks the shift allocated below their windows
     log(FASTLLM_LOG_DEBUG, "context shift: kept %d tokens, dropped %d, %zu now", keep, discard, tokens_.size());
 }
 
 void Session::run_pending(fastllm_logits_mode mode, float *out_logits) {
     const size_t vocab = (size_t)model_.config().vocab_size;
     const size_t first = n_evaluated_;
-    cache_.prepare((int)n_evaluated_, (int)tokens_.size());  // out of memory here: nothing changed yet
+    // Out of memory here: nothing changed yet. The sliding-window layers get their blocks a pass at a
+    // time, and forget() drops what falls out of their windows, so that a long prompt never makes
+    // them hold more than a window and a pass.
+    cache_.prepare((int)n_evaluated_, (int)tokens_.size(), false);
     while (n_evaluated_ < tokens_.size()) {
         if (cancel_.load()) break;
         const int T = (int)std::min<size_t>(opt_.n_batch, tokens_.size() - n_evaluated_);
+        cache_.prepare((int)n_evaluated_, (int)n_evaluated_ + T);  // eval() keeps what is evaluated if this fails
         std::lock_guard<std::mutex> lock(compute_.mutex);  // the constructor reserved room for n_batch rows
         for (int t = 0; t < T; t++) {
             const size_t i = n_evaluated_ + t;
@@ -144,6 +174,7 @@ void Session::run_pending(fastllm_logits_mode mode, float *out_logits) {
                                       compute_.rows.data(), T, &cancel_))
             break;
         n_evaluated_ += T;
+        cache_.forget((int)n_evaluated_);
     }
     if (n_evaluated_ < tokens_.size()) {  // cancelled: the evaluated part stays, the rest goes
         const size_t dropped = tokens_.size() - n_evaluated_;
@@ -163,12 +194,16 @@ void Session::eval(const int32_t *tokens, size_t n, fastllm_logits_mode mode, fl
     check_tokens(tokens, n);
     run_pending(FASTLLM_LOGITS_NONE, nullptr);  // a token sampled last by generate() is still pending
     make_room(n);
+    const size_t before = tokens_.size();
     tokens_.insert(tokens_.end(), tokens, tokens + n);
     try {
         run_pending(mode, out_logits);
     } catch (const Error &e) {
         if (e.status() != FASTLLM_ERR_OUT_OF_MEMORY) throw;
-        tokens_.resize(tokens_.size() - n);  // nothing was evaluated: the context is as it was
+        // The context keeps what was evaluated: nothing, unless the sliding-window layers ran out
+        // of blocks after some passes.
+        tokens_.resize(std::max(before, n_evaluated_));
+        cache_.release_from((int)n_evaluated_);
         throw;
     }
 }
@@ -322,6 +357,8 @@ void Session::step(Session *const *sessions, size_t n, int32_t *done) {
         if (++n_rows == (size_t)c.work.max_batch) flush();
     }
     if (n_rows) flush();
+    for (size_t i = 0; i < n; i++)
+        if (!done[i]) sessions[i]->cache_.forget((int)sessions[i]->n_evaluated_);
 }
 
 void Session::generate(const int32_t *prompt, size_t n_prompt, const SamplingOptions &p,

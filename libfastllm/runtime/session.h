@@ -37,6 +37,7 @@ public:
     const SessionOptions &options() const { return opt_; }
     int n_ctx() const { return opt_.n_ctx; }
     int n_tokens() const { return (int)tokens_.size(); }
+    int n_cached() const { return (int)n_evaluated_; }
     const std::vector<int32_t> &tokens() const { return tokens_; }
     void reset();
     void truncate(size_t n_keep);  // see fastllm_session_truncate
@@ -99,6 +100,12 @@ private:
     void shift(int discard);
     // Runs tokens_[n_evaluated_..] through the model in n_batch chunks.
     void run_pending(fastllm_logits_mode mode, float *out_logits);
+    // After n_evaluated_ went back (a truncation, a fork): drops the cache past it, or, when the
+    // sliding-window layers no longer hold what a query there sees, all of it (the tokens are then
+    // evaluated again by the next evaluation).
+    void keep_or_recompute();
+    // An empty KV cache of this session's shape, types and windows.
+    KvCache make_cache() const;
     // Samples this session's next token; returns false when its generation has ended.
     bool sample_next();
     void finish_generation(fastllm_stop_reason reason);

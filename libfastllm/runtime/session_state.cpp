@@ -1,7 +1,9 @@
 // session_state.cpp — a session's saved state (fastllm_session_save_state). Layout, little-endian:
 //   "FLMSTATE" u32 version  u64 model fingerprint
 //   u32 n_layers  u32 kv_dim  u32 type_k  u32 type_v  u32 n_tokens  u32 n_evaluated  i32 tokens[n_tokens]
-//   per layer: n_evaluated key rows, then n_evaluated value rows (in type_k / type_v)
+//   per layer: u8 held[ceil(n_evaluated / 32)] (version 2: which blocks of 32 positions follow;
+//     a sliding-window layer holds only its window), then the key rows of the held positions below
+//     n_evaluated, then their value rows (in type_k / type_v); version 1: every block, no flags
 //   u8 generating; if 1: the sampling options (stop strings, grammar), the RNG state, n_prompt /
 //     n_generated, the text the stream holds back, the text the grammar has accepted (replayed
 //     into a new matcher on load), and the last logits (vocab floats)
@@ -22,7 +24,7 @@ namespace fastllm {
 namespace {
 
 constexpr char kMagic[8] = {'F', 'L', 'M', 'S', 'T', 'A', 'T', 'E'};
-constexpr uint32_t kStateVersion = 1;
+constexpr uint32_t kStateVersion = 2;  // version 1 (fastllm 0.4): every position of every layer
 
 uint64_t fnv1a(const uint8_t *p, size_t n) {
     Fnv1a f;
@@ -99,10 +101,14 @@ std::vector<uint8_t> Session::save_state() const {
     w.put((uint32_t)cache_.type_k()), w.put((uint32_t)cache_.type_v());
     w.put((uint32_t)tokens_.size()), w.put((uint32_t)n_evaluated_);
     w.bytes(tokens_.data(), tokens_.size() * sizeof(int32_t));
-    w.out.reserve(w.out.size() + n_evaluated_ * cache_.bytes_per_position() + 64 + logits_.size() * 4);
+    w.out.reserve(w.out.size() + cache_.bytes() + 64 + logits_.size() * 4);
+    const int n_eval = (int)n_evaluated_, n_blocks = (n_eval + KvCache::kBlock - 1) / KvCache::kBlock;
     for (int l = 0; l < cache_.n_layers(); l++) {
-        for (size_t p = 0; p < n_evaluated_; p++) w.bytes(cache_.k_row(l, (int)p), cache_.row_bytes_k());
-        for (size_t p = 0; p < n_evaluated_; p++) w.bytes(cache_.v_row(l, (int)p), cache_.row_bytes_v());
+        for (int b = 0; b < n_blocks; b++) w.put((uint8_t)cache_.holds(l, b * KvCache::kBlock));
+        for (int p = 0; p < n_eval; p++)
+            if (cache_.holds(l, p)) w.bytes(cache_.k_row(l, p), cache_.row_bytes_k());
+        for (int p = 0; p < n_eval; p++)
+            if (cache_.holds(l, p)) w.bytes(cache_.v_row(l, p), cache_.row_bytes_v());
     }
     w.put((uint8_t)(gen_ ? 1 : 0));
     if (gen_) {
@@ -126,8 +132,9 @@ void Session::load_state(const uint8_t *data, size_t size, fastllm_stream_callba
     if (fnv1a(data, size - 8) != sum) fail(FASTLLM_ERR_BAD_FORMAT, "session state: truncated or damaged (checksum)");
     Reader r{data + sizeof kMagic, data + size - 8};
     const uint32_t version = r.get<uint32_t>();
-    if (version != kStateVersion)
-        fail(FASTLLM_ERR_BAD_FORMAT, "session state version %u; this library reads version %u", version, kStateVersion);
+    if (version < 1 || version > kStateVersion)
+        fail(FASTLLM_ERR_BAD_FORMAT, "session state version %u; this library reads versions 1 to %u", version,
+             kStateVersion);
     if (r.get<uint64_t>() != model_.fingerprint())
         fail(FASTLLM_ERR_BAD_FORMAT, "session state belongs to another model (its weights, config or vocabulary differ)");
     const uint32_t layers = r.get<uint32_t>(), dim = r.get<uint32_t>();
@@ -145,13 +152,16 @@ void Session::load_state(const uint8_t *data, size_t size, fastllm_stream_callba
     // The rows go into a new cache (converted when the types differ); it replaces ours at the end.
     const KvType type_k = (KvType)tk, type_v = (KvType)tv;
     const size_t rk = kv_row_bytes(type_k, (int)dim), rv = kv_row_bytes(type_v, (int)dim);
-    KvCache cache(cache_.n_layers(), opt_.n_ctx, cache_.kv_dim(), cache_.type_k(), cache_.type_v());
+    KvCache cache = make_cache();
     cache.prepare(0, (int)n_eval);
     const KernelTable &k = kernels();
     std::vector<float> row(dim);
+    const int n_blocks = ((int)n_eval + KvCache::kBlock - 1) / KvCache::kBlock;
+    std::vector<uint8_t> held((size_t)n_blocks, 1);
     auto copy_rows = [&](KvType from, size_t row_bytes, KvType to, char *(KvCache::*at)(int, int) const, int l) {
-        const uint8_t *src = r.take((size_t)n_eval * row_bytes);
-        for (uint32_t p = 0; p < n_eval; p++, src += row_bytes) {
+        for (uint32_t p = 0; p < n_eval; p++) {
+            if (!held[p / KvCache::kBlock]) continue;
+            const uint8_t *src = r.take(row_bytes);
             char *dst = (cache.*at)(l, (int)p);
             if (from == to) {
                 std::memcpy(dst, src, row_bytes);
@@ -162,9 +172,13 @@ void Session::load_state(const uint8_t *data, size_t size, fastllm_stream_callba
         }
     };
     for (int l = 0; l < cache_.n_layers(); l++) {
+        if (version >= 2) std::memcpy(held.data(), r.take(held.size()), held.size());
         copy_rows(type_k, rk, cache_.type_k(), &KvCache::k_row, l);
         copy_rows(type_v, rv, cache_.type_v(), &KvCache::v_row, l);
+        for (int b = 0; b < n_blocks; b++)
+            if (!held[b]) cache.release_block(l, b * KvCache::kBlock);
     }
+    cache.forget((int)n_eval);
     const bool generating = r.get<uint8_t>() != 0;
     std::unique_ptr<Generation> gen;
     GenerationResult result;
@@ -178,6 +192,8 @@ void Session::load_state(const uint8_t *data, size_t size, fastllm_stream_callba
         logits.resize(logits_.size());
         std::memcpy(logits.data(), r.take(logits.size() * 4), logits.size() * 4);
         if (n_eval != n_tokens) fail(FASTLLM_ERR_BAD_FORMAT, "session state: a generation with unevaluated tokens");
+        if (!cache.can_continue((int)n_eval))
+            fail(FASTLLM_ERR_BAD_FORMAT, "session state: a generation whose KV rows lack positions its next token sees");
         std::unique_ptr<GrammarMatcher> matcher;
         if (!o.grammar.empty()) {
             try {
@@ -198,6 +214,7 @@ void Session::load_state(const uint8_t *data, size_t size, fastllm_stream_callba
     tokens_ = std::move(tokens);
     tokens_.reserve((size_t)opt_.n_ctx + 1);
     n_evaluated_ = n_eval;
+    keep_or_recompute();  // rows saved without the window a query at n_eval sees: evaluated again
     gen_ = std::move(gen);
     has_gen_ = gen_ != nullptr;
     if (gen_) {

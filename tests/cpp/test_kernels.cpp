@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "api/error.h"
 #include "cpu/kernels.h"
 #include "cpu/ops.h"
 #include "runtime/kv_cache.h"
@@ -307,22 +308,69 @@ static void test_kv_kernels(const KernelTable &k) {
 static void test_kv_cache_blocks() {
     const int B = KvCache::kBlock;
     KvCache a(2, 4 * B, 8, KvType::F32, KvType::F32);
+    const size_t block = B * a.bytes_per_position();
     CHECK(a.bytes() == 0, "a new cache holds %zu bytes", a.bytes());
     a.prepare(0, B + 3);
-    CHECK(a.bytes() == 2 * a.block_bytes(), "%zu bytes for %d positions", a.bytes(), B + 3);
+    CHECK(a.bytes() == 2 * block, "%zu bytes for %d positions", a.bytes(), B + 3);
     for (int p = 0; p < B + 3; p++) ((float *)a.k_row(1, p))[0] = (float)p;
     KvCache b(2, 4 * B, 8, KvType::F32, KvType::F32);
     b.share(a, B + 3);
-    CHECK(b.shared_bytes() == 2 * a.block_bytes() && a.shared_bytes() == 2 * a.block_bytes(), "not shared");
+    CHECK(b.shared_bytes() == 2 * block && a.shared_bytes() == 2 * block, "not shared");
     CHECK(b.k_row(1, 5) == a.k_row(1, 5), "shared rows are not the same memory");
     b.prepare(B + 3, B + 4);  // writing into the shared second block copies it
     CHECK(b.k_row(1, B) != a.k_row(1, B) && b.k_row(1, 5) == a.k_row(1, 5), "copy on write copied the wrong blocks");
     CHECK(((float *)b.k_row(1, B + 2))[0] == (float)(B + 2), "the copy lost a row");
-    CHECK(a.shared_bytes() == a.block_bytes(), "after the copy, a shares %zu bytes", a.shared_bytes());
+    CHECK(a.shared_bytes() == block, "after the copy, a shares %zu bytes", a.shared_bytes());
     a.release_from(1);
-    CHECK(a.bytes() == a.block_bytes() && b.shared_bytes() == a.block_bytes(), "release_from(1) kept %zu bytes", a.bytes());
+    CHECK(a.bytes() == block && b.shared_bytes() == block, "release_from(1) kept %zu bytes", a.bytes());
     a.release_from(0);
     CHECK(a.bytes() == 0 && b.shared_bytes() == 0 && ((float *)b.k_row(1, 7))[0] == 7.0f, "b lost the block a released");
+}
+
+// A layer with a sliding window keeps its own blocks: forget() drops those out of its window (less
+// one block of slack, and the kept prefix), can_continue() says whether a context can go on from a
+// length, share() keeps the holes.
+static void test_kv_cache_windows() {
+    const int B = KvCache::kBlock, W = 2 * B;
+    KvCache a(3, 16 * B, 8, KvType::F32, KvType::F32, {0, W, W});  // layer 0 full, layers 1 and 2 windowed
+    const size_t full_block = B * 8 * 4 * 2, window_block = 2 * full_block;  // 1 layer, 2 layers
+    a.prepare(0, 10 * B);
+    CHECK(a.bytes() == 10 * (full_block + window_block), "10 blocks: %zu bytes", a.bytes());
+    ((float *)a.k_row(0, 0))[0] = 1.0f, ((float *)a.k_row(2, 9 * B))[0] = 2.0f;
+    // A query at 10B sees 8B+1 .. 10B; one block of slack before 8B+1 keeps 7B .. : blocks 0 .. 6 go.
+    a.forget(10 * B);
+    for (int b = 0; b < 10; b++) {
+        CHECK(a.holds(0, b * B), "the full layer dropped block %d", b);
+        CHECK(a.holds(1, b * B) == (b >= 7) && a.holds(2, b * B) == (b >= 7), "windowed block %d: held %d", b,
+              (int)a.holds(1, b * B));
+    }
+    CHECK(a.bytes() == 10 * full_block + 3 * window_block, "after forget: %zu bytes", a.bytes());
+    CHECK(((float *)a.k_row(0, 0))[0] == 1.0f && ((float *)a.k_row(2, 9 * B))[0] == 2.0f, "forget moved rows");
+    CHECK(a.can_continue(10 * B) && a.can_continue(9 * B) && a.can_continue(9 * B - 1), "the window is held");
+    CHECK(!a.can_continue(9 * B - 2) && !a.can_continue(5 * B), "a query at 9B-2 sees 7B-1 .., which is dropped");
+    CHECK(a.can_continue(0), "an empty context can always go on");
+    CHECK(a.capacity_bytes() == 16 * full_block + (W + 2 * B) / B * window_block + window_block,
+          "capacity %zu", a.capacity_bytes());
+    KvCache b(3, 16 * B, 8, KvType::F32, KvType::F32, {0, W, W});
+    b.share(a, 9 * B);
+    CHECK(b.holds(0, 0) && !b.holds(1, 0) && b.holds(1, 8 * B) && b.k_row(2, 8 * B) == a.k_row(2, 8 * B),
+          "share() of a windowed cache");
+    KvCache kept(3, 16 * B, 8, KvType::F32, KvType::F32, {0, W, W}, true, B + 1);  // keeps positions 0 .. B
+    kept.prepare(0, 10 * B);
+    kept.forget(10 * B);
+    CHECK(kept.holds(1, 0) && kept.holds(1, B) && !kept.holds(1, 2 * B) && kept.holds(1, 7 * B), "the kept prefix");
+    KvCache all(3, 16 * B, 8, KvType::F32, KvType::F32, {0, W, W}, false);  // swa_full
+    all.prepare(0, 10 * B);
+    all.forget(10 * B);
+    CHECK(all.bytes() == 10 * (full_block + window_block) && all.can_continue(B), "swa_full dropped blocks");
+    KvCache c(3, 16 * B, 8, KvType::F32, KvType::F32, {0, B, B});
+    bool refused = false;
+    try {
+        c.share(a, B);
+    } catch (const Error &) {
+        refused = true;
+    }
+    CHECK(refused, "share() between caches of different windows");
 }
 
 // swiglu and softmax use each ISA's own exp: ordinary values, and ones where exp over- or underflows.
@@ -534,6 +582,7 @@ int main() {
     }
     test_elementwise();
     test_kv_cache_blocks();
+    test_kv_cache_windows();
     test_f16_rounding();
     test_sampler();
     test_text_stream();

@@ -205,12 +205,14 @@ struct SessionOptions {
     bool context_shift = fastllm_session_default_params().context_shift != 0;  // drop old tokens when full
     int32_t n_keep = fastllm_session_default_params().n_keep;        // tokens a shift keeps at the start
     int32_t n_discard = fastllm_session_default_params().n_discard;  // 0 = half of those after n_keep
+    bool swa_full = fastllm_session_default_params().swa_full != 0;   // sliding-window layers keep everything
 
     fastllm_session_params to_c() const {
         fastllm_session_params p = fastllm_session_default_params();
         p.n_ctx = n_ctx, p.n_threads = threads, p.n_batch = n_batch;
         p.type_k = type_k, p.type_v = type_v;
         p.context_shift = context_shift ? 1 : 0, p.n_keep = n_keep, p.n_discard = n_discard;
+        p.swa_full = swa_full ? 1 : 0;
         return p;
     }
 };
@@ -310,6 +312,7 @@ public:
     explicit operator bool() const noexcept { return session_ != nullptr; }
 
     int n_tokens() const noexcept { return fastllm_session_n_tokens(session_); }
+    int n_cached() const noexcept { return fastllm_session_n_cached(session_); }
     int n_ctx() const noexcept { return fastllm_session_n_ctx(session_); }
     void reset() { detail::check(fastllm_session_reset(session_)); }
     void truncate(int n_keep) { detail::check(fastllm_session_truncate(session_, n_keep)); }

@@ -19,7 +19,7 @@ const koffi = require('koffi');
 
 // FASTLLM_ABI_VERSION of the include/fastllm.h this file mirrors. Keep the structs and prototypes
 // below in step with the header, and change this number with them.
-const ABI_VERSION = 4;
+const ABI_VERSION = 5;
 
 // ---------------------------------------------------------------------------------------------
 // The library: FASTLLM_LIBRARY, else a source checkout's build/, else the system loader's search.
@@ -97,6 +97,7 @@ const types = {
         context_shift: 'int32_t',
         n_keep: 'int32_t',
         n_discard: 'int32_t',
+        swa_full: 'int32_t',
     }),
     fastllm_session_memory_info: koffi.struct('fastllm_session_memory_info', {
         kv_bytes: 'uint64_t',
@@ -305,9 +306,9 @@ class Model {
 const KV_TYPES = { f32: 0, f16: 1, q8: 2 };
 
 // options: nCtx (0 = 4096, or the model's context if shorter), nBatch, threads, kvType (or typeK
-// and typeV: 'f16' default, 'f32', 'q8'), contextShift, nKeep, nDiscard.
+// and typeV: 'f16' default, 'f32', 'q8'), contextShift, nKeep, nDiscard, swaFull.
 function sessionParams({ nCtx = 0, nBatch = 0, threads = 0, kvType, typeK, typeV, contextShift = false,
-    nKeep = 0, nDiscard = 0 } = {}) {
+    nKeep = 0, nDiscard = 0, swaFull = false } = {}) {
     const params = C.sessionDefaultParams();
     params.n_ctx = nCtx;
     if (nBatch) params.n_batch = nBatch;
@@ -320,6 +321,7 @@ function sessionParams({ nCtx = 0, nBatch = 0, threads = 0, kvType, typeK, typeV
     params.context_shift = contextShift ? 1 : 0;
     params.n_keep = nKeep;
     params.n_discard = nDiscard;
+    params.swa_full = swaFull ? 1 : 0;
     return params;
 }
 

@@ -11,7 +11,7 @@ from ctypes import (CFUNCTYPE, POINTER, Structure, c_char, c_char_p, c_double, c
                     c_uint64, c_void_p)
 from pathlib import Path
 
-FASTLLM_ABI_VERSION = 4
+FASTLLM_ABI_VERSION = 5
 
 # fastllm_status
 OK = 0
@@ -52,7 +52,8 @@ class ModelInfo(Structure):
 
 class SessionParams(Structure):
     _fields_ = [("n_ctx", c_int32), ("n_batch", c_int32), ("n_threads", c_int32), ("type_k", c_int32),
-                ("type_v", c_int32), ("context_shift", c_int32), ("n_keep", c_int32), ("n_discard", c_int32)]
+                ("type_v", c_int32), ("context_shift", c_int32), ("n_keep", c_int32), ("n_discard", c_int32),
+                ("swa_full", c_int32)]
 
 
 class SessionMemoryInfo(Structure):
@@ -122,6 +123,7 @@ _PROTOTYPES = {
     "fastllm_session_free": (None, [c_void_p]),
     "fastllm_session_reset": (c_int, [c_void_p]),
     "fastllm_session_n_tokens": (c_int32, [c_void_p]),
+    "fastllm_session_n_cached": (c_int32, [c_void_p]),
     "fastllm_session_n_ctx": (c_int32, [c_void_p]),
     "fastllm_session_get_tokens": (c_int, [c_void_p, POINTER(c_int32), c_size_t, POINTER(c_size_t)]),
     "fastllm_session_eval": (c_int, [c_void_p, POINTER(c_int32), c_size_t, c_int, POINTER(c_float)]),

@@ -289,11 +289,13 @@ class Session(_Handle):
 
     def __init__(self, model: Model, n_ctx: int = 0, n_batch: int = 0, threads: int = 0, *,
                  kv_type: str | None = None, type_k: str | None = None, type_v: str | None = None,
-                 context_shift: bool = False, n_keep: int = 0, n_discard: int = 0, _fork_of: "Session" = None,
-                 _fork_n: int = 0):
+                 context_shift: bool = False, n_keep: int = 0, n_discard: int = 0, swa_full: bool = False,
+                 _fork_of: "Session" = None, _fork_n: int = 0):
         """n_ctx 0: 4096 (or the model's context if shorter); the KV cache grows with the context.
         kv_type sets both type_k and type_v: "f16" (default), "f32" or "q8". context_shift: when the
-        context is full, drop n_discard tokens (0: half) after the first n_keep and go on."""
+        context is full, drop n_discard tokens (0: half) after the first n_keep and go on.
+        swa_full: sliding-window layers keep every position instead of only their window (more
+        memory; truncating or forking far back then needs no re-evaluation)."""
         params = lib.fastllm_session_default_params()
         params.n_ctx = n_ctx
         if n_batch:
@@ -305,6 +307,7 @@ class Session(_Handle):
                     raise ValueError(f"{field} must be one of {sorted(raw.KV_TYPES)}, not {value!r}")
                 setattr(params, field, raw.KV_TYPES[value])
         params.context_shift, params.n_keep, params.n_discard = int(bool(context_shift)), n_keep, n_discard
+        params.swa_full = int(bool(swa_full))
         handle = ctypes.c_void_p()
         if _fork_of is None:
             _check(lib.fastllm_session_create(model.handle, ctypes.byref(params), ctypes.byref(handle)))
@@ -313,7 +316,7 @@ class Session(_Handle):
         self._handle = handle
         self._options = dict(n_ctx=n_ctx, n_batch=n_batch, threads=threads, type_k=type_k or kv_type,
                              type_v=type_v or kv_type, context_shift=context_shift, n_keep=n_keep,
-                             n_discard=n_discard)
+                             n_discard=n_discard, swa_full=swa_full)
         self.model = model  # keeps the model alive while the session is
         model._sessions.add(self)
         self.last_result: GenerationResult | None = None
@@ -333,6 +336,11 @@ class Session(_Handle):
     @property
     def n_tokens(self) -> int:
         return lib.fastllm_session_n_tokens(self.handle)
+
+    @property
+    def n_cached(self) -> int:
+        """Of n_tokens, how many have their KV cache held (the rest are evaluated by the next call)."""
+        return lib.fastllm_session_n_cached(self.handle)
 
     @property
     def n_ctx(self) -> int:
