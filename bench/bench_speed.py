@@ -22,15 +22,23 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(REPO / "bindings" / "python"), str(REPO)]
 
-# name -> (transformers family, config); the LLaMA shapes, and Qwen2.5-0.5B's (tied head, GQA 7:1, vocab 152k)
+# name -> (transformers config class, model class, config): the LLaMA shapes, Qwen2.5-0.5B's (tied
+# head, GQA 7:1, vocab 152k) and Gemma-3-1B's (head_dim 256, 1 KV head, vocab 262k, 22 of 26 layers
+# with a window of 512)
 SHAPES = {
-    "tinyllama": ("Llama", dict(hidden_size=2048, intermediate_size=5632, num_hidden_layers=22, num_attention_heads=32,
-                      num_key_value_heads=4, vocab_size=32000, max_position_embeddings=2048)),
-    "110m": ("Llama", dict(hidden_size=768, intermediate_size=2048, num_hidden_layers=12, num_attention_heads=12,
-                           num_key_value_heads=12, vocab_size=32000, max_position_embeddings=1024)),
-    "qwen2.5-0.5b": ("Qwen2", dict(hidden_size=896, intermediate_size=4864, num_hidden_layers=24, num_attention_heads=14,
-                                   num_key_value_heads=2, vocab_size=151936, max_position_embeddings=32768,
-                                   tie_word_embeddings=True, rope_theta=1000000.0)),
+    "tinyllama": ("LlamaConfig", "LlamaForCausalLM", dict(
+        hidden_size=2048, intermediate_size=5632, num_hidden_layers=22, num_attention_heads=32, num_key_value_heads=4,
+        vocab_size=32000, max_position_embeddings=2048)),
+    "110m": ("LlamaConfig", "LlamaForCausalLM", dict(
+        hidden_size=768, intermediate_size=2048, num_hidden_layers=12, num_attention_heads=12, num_key_value_heads=12,
+        vocab_size=32000, max_position_embeddings=1024)),
+    "qwen2.5-0.5b": ("Qwen2Config", "Qwen2ForCausalLM", dict(
+        hidden_size=896, intermediate_size=4864, num_hidden_layers=24, num_attention_heads=14, num_key_value_heads=2,
+        vocab_size=151936, max_position_embeddings=32768, tie_word_embeddings=True, rope_theta=1000000.0)),
+    "gemma3-1b": ("Gemma3TextConfig", "Gemma3ForCausalLM", dict(
+        hidden_size=1152, intermediate_size=6912, num_hidden_layers=26, num_attention_heads=4, num_key_value_heads=1,
+        head_dim=256, vocab_size=262144, max_position_embeddings=32768, sliding_window=512, query_pre_attn_scalar=256,
+        tie_word_embeddings=True)),
 }
 
 
@@ -41,9 +49,8 @@ def random_checkpoint(shape: str, work_dir: Path) -> Path:
     if (out / "config.json").exists():
         return out
     torch.manual_seed(0)
-    family, config = SHAPES[shape]
-    config_class, model_class = (getattr(transformers, family + s) for s in ("Config", "ForCausalLM"))
-    model = model_class(config_class(**config, bos_token_id=1, eos_token_id=2))
+    config_class, model_class, config = SHAPES[shape]
+    model = getattr(transformers, model_class)(getattr(transformers, config_class)(**config, bos_token_id=1, eos_token_id=2))
     model.save_pretrained(out)
     tok = REPO.parent / "shared" / "models" / "stories260K" / "hf" / "tokenizer.model"
     (out / "tokenizer.model").write_bytes(tok.read_bytes())  # 512 pieces, padded to the vocab

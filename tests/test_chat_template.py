@@ -317,6 +317,48 @@ PHI4_MINI = (r"{% for message in messages %}"
              r"{% endfor %}{% if add_generation_prompt %}{{ '<|assistant|>' }}{% else %}{{ eos_token }}{% endif %}")
 
 # The families and variants we render.
+# google/gemma-3-1b-it's tokenizer_config.json: the system message goes before the first user turn
+GEMMA3 = """{{ bos_token }}
+{%- if messages[0]['role'] == 'system' -%}
+    {%- if messages[0]['content'] is string -%}
+        {%- set first_user_prefix = messages[0]['content'] + '\n\n' -%}
+    {%- else -%}
+        {%- set first_user_prefix = messages[0]['content'][0]['text'] + '\n\n' -%}
+    {%- endif -%}
+    {%- set loop_messages = messages[1:] -%}
+{%- else -%}
+    {%- set first_user_prefix = "" -%}
+    {%- set loop_messages = messages -%}
+{%- endif -%}
+{%- for message in loop_messages -%}
+    {%- if (message['role'] == 'user') != (loop.index0 % 2 == 0) -%}
+        {{ raise_exception("Conversation roles must alternate user/assistant/user/assistant/...") }}
+    {%- endif -%}
+    {%- if (message['role'] == 'assistant') -%}
+        {%- set role = "model" -%}
+    {%- else -%}
+        {%- set role = message['role'] -%}
+    {%- endif -%}
+    {{ '<start_of_turn>' + role + '\n' + (first_user_prefix if loop.first else "") }}
+    {%- if message['content'] is string -%}
+        {{ message['content'] | trim }}
+    {%- elif message['content'] is iterable -%}
+        {%- for item in message['content'] -%}
+            {%- if item['type'] == 'image' -%}
+                {{ '<start_of_image>' }}
+            {%- elif item['type'] == 'text' -%}
+                {{ item['text'] | trim }}
+            {%- endif -%}
+        {%- endfor -%}
+    {%- else -%}
+        {{ raise_exception("Invalid content type") }}
+    {%- endif -%}
+    {{ '<end_of_turn>\n' }}
+{%- endfor -%}
+{%- if add_generation_prompt -%}
+    {{'<start_of_turn>model\n'}}
+{%- endif -%}
+"""
 TEMPLATES = {
     "chatml": "{% for message in messages %}{{'<|im_start|>' + message['role'] + '\\n' + message['content'] + "
               "'<|im_end|>' + '\\n'}}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}"
@@ -351,6 +393,7 @@ TEMPLATES = {
              "{% if (message['role'] == 'assistant') %}{% set role = 'model' %}{% else %}{% set role = "
              "message['role'] %}{% endif %}{{ '<start_of_turn>' + role + '\\n' + message['content'] | trim + "
              "'<end_of_turn>\\n' }}{% endfor %}{% if add_generation_prompt %}{{'<start_of_turn>model\\n'}}{% endif %}",
+    "gemma3": GEMMA3,
     "qwen2.5": QWEN25,
     "qwen3": QWEN3,
     "mistral-v0.1": MISTRAL_V01,
@@ -435,7 +478,8 @@ def test_model_without_template(stories_model):
 
 def test_every_new_family_renders_most_conversations():
     """The parity test above is not passing by refusals: each template renders most conversations."""
-    for family in ("qwen2.5", "qwen3", "mistral-v1", "mistral-v0.3", "phi3", "phi3.5", "phi3-small", "phi4-mini"):
+    for family in ("qwen2.5", "qwen3", "mistral-v1", "mistral-v0.3", "phi3", "phi3.5", "phi3-small", "phi4-mini",
+                   "gemma3"):
         rendered = 0
         for messages in CONVERSATIONS:
             try:

@@ -236,6 +236,30 @@ std::string render_llama3(const Chat &c) {
 
 bool is_gemma(const std::string &t) { return contains(t, "<start_of_turn>"); }
 
+// Gemma 3: no system role either, but its content (as it is, not stripped) and a separator go
+// before the first turn's; the separator is the template's literal, "\n\n" in google's.
+bool is_gemma3(const std::string &t) { return is_gemma(t) && contains(t, "first_user_prefix"); }
+
+std::string render_gemma3(const Chat &c) {
+    const std::string mark = "set first_user_prefix = messages[0]['content'] + '";
+    const size_t at = c.norm.find(mark), end = at == std::string::npos ? at : c.norm.find('\'', at + mark.size());
+    std::string sep = end == std::string::npos ? "?" : c.norm.substr(at + mark.size(), end - at - mark.size());
+    for (size_t i = 0; i < sep.size(); i++)  // the literal's \n escapes
+        if (sep.compare(i, 2, "\\n") != 0) fail(FASTLLM_ERR_UNSUPPORTED, "a Gemma 3 chat template with this system prefix");
+        else sep.replace(i, 2, "\n");
+    const bool system = c.msgs[0].role == "system";
+    const std::string prefix = system ? c.msgs[0].content + sep : "";
+    require_alternating(c.msgs, system ? 1 : 0, kAlternate);
+    std::string out = c.bos;
+    for (size_t i = system ? 1 : 0; i < c.msgs.size(); i++) {
+        const ChatMessage &m = c.msgs[i];
+        out += "<start_of_turn>" + std::string(m.role == "assistant" ? "model" : m.role) + "\n" +
+               (i == (system ? 1u : 0u) ? prefix : "") + py_strip(m.content) + "<end_of_turn>\n";
+    }
+    if (c.opt.add_generation_prompt) out += "<start_of_turn>model\n";
+    return out;
+}
+
 std::string render_gemma(const Chat &c) {
     if (c.msgs[0].role == "system") fail(FASTLLM_ERR_INVALID_ARGUMENT, "this chat template does not support a system role");
     require_alternating(c.msgs, 0, kAlternate);
@@ -436,7 +460,8 @@ struct Family {
 // (both have <|user|>), Llama 2 (<<SYS>>) before Mistral.
 const Family kFamilies[] = {
     {"qwen3", is_qwen3, render_qwen3},    {"qwen2.5", is_qwen25, render_qwen25}, {"chatml", is_chatml, render_chatml},
-    {"llama3", is_llama3, render_llama3}, {"gemma", is_gemma, render_gemma},     {"phi3", is_phi3, render_phi3},
+    {"llama3", is_llama3, render_llama3}, {"gemma3", is_gemma3, render_gemma3},  {"gemma", is_gemma, render_gemma},
+    {"phi3", is_phi3, render_phi3},
     {"zephyr", is_zephyr, render_zephyr}, {"llama2", is_llama2, render_llama2},  {"mistral", is_mistral, render_mistral},
 };
 
@@ -444,7 +469,7 @@ const Family &find_family(const std::string &norm, const std::string &tmpl) {
     for (const Family &f : kFamilies)
         if (f.recognises(norm)) return f;
     fail(FASTLLM_ERR_UNSUPPORTED, "unknown chat template (supported families: chatml, qwen2.5, qwen3, llama2, llama3, "
-         "zephyr, gemma, mistral, phi3): %.80s%s", tmpl.c_str(), tmpl.size() > 80 ? "..." : "");
+         "zephyr, gemma, gemma3, mistral, phi3): %.80s%s", tmpl.c_str(), tmpl.size() > 80 ? "..." : "");
 }
 
 }  // namespace
