@@ -119,7 +119,8 @@ def convert(model_path, out_path, dtype: str = "f32", model_type: str | None = N
     family = FAMILIES[detect_model_type(ckpt.config, model_type)]
 
     hp = family.read_hparams(ckpt.config)
-    tok = hf_tokenizer.read_tokenizer(ckpt, hp.vocab_size, family.ADD_BOS_DEFAULT)
+    tok = hf_tokenizer.read_tokenizer(ckpt, hp.vocab_size, family.ADD_BOS_DEFAULT,
+                                      getattr(family, "spm_code_tokens", None))
     if calib is not None:  # the scaled, rounded tensors replace the checkpoint's
         ckpt, _ = calibrate.calibrate(ckpt, hp, policy, calib, calib_tokens, progress=progress)
 

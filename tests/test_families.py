@@ -44,6 +44,15 @@ CASES = {
                                                  long_factor=[2.0 + 0.5 * i for i in range(8)])),
     ("phi3", "partial_tied"): dict(num_attention_heads=4, num_key_value_heads=2, partial_rotary_factor=0.75,
                                    tie_word_embeddings=True),
+    # GLM: q/k/v biases (or not), interleaved RoPE over half of each head (or a quarter), MQA
+    ("glm", "gqa_bias"): dict(num_attention_heads=4, num_key_value_heads=2),
+    ("glm", "mqa_tied"): dict(num_attention_heads=4, num_key_value_heads=1, tie_word_embeddings=True),
+    ("glm", "mha_nobias_quarter"): dict(num_attention_heads=4, num_key_value_heads=4, hidden_size=128, head_dim=32,
+                                        attention_bias=False, partial_rotary_factor=0.25),
+    # GLM-4-0414: the same plus the post-attention and post-MLP norms
+    ("glm4", "gqa_bias"): dict(num_attention_heads=4, num_key_value_heads=2),
+    ("glm4", "mqa_tied"): dict(num_attention_heads=4, num_key_value_heads=1, tie_word_embeddings=True),
+    ("glm4", "mha_head_dim24"): dict(num_attention_heads=4, num_key_value_heads=4, head_dim=24),
 }
 
 
@@ -214,7 +223,7 @@ def test_unknown_architecture_lists_the_supported_ones(tmp_path):
     with pytest.raises(fastllm.FastLLMError) as e:
         fastllm.Model(bad)
     assert e.value.status_name == "FASTLLM_ERR_UNSUPPORTED" and "qwen9" in str(e.value)
-    for arch in ("llama", "mistral", "qwen2", "qwen3", "phi3"):
+    for arch in ("llama", "mistral", "qwen2", "qwen3", "phi3", "glm", "glm4"):
         assert arch in str(e.value)
 
 

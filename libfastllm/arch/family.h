@@ -25,5 +25,7 @@ void mistral_hparams(const FlmFile &f, DecoderConfig &c);
 void qwen2_hparams(const FlmFile &f, DecoderConfig &c);
 void qwen3_hparams(const FlmFile &f, DecoderConfig &c);
 void phi3_hparams(const FlmFile &f, DecoderConfig &c);
+void glm_hparams(const FlmFile &f, DecoderConfig &c);
+void glm4_hparams(const FlmFile &f, DecoderConfig &c);
 
 }  // namespace fastllm
