@@ -121,13 +121,17 @@ def chatglm_config(config: dict) -> dict:
                               "not supported")
     heads = common.positive_int(config, "num_attention_heads")
     hidden = common.positive_int(config, "hidden_size")
+    groups = common.positive_int(config, "multi_query_group_num")
+    if heads % groups:
+        raise ConversionError(f"config.json: multi_query_group_num ({groups}) does not divide "
+                              f"num_attention_heads ({heads})")
     ratio = config.get("rope_ratio", 1)
     if isinstance(ratio, bool) or not isinstance(ratio, (int, float)) or not ratio > 0:
         raise ConversionError(f"config.json: invalid rope_ratio {ratio!r}")
     out = {
         "hidden_size": hidden,
         "num_attention_heads": heads,
-        "num_key_value_heads": common.positive_int(config, "multi_query_group_num"),
+        "num_key_value_heads": groups,
         "head_dim": common.positive_int(config, "kv_channels", 128),  # ChatGLMConfig's default
         "intermediate_size": common.positive_int(config, "ffn_hidden_size"),
         "num_hidden_layers": common.positive_int(config, "num_layers"),
