@@ -239,3 +239,61 @@ def test_glm4_file_without_its_post_norms_is_a_clear_error(tmp_path):
     with pytest.raises(fastllm.FastLLMError) as e:
         fastllm.Model(bad)
     assert e.value.status_name == "FASTLLM_ERR_BAD_FORMAT" and "blk.0.post_ffw_norm.weight" in str(e.value)
+
+
+def chatglm3_gguf(folder, path):
+    """The ChatGLM3 folder as llama.cpp's ChatGLMModel writes THUDM/chatglm3-6b: architecture
+    chatglm, THUDM's fused attn_qkv (q, k, v rows) and ffn_up (dense_h_to_4h), its keys, and
+    set_vocab_chatglm3's vocabulary (<unk> <bos> <eos> renamed, the special tokens as control
+    tokens, [PADn] up to padded_vocab_size) with the chatglm-spm pre-tokenizer."""
+    import gguf
+    from gguf_models import _chatglm_hparams
+    cfg = json.loads((folder / "config.json").read_text())
+    sd = torch.load(folder / "pytorch_model.bin")
+    w = gguf.GGUFWriter(str(path), "chatglm")
+    w.add_string("general.name", folder.name)
+    _chatglm_hparams(w, "chatglm", cfg, {})
+    tokens, scores, types = [], [], []
+    for i in range(cfg["padded_vocab_size"]):
+        if i < N_PIECES:
+            piece = {0: "<unk>", 1: "<bos>", 2: "<eos>"}.get(i, SP.id_to_piece(i))
+            kind = 2 if SP.is_unknown(i) else 3 if SP.is_control(i) else 6 if SP.is_byte(i) else 1
+            tokens.append(piece), scores.append(SP.get_score(i)), types.append(kind)
+        elif i < N_PIECES + len(SPECIAL):
+            tokens.append(SPECIAL[i - N_PIECES]), scores.append(0.0), types.append(3)
+        else:
+            tokens.append(f"[PAD{i}]"), scores.append(0.0), types.append(5)
+    w.add_string("tokenizer.ggml.model", "llama")
+    w.add_string("tokenizer.ggml.pre", "chatglm-spm")
+    w.add_token_list(tokens)
+    w.add_token_scores(scores)
+    w.add_token_types(types)
+    w.add_uint32("tokenizer.ggml.eos_token_id", 2)
+    w.add_uint32("tokenizer.ggml.padding_token_id", 0)
+    w.add_string("tokenizer.chat_template", CHATGLM3)
+    names = {"embedding.word_embeddings": "token_embd", "encoder.final_layernorm": "output_norm",
+             "output_layer": "output", "input_layernorm": "attn_norm", "self_attention.query_key_value": "attn_qkv",
+             "self_attention.dense": "attn_output", "post_attention_layernorm": "ffn_norm",
+             "mlp.dense_h_to_4h": "ffn_up", "mlp.dense_4h_to_h": "ffn_down"}
+    for name, t in sd.items():
+        if name.endswith("rotary_pos_emb.inv_freq"):
+            continue
+        m = re.fullmatch(r"transformer\.(?:encoder\.layers\.(\d+)\.)?(.+)\.(weight|bias)", name)
+        layer, base, kind = m.groups()
+        w.add_tensor((f"blk.{layer}." if layer else "") + names[base] + "." + kind, t.float().numpy())
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return path
+
+
+def test_chatglm3_gguf_as_llama_cpp_writes_it(chatglm3, tmp_path):
+    ref, folder, flm = chatglm3
+    ids = input_ids(PADDED_VOCAB, seed=7)
+    gguf_flm = convert(chatglm3_gguf(folder, tmp_path / "chatglm3.gguf"), tmp_path / "from_gguf.flm")
+    with fastllm.Model(gguf_flm) as g, fastllm.Model(flm) as h:
+        assert g.info["architecture"] == "glm"
+        assert rel_diff(g.forward(ids), hf_logits(ref, ids)) < F32_BOUND
+        for text in TEXTS:
+            assert g.tokenize(text, add_bos=False) == h.tokenize(text, add_bos=False) == chatglm3_encode(text), text
