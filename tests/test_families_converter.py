@@ -316,7 +316,7 @@ def test_model_type_choices_are_the_families():
     r = subprocess.run([sys.executable, str(REPO / "converter" / "convert.py"), "--help"],
                        capture_output=True, text=True, timeout=60)
     assert r.returncode == 0
-    assert "{llama,mistral,phi3,qwen2,qwen3}" in r.stdout.replace("\n", "").replace(" ", "")
+    assert "{glm,glm4,llama,mistral,phi3,qwen2,qwen3}" in r.stdout.replace("\n", "").replace(" ", "")
 
 
 # ---- GGUF files ---------------------------------------------------------------------------------
@@ -422,7 +422,7 @@ def test_unsupported_gguf_architecture_is_refused(tmp_path):
     path = write_gguf(hf_dir, tmp_path / "gemma.gguf", arch="gemma")
     out = tmp_path / "out.flm"
     with pytest.raises(ConversionError, match=r"unsupported GGUF architecture 'gemma' \(supported: "
-                                              r"llama, qwen2, qwen3, phi3\)"):
+                                              r"llama, qwen2, qwen3, phi3, glm4, chatglm\)"):
         convert(path, out, progress=False)
     assert not out.exists()
     with pytest.raises(ConversionError, match="--model_type qwen2 does not fit .* architecture is llama"):
