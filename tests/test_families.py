@@ -241,7 +241,7 @@ def test_version2_llama_files_still_load(tmp_path):
         np.testing.assert_array_equal(a.forward(ids), b.forward(ids))
 
 
-@pytest.fixture(scope="module", params=["qwen2", "qwen3", "mistral", "phi3"])
+@pytest.fixture(scope="module", params=["qwen2", "qwen3", "mistral", "phi3", "glm", "glm4"])
 def family_flm(request, tmp_path_factory):
     tmp = tmp_path_factory.mktemp(f"tools-{request.param}")
     hf_dir = make_model(tmp / "hf", request.param, num_attention_heads=4, num_key_value_heads=2)

@@ -20,6 +20,7 @@ import sentencepiece as spm
 import torch
 
 import fastllm
+import gguf_models
 from conftest import STORIES, convert
 from converter.errors import ConversionError
 from hf_models import edit_config, load_model, make_model
@@ -165,6 +166,16 @@ def test_chatglm3_chat_prompt_is_what_build_chat_input_builds(chatglm3):
             "Hello", [("system", "You are a helpful assistant")])
 
 
+def test_chatglm2_folders_get_chatglm2s_five_special_tokens(chatglm3, tmp_path):
+    """ChatGLM2's tokenizer code appends [MASK] [gMASK] [sMASK] sop eop only: <|user|> is text."""
+    ref, folder, flm = chatglm3
+    v2 = tmp_path / "chatglm2-6b"
+    shutil.copytree(folder, v2)
+    edit_config(v2, _name_or_path="THUDM/chatglm2-6b")
+    with fastllm.Model(convert(v2, tmp_path / "v2.flm")) as m:
+        assert m.tokenize("[gMASK]sop<|user|>", add_bos=False) == [ID["[gMASK]"], ID["sop"]] + SP.encode("<|user|>")
+
+
 def test_chatglm3_generation_stops_at_its_role_tokens(chatglm3, tmp_path):
     from converter.flm_reader import read_flm
     ref, folder, flm = chatglm3
@@ -183,10 +194,11 @@ def test_glm4_bpe_tokenizer_matches_tokenizers(tmp_path, family):
     corpus = (STORIES / "text" / "tinystories_valid_head.txt").read_text(encoding="utf-8").split("\n\n")[:60]
     texts = corpus + ["[gMASK]<sop><|system|>\nYou are terse.<|user|>\nHi 12345 don't<|assistant|>\n",
                       "Où est la bibliothèque? 🙂\r\n\tLine two.   ", "<|endoftext|>[MASK][sMASK]<eop><|observation|>"]
-    with fastllm.Model(convert(hf_dir, tmp_path / "m.flm")) as m:
+    gguf = convert(gguf_models.write_gguf(hf_dir, tmp_path / "m.gguf"), tmp_path / "g.flm")  # chatglm-bpe / glm4
+    with fastllm.Model(convert(hf_dir, tmp_path / "m.flm")) as m, fastllm.Model(gguf) as g:
         for text in texts:
             ids = ref.encode(text, add_special_tokens=False).ids
-            assert m.tokenize(text, add_bos=False) == ids, text
+            assert m.tokenize(text, add_bos=False) == ids == g.tokenize(text, add_bos=False), text
             assert m.detokenize(ids) == ref.decode(ids, skip_special_tokens=True)
 
 

@@ -56,17 +56,20 @@ def read_hparams(config: dict) -> common.HParams:
 # THUDM's tokenization_chatglm.py (ChatGLM3): SPTokenizer appends these after the SentencePiece
 # pieces, in this order, and (encode_special_tokens, as its apply_chat_template path uses) finds
 # any of them in text and encodes the text between them piece by piece. ChatGLM2's code has the
-# first five only; the role tokens then name ids its model never saw.
+# first five only (and no role tokens to find in text).
 CHATGLM_SPECIAL = ("[MASK]", "[gMASK]", "[sMASK]", "sop", "eop",
                    "<|system|>", "<|user|>", "<|assistant|>", "<|observation|>")
 
 
 def spm_code_tokens(ckpt, n_pieces: int) -> dict:
     """{id: text} of the tokens THUDM's tokenizer code adds (none for GlmForCausalLM folders,
-    whose tokenizer.json declares its own)."""
+    whose tokenizer.json declares its own): ChatGLM3's nine, or ChatGLM2's five when the config
+    names a chatglm2 checkpoint (`_name_or_path`, which THUDM's configs carry)."""
     if not is_chatglm(ckpt.config):
         return {}
-    return {n_pieces + k: t for k, t in enumerate(CHATGLM_SPECIAL)}
+    chatglm2 = "chatglm2" in str(ckpt.config.get("_name_or_path", "")).lower()
+    tokens = CHATGLM_SPECIAL[:5] if chatglm2 else CHATGLM_SPECIAL
+    return {n_pieces + k: t for k, t in enumerate(tokens)}
 
 
 def layer_tensors(hp: common.HParams, i: int) -> list:
