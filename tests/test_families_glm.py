@@ -309,3 +309,15 @@ def test_chatglm3_gguf_as_llama_cpp_writes_it(chatglm3, tmp_path):
         assert rel_diff(g.forward(ids), hf_logits(ref, ids)) < F32_BOUND
         for text in TEXTS:
             assert g.tokenize(text, add_bos=False) == h.tokenize(text, add_bos=False) == chatglm3_encode(text), text
+
+
+def test_glm4_9b_tiktoken_tokenizer_is_refused_by_name(chatglm3, tmp_path):
+    """THUDM/glm-4-9b(-chat) as published (model_type chatglm) ships a tiktoken tokenizer.model."""
+    import base64
+    ref, folder, flm = chatglm3
+    bad = tmp_path / "glm-4-9b-chat"
+    shutil.copytree(folder, bad)
+    (bad / "tokenizer.model").write_bytes(b"".join(base64.b64encode(bytes([i])) + b" %d\n" % i for i in range(256)))
+    with pytest.raises(ConversionError) as e:
+        convert(bad, tmp_path / "x.flm")
+    assert "tiktoken" in str(e.value) and "-hf" in str(e.value)
