@@ -1,6 +1,6 @@
 """HuggingFace checkpoint folder (or llama.cpp GGUF file) -> `.flm` file (docs/flm_format.md).
 
-The family (families/: llama, mistral, qwen2, qwen3, phi3) comes from config.json; each family
+The family (families/: llama, mistral, qwen2, qwen3, phi3, glm, glm4) comes from config.json; each family
 module reads its hyperparameters and lays out its tensors, this file only dispatches.
 
     python converter/convert.py --model_path HF_DIR --out_path OUT.flm [--dtype f32|f16|bf16]

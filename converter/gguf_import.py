@@ -9,9 +9,11 @@ or, with the repository root on sys.path:
 
 The file is read with the `gguf` package (PyPI). The architectures (general.architecture) are
 those of llama.cpp's converter for our families: `llama` (LLaMA 1/2/3, SmolLM, TinyLlama,
-Mistral, ...), `qwen2`, `qwen3` and `phi3`; any other is refused with a ConversionError that
-names it and lists these. A `llama` file converts as the llama family; `--model_type mistral`
-writes it as mistral instead (llama.cpp writes Mistral as `llama`).
+Mistral, ...), `qwen2`, `qwen3`, `phi3`, `chatglm` and `glm4`; any other is refused with a
+ConversionError that names it and lists these. A `llama` file converts as the llama family;
+`--model_type mistral` writes it as mistral instead (llama.cpp writes Mistral as `llama`); a
+`chatglm` file (llama.cpp's name for GlmForCausalLM and THUDM's ChatGLM checkpoints) converts as
+glm.
 
 Hyperparameters: the `A.*` GGUF keys are turned into a HuggingFace-style config dict, which goes
 through the family's own read_hparams, as a config.json would, so the RoPE inverse frequencies
