@@ -75,7 +75,7 @@ def detect_model_type(config: dict, requested: str | None = None) -> str:
     elif config.get("model_type") is not None:
         mt = config["model_type"]
         for name, module in FAMILIES.items():
-            if mt == module.MODEL_TYPE:
+            if mt in getattr(module, "MODEL_TYPES", (module.MODEL_TYPE,)):
                 detected = name
         if detected is None:
             raise ConversionError(f"unsupported model_type {mt!r} (supported: "

@@ -106,6 +106,14 @@ def test_chatglm3_layout_matches_glm_for_causal_lm(chatglm3):
     assert generated == hf_greedy(ref, prompt, 32)
 
 
+def test_chatglm_config_without_architectures_is_found_by_model_type(chatglm3):
+    from converter.convert import detect_model_type
+    ref, folder, flm = chatglm3
+    config = json.loads((folder / "config.json").read_text())
+    del config["architectures"]
+    assert detect_model_type(config) == "glm"
+
+
 def test_chatglm3_layout_int8(chatglm3, tmp_path):
     ref, folder, flm = chatglm3
     ids = input_ids(PADDED_VOCAB, seed=6)

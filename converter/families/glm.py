@@ -25,6 +25,7 @@ ARCH = "glm"
 HF_ARCHITECTURES = ("GlmForCausalLM", "ChatGLMModel", "ChatGLMForConditionalGeneration")
 MODEL_TYPE = "glm"
 CHATGLM_MODEL_TYPE = "chatglm"
+MODEL_TYPES = (MODEL_TYPE, CHATGLM_MODEL_TYPE)  # a config.json without `architectures`
 GGUF_ARCH = "chatglm"  # llama.cpp writes GlmForCausalLM and THUDM's checkpoints as chatglm
 ADD_BOS_DEFAULT = False  # GLM prompts start with [gMASK]<sop> (ChatGLM3: [gMASK]sop), from the template
 # GlmConfig's defaults (transformers 5.24)
