@@ -1,6 +1,6 @@
 """HuggingFace checkpoint folder (or llama.cpp GGUF file) -> `.flm` file (docs/flm_format.md).
 
-The family (families/: llama, mistral, qwen2, qwen3, phi3) comes from config.json; each family
+The family (families/: llama, mistral, qwen2, qwen3, phi3, glm, glm4) comes from config.json; each family
 module reads its hyperparameters and lays out its tensors, this file only dispatches.
 
     python converter/convert.py --model_path HF_DIR --out_path OUT.flm [--dtype f32|f16|bf16]
@@ -79,7 +79,7 @@ def detect_model_type(config: dict, requested: str | None = None) -> str:
     elif config.get("model_type") is not None:
         mt = config["model_type"]
         for name, module in FAMILIES.items():
-            if mt == module.MODEL_TYPE:
+            if mt in getattr(module, "MODEL_TYPES", (module.MODEL_TYPE,)):
                 detected = name
         if detected is None:
             raise ConversionError(f"unsupported model_type {mt!r} (supported: "
@@ -123,7 +123,8 @@ def convert(model_path, out_path, dtype: str = "f32", model_type: str | None = N
     family = FAMILIES[detect_model_type(ckpt.config, model_type)]
 
     hp = family.read_hparams(ckpt.config)
-    tok = hf_tokenizer.read_tokenizer(ckpt, hp.vocab_size, family.ADD_BOS_DEFAULT)
+    tok = hf_tokenizer.read_tokenizer(ckpt, hp.vocab_size, family.ADD_BOS_DEFAULT,
+                                      getattr(family, "spm_code_tokens", None))
     if calib is not None:  # the scaled, rounded tensors replace the checkpoint's
         ckpt, _ = calibrate.calibrate(ckpt, hp, policy, calib, calib_tokens, progress=progress)
 

@@ -9,9 +9,11 @@ or, with the repository root on sys.path:
 
 The file is read with the `gguf` package (PyPI). The architectures (general.architecture) are
 those of llama.cpp's converter for our families: `llama` (LLaMA 1/2/3, SmolLM, TinyLlama,
-Mistral, ...), `qwen2`, `qwen3` and `phi3`; any other is refused with a ConversionError that
-names it and lists these. A `llama` file converts as the llama family; `--model_type mistral`
-writes it as mistral instead (llama.cpp writes Mistral as `llama`).
+Mistral, ...), `qwen2`, `qwen3`, `phi3`, `chatglm` and `glm4`; any other is refused with a
+ConversionError that names it and lists these. A `llama` file converts as the llama family;
+`--model_type mistral` writes it as mistral instead (llama.cpp writes Mistral as `llama`); a
+`chatglm` file (llama.cpp's name for GlmForCausalLM and THUDM's ChatGLM checkpoints) converts as
+glm.
 
 Hyperparameters: the `A.*` GGUF keys are turned into a HuggingFace-style config dict, which goes
 through the family's own read_hparams, as a config.json would, so the RoPE inverse frequencies
@@ -21,6 +23,9 @@ them:
           divides the frequencies; `attention.sliding_window` (Mistral) is kept
   qwen2   q/k/v biases; `attention.sliding_window` (+ `sliding_window_pattern`) if written
   qwen3   attn_q_norm / attn_k_norm; `attention.key_length` is head_dim
+  chatglm (glm) and glm4: `rope.dimension_count` (half of each head); q/k/v biases; ffn_up
+          holds gate|up; attn_qkv (THUDM's layout, q, k, v rows) or attn_q / attn_k / attn_v;
+          glm4's post_attention_norm / post_ffw_norm
   phi3    `rope.dimension_count` (the rotated dims), `rope.scaling.original_context_length`,
           `rope_factors_long.weight` / `rope_factors_short.weight` (LongRoPE's factors),
           `rope.scaling.attn_factor`, `attention.sliding_window` (0: none)
@@ -54,8 +59,11 @@ from .errors import ConversionError
 from .families import FAMILIES, common
 from .flm_writer import FlmWriter
 
-# general.architecture -> the family it converts as (Mistral's files say llama)
+# general.architecture -> the family it converts as: the family of that name (Mistral's files
+# say llama), else the one whose files have it (chatglm: glm)
 GGUF_FAMILIES = {m.GGUF_ARCH: m for m in FAMILIES.values() if m.GGUF_ARCH == m.ARCH}
+for _m in FAMILIES.values():
+    GGUF_FAMILIES.setdefault(_m.GGUF_ARCH, _m)
 SUPPORTED_ARCHITECTURES = tuple(GGUF_FAMILIES)
 # llama.cpp reorders the q / k rows for its RoPE only when it writes these architectures
 PERMUTED_ARCHITECTURES = ("llama",)
@@ -79,6 +87,8 @@ GGUF_NAMES = {
     "self_attn.o_proj.weight": "attn_output.weight",
     "self_attn.o_proj.bias": "attn_output.bias",
     "post_attention_layernorm.weight": "ffn_norm.weight",
+    "post_self_attn_layernorm.weight": "post_attention_norm.weight",
+    "post_mlp_layernorm.weight": "post_ffw_norm.weight",
     "mlp.gate_proj.weight": "ffn_gate.weight",
     "mlp.up_proj.weight": "ffn_up.weight",
     "mlp.gate_up_proj.weight": "ffn_up.weight",
@@ -96,6 +106,8 @@ BPE_PRE = {
     "llama3": "llama3",
     "qwen2": "qwen2",
     "smollm": "smollm",
+    "chatglm-bpe": "llama3",  # glm-4-9b-chat: llama.cpp's CHATGLM4 regex is Llama 3's
+    "glm4": "llama3",         # GLM-4-0414: the same regex, with ignore_merges
 }
 
 # GGUF token types (llama.cpp's llama_token_type) -> our `bpe` token types
@@ -367,13 +379,15 @@ def gguf_config(g: GgufModel, family=None) -> dict:
         "rope_scaling": _rope_scaling(g, a),
         "hidden_act": "silu",
         "tie_word_embeddings": "output.weight" not in g.tensors,
-        "attention_bias": "blk.0.attn_q.bias" in g.tensors,
+        "attention_bias": "blk.0.attn_q.bias" in g.tensors or "blk.0.attn_qkv.bias" in g.tensors,
         "mlp_bias": "blk.0.ffn_down.bias" in g.tensors,
         "sliding_window": g.get_int(f"{a}.attention.sliding_window") or None,  # 0: none
     }
     rot = g.get_positive(f"{a}.rope.dimension_count", head_dim)
     if a == "phi3":
         _phi3_config(g, a, config, rot)
+    elif a in ("chatglm", "glm4"):
+        _partial_rotary(g, config, rot)  # GLM rotates half of each head
     elif rot != head_dim:
         raise ConversionError(f"{g.path}: rope.dimension_count ({rot}) differs from the head "
                               f"size ({head_dim}): partial rotary embeddings are not supported "
@@ -434,15 +448,20 @@ def _gemma_config(g: GgufModel, a: str, config: dict) -> None:
                                   "rope_theta": g.get_float(f"{a}.rope.freq_base_swa", 10000.0)}}
 
 
+def _partial_rotary(g: GgufModel, config: dict, rot: int) -> None:
+    """rope.dimension_count -> partial_rotary_factor (always written: GLM's default is 0.5)."""
+    head_dim = config["head_dim"]
+    factor = rot / head_dim
+    if rot > head_dim or int(head_dim * factor) != rot:
+        raise ConversionError(f"{g.path}: rope.dimension_count {rot} of head size {head_dim} "
+                              f"is not a partial_rotary_factor transformers can express")
+    config["partial_rotary_factor"] = factor
+
+
 def _phi3_config(g: GgufModel, a: str, config: dict, rot: int) -> None:
     """Phi-3's rotary dims, original context and LongRoPE factors, as llama.cpp writes them."""
-    head_dim = config["head_dim"]
-    if rot != head_dim:
-        factor = rot / head_dim
-        if int(head_dim * factor) != rot:
-            raise ConversionError(f"{g.path}: rope.dimension_count {rot} of head size {head_dim} "
-                                  f"is not a partial_rotary_factor transformers can express")
-        config["partial_rotary_factor"] = factor
+    if rot != config["head_dim"]:
+        _partial_rotary(g, config, rot)
     original = g.get_positive(f"{a}.rope.scaling.original_context_length")
     if original is not None:
         config["original_max_position_embeddings"] = original
@@ -535,7 +554,8 @@ def unpermute_rope_rows(w: np.ndarray, n_head: int) -> np.ndarray:
 
 
 def _gguf_parts(g: GgufModel, hp: common.HParams, name: str, shape: tuple) -> list:
-    """The GGUF tensors (name, shape, heads to un-permute or 0) holding one HF tensor's rows."""
+    """The GGUF tensors (name, shape, heads to un-permute or 0[, rows]) holding one HF tensor's
+    rows; with `rows` (start, stop), only those rows of a tensor of that full shape."""
     if name.startswith("layers."):
         _, i, rest = name.split(".", 2)
         b = f"blk.{i}."
@@ -548,6 +568,12 @@ def _gguf_parts(g: GgufModel, hp: common.HParams, name: str, shape: tuple) -> li
         # fused in the HF checkpoint, separate in this file (llama.cpp's loader takes either)
         return [(b + "attn_q.weight", (q, *split), 0), (b + "attn_k.weight", (kv, *split), 0),
                 (b + "attn_v.weight", (kv, *split), 0)]
+    kind = rest.rsplit(".", 1)[-1]
+    if (rest.startswith(("self_attn.q_proj.", "self_attn.k_proj.", "self_attn.v_proj."))
+            and gname not in g.tensors and b + "attn_qkv." + kind in g.tensors):
+        # separate in the HF checkpoint, fused in this file (THUDM's ChatGLM layout: q, k, v rows)
+        start = {"q": 0, "k": q, "v": q + kv}[rest[len("self_attn.")]]
+        return [(b + "attn_qkv." + kind, (q + 2 * kv, *split), 0, (start, start + shape[0]))]
     if rest == "mlp.gate_up_proj.weight" and b + "ffn_gate.weight" in g.tensors:
         half = shape[0] // 2
         return [(b + "ffn_gate.weight", (half, *split), 0), (b + "ffn_up.weight", (half, *split), 0)]
@@ -575,21 +601,24 @@ def add_tensors(writer, g: GgufModel, family, hp: common.HParams, dtype: str) ->
 
     def declare(spec: common.TensorSpec):
         if spec.name.endswith("norm.weight"):  # norms have llama.cpp's names (and its 1 + w, spec.shift)
-            parts = [(spec.name, spec.parts[0][1], 0)]
+            parts = [(spec.name, spec.parts[0][1], 0, None)]
         else:
-            parts = [p for name, shape in spec.parts for p in _gguf_parts(g, hp, name, shape)]
-        for name, shape, _ in parts:
+            parts = [(*p, None)[:4] for name, shape in spec.parts for p in _gguf_parts(g, hp, name, shape)]
+        for name, shape, _, _ in parts:
             check(name, shape)
+        rows = [s[0] if r is None else r[1] - r[0] for _, s, _, r in parts]
         shape = list(parts[0][1])
-        shape[0] = sum(s[0] for _, s, _ in parts)
+        shape[0] = sum(rows)
         out_dtype = dtype if spec.matrix else "f32"
 
         def produce():
             arrays = []
-            for name, _, heads in parts:
+            for name, _, heads, r in parts:
                 a = g.dequantize(name)
                 if heads:
                     a = unpermute_rope_rows(a, heads)
+                if r is not None:
+                    a = np.ascontiguousarray(a[r[0]:r[1]])
                 arrays.append(a)
             a = arrays[0] if len(arrays) == 1 else np.concatenate(arrays, axis=0)
             return common.to_numpy(torch.from_numpy(a), out_dtype, spec.name)
@@ -616,7 +645,7 @@ def add_tensors(writer, g: GgufModel, family, hp: common.HParams, dtype: str) ->
 
 # llama.cpp skips the merges for a pre-token that is itself a token with these pre-tokenizers
 # (as `tokenizers` does with Llama 3's ignore_merges)
-_IGNORE_MERGES_PRE = ("llama-bpe", "llama3")
+_IGNORE_MERGES_PRE = ("llama-bpe", "llama3", "glm4")
 
 
 def _token_id(g: GgufModel, key: str, vocab: int) -> int:

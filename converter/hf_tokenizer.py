@@ -113,11 +113,15 @@ def _eos_ids(ckpt: Checkpoint, vocab_size: int, tokenizer_eos) -> list:
     return eos_ids
 
 
-def read_tokenizer(ckpt: Checkpoint, vocab_size: int, add_bos_default: bool):
+def read_tokenizer(ckpt: Checkpoint, vocab_size: int, add_bos_default: bool, spm_code_tokens=None):
     """TokenizerInfo (SentencePiece) or BpeTokenizerInfo (byte-level BPE) of the folder.
-    add_bos_default applies to SentencePiece only (BPE says it in its own files)."""
+    add_bos_default applies to SentencePiece only (BPE says it in its own files).
+    spm_code_tokens(ckpt, n_pieces): the tokens a family's remote tokenizer code (not its files)
+    adds after the SentencePiece pieces, {id: text}, stored as control tokens; text between
+    them gets the dummy prefix (prefix_after_added "always"), as that code encodes each piece
+    of text on its own (ChatGLM3's SPTokenizer)."""
     if ckpt.file(TOKENIZER_MODEL).is_file():
-        return _read_spm(ckpt, vocab_size, add_bos_default)
+        return _read_spm(ckpt, vocab_size, add_bos_default, spm_code_tokens)
     if ckpt.file(TOKENIZER_JSON).is_file():
         data = read_json(ckpt.file(TOKENIZER_JSON), required=True)
         return _read_bpe(ckpt, vocab_size, bpe_tokenizer.read_tokenizer_json(data, TOKENIZER_JSON),
@@ -252,10 +256,11 @@ def _prefix_after_added(ckpt: Checkpoint, data: dict) -> str:
     return "unless_space" if tc.get("legacy") is True else "never"
 
 
-def _read_spm(ckpt: Checkpoint, vocab_size: int, add_bos_default: bool) -> TokenizerInfo:
+def _read_spm(ckpt: Checkpoint, vocab_size: int, add_bos_default: bool, code_tokens=None) -> TokenizerInfo:
     path = ckpt.file(TOKENIZER_MODEL)
     spm = load_spm(path)
     n = len(spm)
+    from_code = code_tokens(ckpt, n) if code_tokens is not None else {}
     if n > vocab_size:
         raise ConversionError(f"{TOKENIZER_MODEL} has {n} pieces, more than the model's "
                               f"vocab_size {vocab_size}")
@@ -265,6 +270,7 @@ def _read_spm(ckpt: Checkpoint, vocab_size: int, add_bos_default: bool) -> Token
     data = read_json(ckpt.file(TOKENIZER_JSON), required=False)
     data = data if isinstance(data, dict) else {}
     added, lstrip, rstrip = _spm_added_tokens(ckpt, data)
+    added = {**{i: (text, True) for i, text in from_code.items()}, **added}
     for i, (text, special) in sorted(added.items()):
         if i >= vocab_size:
             raise ConversionError(f"added token {text!r} has id {i}, outside the model's "
@@ -307,7 +313,7 @@ def _read_spm(ckpt: Checkpoint, vocab_size: int, add_bos_default: bool) -> Token
         chat_template=_chat_template(ckpt),
         n_padded=n_padded,
         added_lstrip=sorted(i for i in lstrip if i in added), added_rstrip=sorted(i for i in rstrip if i in added),
-        prefix_after_added=_prefix_after_added(ckpt, data),
+        prefix_after_added="always" if from_code else _prefix_after_added(ckpt, data),
     )
 
 

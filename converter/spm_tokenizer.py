@@ -18,6 +18,8 @@ Unknown fields are skipped, as protobuf itself does.
 
 from __future__ import annotations
 
+import re
+
 import struct
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -156,6 +158,9 @@ def parse_model_proto(data: bytes) -> SpmModel:
     return m
 
 
+_TIKTOKEN_LINE = re.compile(rb"[A-Za-z0-9+/]+=* \d+\r?\n")
+
+
 def load_spm(path) -> SpmModel:
     """Reads and checks a tokenizer.model; problems are ConversionErrors naming the file."""
     path = Path(path)
@@ -163,6 +168,11 @@ def load_spm(path) -> SpmModel:
         data = path.read_bytes()
     except FileNotFoundError:
         raise ConversionError(f"missing {path.name}: {path} does not exist") from None
+    if _TIKTOKEN_LINE.match(data[:200]):
+        # THUDM's glm-4-9b remote-code folders: base64 token, space, rank, per line
+        raise ConversionError(f"{path}: a tiktoken BPE file (base64 token and rank per line), not a "
+                              f"sentencepiece model; tiktoken tokenizers are not supported (for "
+                              f"glm-4-9b, convert its -hf version, whose tokenizer.json is read)")
     try:
         m = parse_model_proto(data)
     except (ValueError, UnicodeDecodeError) as e:

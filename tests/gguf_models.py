@@ -9,6 +9,10 @@ them out for each architecture, with the `gguf` package:
           attn_q / attn_k rows reordered for llama.cpp's RoPE, rope_freqs.weight for llama3 scaling
   qwen2   separate attn_q / attn_k / attn_v with biases, no reordering
   qwen3   attn_q_norm / attn_k_norm, attention.key_length
+  chatglm (glm: GlmForCausalLM) attn_q / attn_k / attn_v with biases, ffn_up = gate_up_proj,
+          the keys ChatGLMModel writes (see _chatglm_hparams)
+  glm4    the same tensors plus post_attention_norm / post_ffw_norm, TextModel's keys,
+          rope.dimension_count = head_dim * partial_rotary_factor
   phi3    attn_qkv and ffn_up (gate rows then up rows) as the checkpoint fuses them,
           rope.dimension_count = int(partial_rotary_factor * hidden) // heads,
           rope.scaling.original_context_length, rope_factors_long / rope_factors_short and
@@ -47,6 +51,8 @@ LAYER_NAMES = {
     "self_attn.q_norm.weight": "attn_q_norm.weight",
     "self_attn.k_norm.weight": "attn_k_norm.weight",
     "post_attention_layernorm.weight": "ffn_norm.weight",
+    "post_self_attn_layernorm.weight": "post_attention_norm.weight",
+    "post_mlp_layernorm.weight": "post_ffw_norm.weight",
     "mlp.gate_proj.weight": "ffn_gate.weight",
     "mlp.up_proj.weight": "ffn_up.weight",
     "mlp.gate_up_proj.weight": "ffn_up.weight",
@@ -62,7 +68,7 @@ TOP_NAMES = {
 }
 # HF model_type -> llama.cpp's architecture
 GGUF_ARCH = {"llama": "llama", "mistral": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "phi3": "phi3",
-             "gemma": "gemma", "gemma2": "gemma2", "gemma3_text": "gemma3"}
+             "gemma": "gemma", "gemma2": "gemma2", "gemma3_text": "gemma3", "glm": "chatglm", "glm4": "glm4"}
 # Gemma 2 / 3's norms around attention and MLP (gguf-py's TensorNameMap for those architectures)
 SANDWICH_NAMES = {
     "post_attention_layernorm.weight": "post_attention_norm.weight",
@@ -71,6 +77,9 @@ SANDWICH_NAMES = {
 }
 # the window pattern llama.cpp assumes without sliding_window_pattern (every n-th layer full)
 GEMMA_PATTERN = {"gemma2": 2, "gemma3_text": 6}
+# llama.cpp's pre-tokenizer names for the BPE tokenizers of these model types (its
+# convert_hf_to_gguf_update.py hashes: glm-4-9b-chat -> chatglm-bpe, GLM-4-0414 -> glm4)
+BPE_PRE = {"glm": "chatglm-bpe", "glm4": "glm4"}
 
 # K-quant and IQ blocks have no quantizer in the gguf package: random blocks are written
 # instead, any bit pattern being a valid block once its f16 scale fields are finite.
@@ -150,6 +159,9 @@ def _hparams(w, a: str, cfg: dict, hf_config) -> None:
     nkv = cfg.get("num_key_value_heads") or nh
     hd = cfg.get("head_dim") or H // nh
     theta, rope_type, fields = rope_of(hf_config)
+    if cfg["model_type"] == "glm":
+        _chatglm_hparams(w, a, cfg, fields)
+        return
     w.add_uint32(f"{a}.block_count", cfg["num_hidden_layers"])
     w.add_uint32(f"{a}.context_length", cfg["max_position_embeddings"])
     w.add_uint32(f"{a}.embedding_length", H)
@@ -181,6 +193,11 @@ def _hparams(w, a: str, cfg: dict, hf_config) -> None:
         return
     if model_type.startswith("gemma"):
         _gemma_hparams(w, a, cfg, hf_config, hd)
+        return
+    if model_type == "glm4":  # Glm4Model: TextModel's keys (key_length always) + the rotated dims
+        w.add_uint32(f"{a}.attention.key_length", hd)
+        w.add_uint32(f"{a}.attention.value_length", hd)
+        w.add_uint32(f"{a}.rope.dimension_count", int(hd * fields.get("partial_rotary_factor", 0.5)))
         return
     w.add_uint32(f"{a}.rope.dimension_count", hd)
     if model_type == "mistral" and cfg.get("sliding_window"):
@@ -235,6 +252,25 @@ def _gemma_hparams(w, a: str, cfg: dict, hf_config, hd: int) -> None:
             w.add_array(f"{a}.attention.sliding_window_pattern", [t == "sliding_attention" for t in types])
 
 
+def _chatglm_hparams(w, a: str, cfg: dict, fields: dict) -> None:
+    """As llama.cpp's ChatGLMModel.set_gguf_parameters writes a GlmForCausalLM (or THUDM)
+    config: its context length is seq_length, else hidden_size; the rotated dims are
+    (hidden / heads) * partial_rotary_factor; the base 10000 * rope_ratio (rope_theta unread);
+    the epsilon layernorm_epsilon, else 1e-5."""
+    H = cfg.get("hidden_size")
+    nh = cfg.get("num_attention_heads")
+    w.add_uint32(f"{a}.context_length", cfg.get("seq_length", H))
+    w.add_uint32(f"{a}.embedding_length", H)
+    w.add_uint32(f"{a}.feed_forward_length", cfg.get("ffn_hidden_size", cfg.get("intermediate_size", 4 * H)))
+    w.add_uint32(f"{a}.block_count", cfg.get("num_layers", cfg.get("num_hidden_layers")))
+    w.add_uint32(f"{a}.attention.head_count", nh)
+    w.add_uint32(f"{a}.attention.head_count_kv", cfg.get("multi_query_group_num", cfg.get("num_key_value_heads", nh)))
+    w.add_float32(f"{a}.attention.layer_norm_rms_epsilon", cfg.get("layernorm_epsilon", 1e-5))
+    w.add_uint32(f"{a}.rope.dimension_count", int(H // nh * fields.get("partial_rotary_factor", 0.5)))
+    w.add_bool("tokenizer.ggml.add_bos_token", False)
+    w.add_float32(f"{a}.rope.freq_base", 10000 * cfg.get("rope_ratio", 1))
+
+
 def _added_tokens(hf_dir: Path) -> dict:
     """id -> (text, special): tokenizer_config's added_tokens_decoder, then tokenizer.json's."""
     added = {}
@@ -287,10 +323,20 @@ def _bpe_tokenizer(w, hf_dir: Path, cfg: dict) -> None:
         tokens[i], types[i] = text, 3 if special else 4
     merges = [m if isinstance(m, str) else " ".join(m) for m in data["model"]["merges"]]
     w.add_string("tokenizer.ggml.model", "gpt2")
-    w.add_string("tokenizer.ggml.pre", "qwen2")
+    w.add_string("tokenizer.ggml.pre", BPE_PRE.get(cfg["model_type"], "qwen2"))
     w.add_token_list(tokens)
     w.add_token_types(types)
     w.add_token_merges(merges)
+    if cfg["model_type"] in ("glm", "glm4"):
+        # ChatGLMModel / Glm4Model.set_vocab: eos <|endoftext|>, eot <|user|>, unk <|endoftext|>
+        # (Glm4Model: bos <|endoftext|> too)
+        if cfg["model_type"] == "glm4":
+            w.add_uint32("tokenizer.ggml.bos_token_id", tokens.index("<|endoftext|>"))
+        w.add_uint32("tokenizer.ggml.eos_token_id", tokens.index("<|endoftext|>"))
+        w.add_uint32("tokenizer.ggml.eot_token_id", tokens.index("<|user|>"))
+        w.add_uint32("tokenizer.ggml.unknown_token_id", tokens.index("<|endoftext|>"))
+        w.add_uint32("tokenizer.ggml.padding_token_id", tokens.index(tc["pad_token"]))
+        return
     w.add_uint32("tokenizer.ggml.bos_token_id", cfg["bos_token_id"])
     w.add_uint32("tokenizer.ggml.eos_token_id", tokens.index(tc["eos_token"]))
     w.add_uint32("tokenizer.ggml.padding_token_id", tokens.index(tc["pad_token"]))

@@ -4,7 +4,7 @@
     path = make_llama(tmp_path, safe_serialization=False)              # pytorch_model.bin
     path = make_llama(tmp_path, max_shard_size="20KB")                 # sharded safetensors
     path = make_llama(tmp_path, rope_theta=500000.0, rope_scaling={...}, config_style="v5")
-    path = make_model(tmp_path, "qwen3", num_key_value_heads=2)        # llama mistral qwen2 qwen3 phi3 gemma*
+    path = make_model(tmp_path, "qwen3", num_key_value_heads=2)        # llama mistral qwen2 qwen3 phi3 gemma* glm glm4
     model = load_model(path)                                           # the HF reference (its class)
 
 The weights are random with a fixed seed (every parameter, norms and biases included, so that a
@@ -16,6 +16,10 @@ swapped or misplaced tensor shows), saved in float32. Tokenizers (`tokenizer=`):
   "bpe"   a byte-level BPE tokenizer.json in Qwen2's layout (Qwen2 split pattern, NFC, 400
           tokens trained with `tokenizers` on TinyStories text, then <|endoftext|> <|im_start|>
           <|im_end|>) and a ChatML template: qwen2, qwen3;
+  "glm"   a byte-level BPE tokenizer.json in GLM-4's layout (Llama 3 split pattern, 400 tokens
+          trained as "bpe", then GLM-4's added tokens <|endoftext|> [MASK] [gMASK] [sMASK] <sop>
+          <eop> <|system|> <|user|> <|assistant|> <|observation|>) and glm-4-9b-chat's
+          template: glm; "glm4": the same with ignore_merges: glm4;
   None    none.
 
 config.json is rewritten in one of two styles, whatever transformers version wrote it:
@@ -171,6 +175,8 @@ FAMILIES = {
     "gemma": ("GemmaConfig", "GemmaForCausalLM", "spm", dict(head_dim=16)),
     "gemma2": ("Gemma2Config", "Gemma2ForCausalLM", "spm", dict(head_dim=16, query_pre_attn_scalar=16)),
     "gemma3": ("Gemma3TextConfig", "Gemma3ForCausalLM", "spm", dict(head_dim=16, query_pre_attn_scalar=16)),
+    "glm": ("GlmConfig", "GlmForCausalLM", "glm", dict(head_dim=16)),
+    "glm4": ("Glm4Config", "Glm4ForCausalLM", "glm4", dict(head_dim=16)),
 }
 
 PHI3_ADDED = ["<|endoftext|>", "<|assistant|>", "<|system|>", "<|end|>", "<|user|>"]
@@ -185,13 +191,31 @@ CHATML_TEMPLATE = ("{% for message in messages %}{{'<|im_start|>' + message['rol
                    "message['content'] + '<|im_end|>' + '\n'}}{% endfor %}"
                    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}")
 
+# GLM-4's added tokens, in its order (151329.. in GLM-4; here after GLM_BPE_SIZE trained ones)
+GLM_ADDED = ["<|endoftext|>", "[MASK]", "[gMASK]", "[sMASK]", "<sop>", "<eop>", "<|system|>",
+             "<|user|>", "<|assistant|>", "<|observation|>"]
+GLM_BPE_SIZE = 400
+# glm-4-9b-chat's template (THUDM/glm-4-9b-chat(-hf) tokenizer_config.json, as llama.cpp's
+# tests/test-chat-template.cpp quotes it)
+GLM4_TEMPLATE = ("[gMASK]<sop>{% for item in messages %}{% if item['tools'] is defined %}<|system|>\n"
+                 "你是一个名为 ChatGLM 的人工智能助手。你是基于智谱AI训练的语言模型 GLM-4 模型开发的，你的任务是"
+                 "针对用户的问题和要求提供适当的答复和支持。\n\n# 可用工具{% set tools = item['tools'] %}"
+                 "{% for tool in tools %}{% if tool['type'] == 'function' %}\n\n## {{ tool['function']['name'] }}"
+                 "\n\n{{ tool['function'] | tojson(indent=4) }}\n......{% endif %}{% endfor %}{% endif %}"
+                 "{% if item['content'] %}<|{{ item['role'] }}|>{{ item['metadata'] }}\n{{ item['content'] }}"
+                 "{% endif %}{% endfor %}{% if add_generation_prompt %}<|assistant|>\n{% endif %}")
+
 # tokenizer -> the config fields it implies
 TOKENIZER_CONFIG = {
     "spm": dict(vocab_size=512, bos_token_id=1, eos_token_id=2),
     "phi3": dict(vocab_size=520, bos_token_id=1, eos_token_id=512, pad_token_id=512),
     "bpe": dict(vocab_size=416, bos_token_id=QWEN_BPE_SIZE, eos_token_id=QWEN_BPE_SIZE + 2),
     None: dict(vocab_size=512, bos_token_id=1, eos_token_id=2),
+    # GLM-4's eos ids: <|endoftext|>, <|user|>, <|observation|>; no BOS
+    "glm": dict(vocab_size=416, bos_token_id=None, pad_token_id=GLM_BPE_SIZE,
+                eos_token_id=[GLM_BPE_SIZE, GLM_BPE_SIZE + 7, GLM_BPE_SIZE + 9]),
 }
+TOKENIZER_CONFIG["glm4"] = TOKENIZER_CONFIG["glm"]
 
 
 def make_model(tmp_dir, family: str, name: str | None = None, seed: int = 0,
@@ -237,6 +261,8 @@ def make_model(tmp_dir, family: str, name: str | None = None, seed: int = 0,
         write_phi3_tokenizer(path)
     elif tokenizer == "bpe":
         write_qwen_tokenizer(path)
+    elif tokenizer in ("glm", "glm4"):
+        write_glm_tokenizer(path, ignore_merges=tokenizer == "glm4")
     elif tokenizer is not None:
         raise ValueError(f"unknown tokenizer {tokenizer!r}")
     return path
@@ -319,6 +345,53 @@ def write_qwen_tokenizer(path: Path) -> None:
         "tokenizer_class": "Qwen2Tokenizer", "unk_token": None,
     }
     (path / "tokenizer_config.json").write_text(json.dumps(config, indent=2), encoding="utf-8")
+
+
+_GLM_JSON = {}
+
+
+def glm_tokenizer_json(ignore_merges: bool) -> dict:
+    """A byte-level BPE tokenizer.json in GLM-4's layout: the Llama 3 split pattern (which
+    llama.cpp's chatglm-bpe / glm4 pre-tokenizers use), no normalizer, GLM_BPE_SIZE tokens
+    trained on TinyStories text, then GLM-4's added tokens; ignore_merges as GLM-4-0414's
+    (llama.cpp sets it for its glm4 pre-tokenizer, not for glm-4-9b-chat's chatglm-bpe)."""
+    if "data" not in _GLM_JSON:
+        from tokenizers import (AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers,
+                                processors, trainers)
+
+        from converter.bpe_tokenizer import LLAMA3_PATTERN
+        tok = Tokenizer(models.BPE())
+        tok.pre_tokenizer = pre_tokenizers.Sequence([
+            pre_tokenizers.Split(Regex(LLAMA3_PATTERN), behavior="isolated", invert=False),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, trim_offsets=False, use_regex=False)])
+        tok.decoder = decoders.ByteLevel(add_prefix_space=False, trim_offsets=False, use_regex=False)
+        tok.post_processor = processors.ByteLevel(add_prefix_space=False, trim_offsets=False,
+                                                  use_regex=False)
+        text = (STORIES_HF.parent / "text" / "tinystories_sample.txt").read_text(encoding="utf-8")
+        trainer = trainers.BpeTrainer(vocab_size=GLM_BPE_SIZE, show_progress=False,
+                                      initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+        tok.train_from_iterator(text.splitlines(), trainer)
+        assert tok.get_vocab_size() == GLM_BPE_SIZE
+        tok.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in GLM_ADDED])
+        _GLM_JSON["data"] = json.loads(tok.to_str())
+    data = json.loads(json.dumps(_GLM_JSON["data"]))
+    data["model"]["ignore_merges"] = ignore_merges
+    return data
+
+
+def write_glm_tokenizer(path: Path, ignore_merges: bool = False) -> None:
+    """tokenizer.json (glm_tokenizer_json) and a tokenizer_config.json as glm-4-9b-chat-hf's:
+    no BOS (the template writes [gMASK]<sop>), eos and pad <|endoftext|>, its chat template."""
+    data = glm_tokenizer_json(ignore_merges)
+    (path / "tokenizer.json").write_text(json.dumps(data, ensure_ascii=False), encoding="utf-8")
+    config = {
+        "added_tokens_decoder": _decoder(data["added_tokens"]), "chat_template": GLM4_TEMPLATE,
+        "clean_up_tokenization_spaces": False, "do_lower_case": False, "eos_token": "<|endoftext|>",
+        "model_max_length": 128000, "pad_token": "<|endoftext|>", "padding_side": "left",
+        "remove_space": False, "tokenizer_class": "PreTrainedTokenizerFast",
+    }
+    (path / "tokenizer_config.json").write_text(json.dumps(config, indent=2, ensure_ascii=False),
+                                                encoding="utf-8")
 
 
 def load_model(path):

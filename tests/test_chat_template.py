@@ -9,6 +9,7 @@ from transformers import AutoTokenizer
 import fastllm
 from fastllm import _lib as raw
 from conftest import REPO, STORIES
+from hf_models import GLM4_TEMPLATE
 
 # Templates of the families we recognise, as the model repositories ship them (tokenizer_config.json's
 # chat_template). The long ones are raw strings: a "\n" in them is Jinja's escape, a line break a line break.
@@ -359,6 +360,13 @@ GEMMA3 = """{{ bos_token }}
     {{'<start_of_turn>model\n'}}
 {%- endif -%}
 """
+# THUDM/chatglm3-6b (tokenizer_config.json, as llama.cpp's tests/test-chat-template.cpp quotes it)
+CHATGLM3 = ("{% for message in messages %}{% if loop.first %}[gMASK]sop<|{{ message['role'] }}|>\n "
+            "{{ message['content'] }}{% else %}<|{{ message['role'] }}|>\n {{ message['content'] }}{% endif %}"
+            "{% endfor %}{% if add_generation_prompt %}<|assistant|>{% endif %}")
+# THUDM/glm-4-9b-chat(-hf) (tests/hf_models.py quotes it from the same source)
+GLM4 = GLM4_TEMPLATE
+
 TEMPLATES = {
     "chatml": "{% for message in messages %}{{'<|im_start|>' + message['role'] + '\\n' + message['content'] + "
               "'<|im_end|>' + '\\n'}}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}"
@@ -404,6 +412,8 @@ TEMPLATES = {
     "phi3.5": PHI35,
     "phi3-small": PHI3_SMALL,
     "phi4-mini": PHI4_MINI,
+    "chatglm3": CHATGLM3,
+    "glm4": GLM4,
 }
 
 SYSTEM = {"role": "system", "content": "You are a terse pirate.\n"}
@@ -479,7 +489,7 @@ def test_model_without_template(stories_model):
 def test_every_new_family_renders_most_conversations():
     """The parity test above is not passing by refusals: each template renders most conversations."""
     for family in ("qwen2.5", "qwen3", "mistral-v1", "mistral-v0.3", "phi3", "phi3.5", "phi3-small", "phi4-mini",
-                   "gemma3"):
+                   "gemma3", "chatglm3", "glm4"):
         rendered = 0
         for messages in CONVERSATIONS:
             try:
@@ -584,6 +594,13 @@ def test_mistral_roles_must_alternate_after_the_system_message(stories_model):
 
 # Variants of the recognised families that render differently from the ones above: refused.
 UNSUPPORTED_VARIANTS = {
+    # GLM-4-0414-style: system messages first, metadata and observation turns (not rendered)
+    "glm4-0414-style": (r"[gMASK]<sop>{%- for msg in messages %}{%- if msg.role == 'system' %}<|system|>" "\n"
+                        r"{{ msg.content }}{%- endif %}{%- endfor %}{%- for message in messages if message.role != "
+                        r"'system' %}<|{{ message.role }}|>" "\n" r"{{ message.content }}{%- endfor %}"
+                        r"{% if add_generation_prompt %}<|assistant|>{% endif %}"),
+    # ChatGLM3 without the space before the content
+    "chatglm3-no-space": CHATGLM3.replace("|>\n {{", "|>\n{{"),
     # Mistral-7B-Instruct-v0.3's earlier template (spaces around [INST], no system message)
     "mistral-v0.3-2024-05": (r"{{- bos_token }}{%- for message in messages %}{%- if message['role'] == 'user' %}"
                              r"{{- ' [INST] ' + message['content'] + ' [/INST]' }}{%- elif message['role'] == 'assistant' %}"

@@ -66,6 +66,15 @@ CASES = {
                                                                            "rope_theta": 100.0}}),
     ("gemma3", "softcap_untied"): dict(num_attention_heads=4, num_key_value_heads=4, tie_word_embeddings=False,
                                        sliding_window=6, sliding_window_pattern=2, final_logit_softcapping=1.0),
+    # GLM: q/k/v biases (or not), interleaved RoPE over half of each head (or a quarter), MQA
+    ("glm", "gqa_bias"): dict(num_attention_heads=4, num_key_value_heads=2),
+    ("glm", "mqa_tied"): dict(num_attention_heads=4, num_key_value_heads=1, tie_word_embeddings=True),
+    ("glm", "mha_nobias_quarter"): dict(num_attention_heads=4, num_key_value_heads=4, hidden_size=128, head_dim=32,
+                                        attention_bias=False, partial_rotary_factor=0.25),
+    # GLM-4-0414: the same plus the post-attention and post-MLP norms
+    ("glm4", "gqa_bias"): dict(num_attention_heads=4, num_key_value_heads=2),
+    ("glm4", "mqa_tied"): dict(num_attention_heads=4, num_key_value_heads=1, tie_word_embeddings=True),
+    ("glm4", "mha_head_dim24"): dict(num_attention_heads=4, num_key_value_heads=4, head_dim=24),
 }
 
 
@@ -236,7 +245,7 @@ def test_unknown_architecture_lists_the_supported_ones(tmp_path):
     with pytest.raises(fastllm.FastLLMError) as e:
         fastllm.Model(bad)
     assert e.value.status_name == "FASTLLM_ERR_UNSUPPORTED" and "qwen9" in str(e.value)
-    for arch in ("llama", "mistral", "qwen2", "qwen3", "phi3"):
+    for arch in ("llama", "mistral", "qwen2", "qwen3", "phi3", "glm", "glm4"):
         assert arch in str(e.value)
 
 
@@ -254,10 +263,11 @@ def test_version2_llama_files_still_load(tmp_path):
         np.testing.assert_array_equal(a.forward(ids), b.forward(ids))
 
 
-@pytest.fixture(scope="module", params=["qwen2", "qwen3", "mistral", "phi3"])
+@pytest.fixture(scope="module", params=["qwen2", "qwen3", "mistral", "phi3", "gemma3", "glm", "glm4"])
 def family_flm(request, tmp_path_factory):
     tmp = tmp_path_factory.mktemp(f"tools-{request.param}")
-    hf_dir = make_model(tmp / "hf", request.param, num_attention_heads=4, num_key_value_heads=2)
+    window = dict(sliding_window=16) if request.param == "gemma3" else {}
+    hf_dir = make_model(tmp / "hf", request.param, num_attention_heads=4, num_key_value_heads=2, **window)
     return request.param, convert(hf_dir, tmp / "m.flm", dtype="int8")
 
 
@@ -277,6 +287,7 @@ def test_command_line_tools(family_flm, tmp_path):
 
     info = run("info", flm)
     assert f"architecture: {family}" in info and "num_kv_heads: 2" in info
+    assert ("keep only their window" in info) == (family == "gemma3"), info  # the cache it saves
     text = tmp_path / "t.txt"
     text.write_text("Once upon a time there was a little dog.\n\nIt liked to run in the park.\n")
     assert "perplexity " in run("perplexity", flm, text)

@@ -316,7 +316,7 @@ def test_model_type_choices_are_the_families():
     r = subprocess.run([sys.executable, str(REPO / "converter" / "convert.py"), "--help"],
                        capture_output=True, text=True, timeout=60)
     assert r.returncode == 0
-    assert "{gemma,gemma2,gemma3,llama,mistral,phi3,qwen2,qwen3}" in r.stdout.replace("\n", "").replace(" ", "")
+    assert "{gemma,gemma2,gemma3,glm,glm4,llama,mistral,phi3,qwen2,qwen3}" in r.stdout.replace("\n", "").replace(" ", "")
 
 
 # ---- GGUF files ---------------------------------------------------------------------------------
@@ -422,7 +422,7 @@ def test_unsupported_gguf_architecture_is_refused(tmp_path):
     path = write_gguf(hf_dir, tmp_path / "falcon.gguf", arch="falcon")
     out = tmp_path / "out.flm"
     with pytest.raises(ConversionError, match=r"unsupported GGUF architecture 'falcon' \(supported: "
-                                              r"llama, qwen2, qwen3, phi3, gemma, gemma2, gemma3\)"):
+                                              r"llama, qwen2, qwen3, phi3, gemma, gemma2, gemma3, glm4, chatglm\)"):
         convert(path, out, progress=False)
     assert not out.exists()
     with pytest.raises(ConversionError, match="--model_type qwen2 does not fit .* architecture is llama"):

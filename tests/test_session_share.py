@@ -187,7 +187,8 @@ def test_context_shift_keeps_generating(stories_model):
         assert s.last_result.stop_reason == "context_full"
 
 
-@pytest.mark.parametrize("family,overrides", [("llama", {}), ("qwen3", {}), ("phi3", dict(partial_rotary_factor=0.5))])
+@pytest.mark.parametrize("family,overrides", [("llama", {}), ("qwen3", {}), ("phi3", dict(partial_rotary_factor=0.5)),
+                                              ("glm", {}), ("glm4", {})])  # glm: interleaved pairs
 def test_context_shift_re_rotates_keys_exactly(tmp_path, family, overrides):
     """With one layer, a key or value depends on its token and position only, so after a shift
     the cache must be exactly what a fresh evaluation of the kept tokens writes: the next tokens'

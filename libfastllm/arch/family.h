@@ -28,5 +28,7 @@ void phi3_hparams(const FlmFile &f, DecoderConfig &c);
 void gemma_hparams(const FlmFile &f, DecoderConfig &c);
 void gemma2_hparams(const FlmFile &f, DecoderConfig &c);
 void gemma3_hparams(const FlmFile &f, DecoderConfig &c);
+void glm_hparams(const FlmFile &f, DecoderConfig &c);
+void glm4_hparams(const FlmFile &f, DecoderConfig &c);
 
 }  // namespace fastllm

@@ -449,6 +449,48 @@ std::string render_phi3(const Chat &c) {
 }
 
 // ---------------------------------------------------------------------------------------------
+// GLM. ChatGLM3-6B: '[gMASK]sop' before the first turn, '<|' + role + '|>\n ' + content for any
+// role (the space stands for the SentencePiece prefix its build_chat_input gets by encoding the
+// content apart), then '<|assistant|>'. glm-4-9b-chat: '[gMASK]<sop>', then '<|' + role + '|>' +
+// metadata + '\n' + content for every message with content (fastllm's messages have no metadata
+// or tools), then '<|assistant|>\n'.
+bool is_chatglm3(const std::string &t) {
+    if (!contains(t, "[gMASK]sop")) return false;
+    if (!contains_all(t, {"{% if loop.first %}[gMASK]sop<|{{ message['role'] }}|>\\n {{ message['content'] }}"
+                          "{% else %}<|{{ message['role'] }}|>\\n {{ message['content'] }}{% endif %}",
+                          "{% if add_generation_prompt %}<|assistant|>{% endif %}"}))
+        fail(FASTLLM_ERR_UNSUPPORTED, "this [gMASK]sop (ChatGLM3) chat template variant is not supported (supported: "
+             "ChatGLM3-6B's)");
+    return true;
+}
+
+std::string render_chatglm3(const Chat &c) {
+    std::string out = "[gMASK]sop";
+    for (const auto &m : c.msgs) out += "<|" + m.role + "|>\n " + m.content;
+    if (c.opt.add_generation_prompt) out += "<|assistant|>";
+    return out;
+}
+
+bool is_glm4(const std::string &t) {
+    if (!contains(t, "[gMASK]<sop>")) return false;
+    if (!(starts_with(t, "[gMASK]<sop>{% for item in messages %}{% if item['tools'] is defined %}") &&
+          contains_all(t, {"{% if item['content'] %}<|{{ item['role'] }}|>{{ item['metadata'] }}\\n"
+                           "{{ item['content'] }}{% endif %}{% endfor %}",
+                           "{% if add_generation_prompt %}<|assistant|>\\n{% endif %}"})))
+        fail(FASTLLM_ERR_UNSUPPORTED, "this [gMASK]<sop> (GLM-4) chat template variant is not supported (supported: "
+             "glm-4-9b-chat's)");
+    return true;
+}
+
+std::string render_glm4(const Chat &c) {
+    std::string out = "[gMASK]<sop>";
+    for (const auto &m : c.msgs)
+        if (!m.content.empty()) out += "<|" + m.role + "|>\n" + m.content;
+    if (c.opt.add_generation_prompt) out += "<|assistant|>\n";
+    return out;
+}
+
+// ---------------------------------------------------------------------------------------------
 
 struct Family {
     const char *name;
@@ -456,12 +498,12 @@ struct Family {
     std::string (*render)(const Chat &chat);
 };
 
-// In the order they are tried: extensions before the family they extend, Phi-3 before Zephyr
-// (both have <|user|>), Llama 2 (<<SYS>>) before Mistral.
+// In the order they are tried: extensions before the family they extend, Phi-3 and GLM before
+// Zephyr (all have <|user|>), Llama 2 (<<SYS>>) before Mistral.
 const Family kFamilies[] = {
     {"qwen3", is_qwen3, render_qwen3},    {"qwen2.5", is_qwen25, render_qwen25}, {"chatml", is_chatml, render_chatml},
     {"llama3", is_llama3, render_llama3}, {"gemma3", is_gemma3, render_gemma3},  {"gemma", is_gemma, render_gemma},
-    {"phi3", is_phi3, render_phi3},
+    {"phi3", is_phi3, render_phi3},       {"chatglm3", is_chatglm3, render_chatglm3}, {"glm4", is_glm4, render_glm4},
     {"zephyr", is_zephyr, render_zephyr}, {"llama2", is_llama2, render_llama2},  {"mistral", is_mistral, render_mistral},
 };
 
@@ -469,7 +511,7 @@ const Family &find_family(const std::string &norm, const std::string &tmpl) {
     for (const Family &f : kFamilies)
         if (f.recognises(norm)) return f;
     fail(FASTLLM_ERR_UNSUPPORTED, "unknown chat template (supported families: chatml, qwen2.5, qwen3, llama2, llama3, "
-         "zephyr, gemma, gemma3, mistral, phi3): %.80s%s", tmpl.c_str(), tmpl.size() > 80 ? "..." : "");
+         "zephyr, gemma, gemma3, mistral, phi3, chatglm3, glm4): %.80s%s", tmpl.c_str(), tmpl.size() > 80 ? "..." : "");
 }
 
 }  // namespace

@@ -27,7 +27,7 @@ struct ChatOptions {
 };
 
 // Name of the family the template is recognised as ("chatml", "qwen2.5", "qwen3", "llama2",
-// "llama3", "zephyr", "gemma", "gemma3", "mistral", "phi3"). Throws FASTLLM_ERR_UNSUPPORTED when it matches
+// "llama3", "zephyr", "gemma", "gemma3", "mistral", "phi3", "chatglm3", "glm4"). Throws FASTLLM_ERR_UNSUPPORTED when it matches
 // none, or matches a family in a variant that is not rendered.
 const char *detect_chat_family(const std::string &tmpl);
 

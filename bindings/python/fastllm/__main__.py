@@ -92,6 +92,12 @@ def cmd_info(args) -> int:
             print(f"  {key}: {value}")
         print(f"  chat_template: {'yes' if m.chat_template else 'no'}")
         print(f"  isa: {isa()}")
+        with m.session() as s, m.session(swa_full=True) as full:  # their KV caches grow as used: free now
+            cap, cap_full = s.memory()["kv_capacity_bytes"], full.memory()["kv_capacity_bytes"]
+            line = f"  kv_cache: at most {cap / 2**20:.1f} MiB a session at n_ctx {s.n_ctx} (f16)"
+            if cap != cap_full:
+                line += f"; sliding-window layers keep only their window ({cap_full / 2**20:.1f} MiB with swa_full)"
+            print(line)
     return 0
 
 
