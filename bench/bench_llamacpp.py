@@ -2,6 +2,7 @@
 
     python3 bench/bench_llamacpp.py --shape 110m --llama_cpp /path/to/llama.cpp
     python3 bench/bench_llamacpp.py --shape tinyllama --llama_cpp /path/to/llama.cpp --repeat 3
+    python3 bench/bench_llamacpp.py --shape gemma3-1b --llama_cpp /path/to/llama.cpp --variants int8,int4
 
 --llama_cpp is a llama.cpp source tree built outside this repository (it needs build/bin/llama-bench,
 build/bin/llama-quantize and convert_hf_to_gguf.py); without it the llama.cpp rows are skipped,
@@ -123,7 +124,16 @@ def main() -> int:
     ap.add_argument("--gen", type=int, default=64)
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--work_dir", type=Path, default=Path("/tmp/fastllm-bench"))
+    ap.add_argument("--variants", help="comma-separated fastllm variants to run (default: all: "
+                    + ", ".join(v[0] for v in FASTLLM_VARIANTS) + ")")
     args = ap.parse_args()
+    variants = FASTLLM_VARIANTS
+    if args.variants:
+        names = args.variants.split(",")
+        unknown = sorted(set(names) - {v[0] for v in FASTLLM_VARIANTS})
+        if unknown:
+            ap.error(f"unknown variants {', '.join(unknown)}")
+        variants = [v for v in FASTLLM_VARIANTS if v[0] in names]
 
     from converter.convert import convert
     args.work_dir.mkdir(parents=True, exist_ok=True)
@@ -138,7 +148,7 @@ def main() -> int:
         print("llama.cpp: skipped (pass --llama_cpp PATH to a built llama.cpp tree)")
 
     print(f"{'engine':<22}{'MiB':>8}{'pp tok/s':>10}{'tg tok/s':>10}{'MB/token':>10}{'% of bw':>9}{'RSS MiB':>9}{'load ms':>9}")
-    for name, dtype, group, dtype_config, peer in FASTLLM_VARIANTS:
+    for name, dtype, group, dtype_config, peer in variants:
         flm = args.work_dir / f"random-{args.shape}-{name}.flm"
         if not flm.exists():
             convert(str(hf_dir), str(flm), dtype=dtype, group_size=group, dtype_config=dtype_config,

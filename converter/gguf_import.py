@@ -397,15 +397,28 @@ def gguf_config(g: GgufModel, family=None) -> dict:
     if a in ("qwen2", "qwen3") and config["sliding_window"]:
         # Qwen2Config: the window needs use_sliding_window; which layers use it: the pattern
         config["use_sliding_window"] = True
-        pattern = g.value(f"{a}.attention.sliding_window_pattern")
-        if isinstance(pattern, list):
-            if len(pattern) != layers:
-                raise ConversionError(f"{g.path}: {a}.attention.sliding_window_pattern has "
-                                      f"{len(pattern)} entries for {layers} layers")
-            config["layer_types"] = ["sliding_attention" if p else "full_attention" for p in pattern]
+        types = _window_layer_types(g, a, layers)
+        if types is not None:
+            config["layer_types"] = types
         else:
             config["max_window_layers"] = 0
     return config
+
+
+def _window_layer_types(g: GgufModel, a: str, layers: int, every: int | None = None):
+    """The layers' types from `attention.sliding_window_pattern`: one flag per layer (true:
+    sliding), or an integer n (every n-th layer full, as llama.cpp's set_swa_pattern), else every
+    `every`-th; None when neither says."""
+    pattern = g.value(f"{a}.attention.sliding_window_pattern")
+    if isinstance(pattern, list):
+        if len(pattern) != layers:
+            raise ConversionError(f"{g.path}: {a}.attention.sliding_window_pattern has "
+                                  f"{len(pattern)} entries for {layers} layers")
+        return ["sliding_attention" if p else "full_attention" for p in pattern]
+    n = g.get_positive(f"{a}.attention.sliding_window_pattern", every)
+    if n is None:
+        return None
+    return ["sliding_attention" if (i + 1) % n else "full_attention" for i in range(layers)]
 
 
 # llama.cpp's 27B Gemma 2 / 3 (by layer count) scale q . k by (hidden / heads)^-1/2, the others
@@ -429,15 +442,7 @@ def _gemma_config(g: GgufModel, a: str, config: dict) -> None:
     config["final_logit_softcapping"] = g.get_float(f"{a}.final_logit_softcapping", softcaps[1]) or None
     window = config["sliding_window"] if a == "gemma3" else g.get_int(f"{a}.attention.sliding_window", 4096)
     config["sliding_window"] = window
-    pattern = g.value(f"{a}.attention.sliding_window_pattern")
-    if isinstance(pattern, list):
-        if len(pattern) != layers:
-            raise ConversionError(f"{g.path}: {a}.attention.sliding_window_pattern has "
-                                  f"{len(pattern)} entries for {layers} layers")
-        types = ["sliding_attention" if p else "full_attention" for p in pattern]
-    else:
-        n = g.get_positive(f"{a}.attention.sliding_window_pattern", 2 if a == "gemma2" else 6)
-        types = ["sliding_attention" if (i + 1) % n else "full_attention" for i in range(layers)]
+    types = _window_layer_types(g, a, layers, 2 if a == "gemma2" else 6)
     config["layer_types"] = types if window else ["full_attention"] * layers
     if a == "gemma3":
         full = dict(config.pop("rope_scaling") or {"rope_type": "default"})

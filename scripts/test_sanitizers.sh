@@ -18,7 +18,8 @@ ASAN_OPTIONS=halt_on_error=1:detect_leaks=0 LD_PRELOAD="$(gcc -print-file-name=l
   python3 -m pytest -q -p no:cacheprovider \
     tests/test_api.py tests/test_bad_input.py tests/test_tokenizer_spm.py tests/test_tokenizer_bpe.py \
     tests/test_special_tokens.py tests/test_chat_template.py tests/test_batched_generation.py \
-    tests/test_server.py tests/test_fuzz_corpus.py tests/test_reliability.py tests/test_session_share.py "$@"
+    tests/test_server.py tests/test_fuzz_corpus.py tests/test_reliability.py tests/test_session_share.py \
+    tests/test_sliding_window.py "$@"
 
 cmake -S . -B build-tsan -DCMAKE_BUILD_TYPE=RelWithDebInfo -DFASTLLM_SANITIZE=thread -DFASTLLM_BLAS=OFF \
   -DFASTLLM_SERVER=OFF -DFASTLLM_BUILD_EXAMPLES=OFF >/dev/null

@@ -304,32 +304,39 @@ def write_phi3_tokenizer(path: Path) -> None:
          "unk_token": "<unk>"}, indent=2), encoding="utf-8")
 
 
-_QWEN_JSON = {}
+_BPE_JSON = {}
 
 
-def qwen_tokenizer_json() -> dict:
-    """A byte-level BPE tokenizer.json in Qwen2's layout (trained once per process)."""
-    if not _QWEN_JSON:
+def _byte_level_bpe(pattern: str, size: int, added: list, nfc: bool) -> dict:
+    """A byte-level BPE tokenizer.json: text split by `pattern`, `size` tokens trained with
+    `tokenizers` on TinyStories text, then the `added` special tokens (trained once per process)."""
+    key = (pattern, size, tuple(added), nfc)
+    if key not in _BPE_JSON:
         from tokenizers import (AddedToken, Regex, Tokenizer, decoders, models, normalizers,
                                 pre_tokenizers, processors, trainers)
-
-        from converter.bpe_tokenizer import QWEN2_PATTERN
         tok = Tokenizer(models.BPE())
-        tok.normalizer = normalizers.NFC()
+        if nfc:
+            tok.normalizer = normalizers.NFC()
         tok.pre_tokenizer = pre_tokenizers.Sequence([
-            pre_tokenizers.Split(Regex(QWEN2_PATTERN), behavior="isolated", invert=False),
+            pre_tokenizers.Split(Regex(pattern), behavior="isolated", invert=False),
             pre_tokenizers.ByteLevel(add_prefix_space=False, trim_offsets=False, use_regex=False)])
         tok.decoder = decoders.ByteLevel(add_prefix_space=False, trim_offsets=False, use_regex=False)
         tok.post_processor = processors.ByteLevel(add_prefix_space=False, trim_offsets=False,
                                                   use_regex=False)
         text = (STORIES_HF.parent / "text" / "tinystories_sample.txt").read_text(encoding="utf-8")
-        trainer = trainers.BpeTrainer(vocab_size=QWEN_BPE_SIZE, show_progress=False,
+        trainer = trainers.BpeTrainer(vocab_size=size, show_progress=False,
                                       initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
         tok.train_from_iterator(text.splitlines(), trainer)
-        assert tok.get_vocab_size() == QWEN_BPE_SIZE
-        tok.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in QWEN_ADDED])
-        _QWEN_JSON["data"] = json.loads(tok.to_str())
-    return json.loads(json.dumps(_QWEN_JSON["data"]))
+        assert tok.get_vocab_size() == size
+        tok.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in added])
+        _BPE_JSON[key] = json.loads(tok.to_str())
+    return json.loads(json.dumps(_BPE_JSON[key]))
+
+
+def qwen_tokenizer_json() -> dict:
+    """A byte-level BPE tokenizer.json in Qwen2's layout (Qwen2 split pattern, NFC)."""
+    from converter.bpe_tokenizer import QWEN2_PATTERN
+    return _byte_level_bpe(QWEN2_PATTERN, QWEN_BPE_SIZE, QWEN_ADDED, nfc=True)
 
 
 def write_qwen_tokenizer(path: Path) -> None:
@@ -347,34 +354,13 @@ def write_qwen_tokenizer(path: Path) -> None:
     (path / "tokenizer_config.json").write_text(json.dumps(config, indent=2), encoding="utf-8")
 
 
-_GLM_JSON = {}
-
-
 def glm_tokenizer_json(ignore_merges: bool) -> dict:
     """A byte-level BPE tokenizer.json in GLM-4's layout: the Llama 3 split pattern (which
     llama.cpp's chatglm-bpe / glm4 pre-tokenizers use), no normalizer, GLM_BPE_SIZE tokens
     trained on TinyStories text, then GLM-4's added tokens; ignore_merges as GLM-4-0414's
     (llama.cpp sets it for its glm4 pre-tokenizer, not for glm-4-9b-chat's chatglm-bpe)."""
-    if "data" not in _GLM_JSON:
-        from tokenizers import (AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers,
-                                processors, trainers)
-
-        from converter.bpe_tokenizer import LLAMA3_PATTERN
-        tok = Tokenizer(models.BPE())
-        tok.pre_tokenizer = pre_tokenizers.Sequence([
-            pre_tokenizers.Split(Regex(LLAMA3_PATTERN), behavior="isolated", invert=False),
-            pre_tokenizers.ByteLevel(add_prefix_space=False, trim_offsets=False, use_regex=False)])
-        tok.decoder = decoders.ByteLevel(add_prefix_space=False, trim_offsets=False, use_regex=False)
-        tok.post_processor = processors.ByteLevel(add_prefix_space=False, trim_offsets=False,
-                                                  use_regex=False)
-        text = (STORIES_HF.parent / "text" / "tinystories_sample.txt").read_text(encoding="utf-8")
-        trainer = trainers.BpeTrainer(vocab_size=GLM_BPE_SIZE, show_progress=False,
-                                      initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
-        tok.train_from_iterator(text.splitlines(), trainer)
-        assert tok.get_vocab_size() == GLM_BPE_SIZE
-        tok.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in GLM_ADDED])
-        _GLM_JSON["data"] = json.loads(tok.to_str())
-    data = json.loads(json.dumps(_GLM_JSON["data"]))
+    from converter.bpe_tokenizer import LLAMA3_PATTERN
+    data = _byte_level_bpe(LLAMA3_PATTERN, GLM_BPE_SIZE, GLM_ADDED, nfc=False)
     data["model"]["ignore_merges"] = ignore_merges
     return data
 

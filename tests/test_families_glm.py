@@ -252,15 +252,6 @@ def test_glm_rope_scaling_is_refused(tmp_path):
     assert "unsupported rope type 'linear'" in str(e.value)
 
 
-def test_glm4_file_without_its_post_norms_is_a_clear_error(tmp_path):
-    from conftest import rewrite_flm
-    hf_dir = make_model(tmp_path / "hf", "glm4", num_attention_heads=4, num_key_value_heads=2, num_hidden_layers=1)
-    bad = rewrite_flm(convert(hf_dir, tmp_path / "ok.flm"), tmp_path / "bad.flm", drop={"blk.0.post_ffw_norm.weight"})
-    with pytest.raises(fastllm.FastLLMError) as e:
-        fastllm.Model(bad)
-    assert e.value.status_name == "FASTLLM_ERR_BAD_FORMAT" and "blk.0.post_ffw_norm.weight" in str(e.value)
-
-
 def chatglm3_gguf(folder, path):
     """The ChatGLM3 folder as llama.cpp's ChatGLMModel writes THUDM/chatglm3-6b: architecture
     chatglm, THUDM's fused attn_qkv (q, k, v rows) and ffn_up (dense_h_to_4h), its keys, and

@@ -119,3 +119,28 @@ def test_saved_state_holds_the_windows_and_resumes_the_same(gemma3, load_swa_ful
             b.load_state(state)
             assert b.n_cached == b.n_tokens == 270
             assert run(b, 30) == want
+
+
+def test_state_whose_layers_disagree_on_held_blocks_is_refused_without_a_crash(gemma3):
+    """Layers 0 and 2 share their window's blocks: a state (checksum made valid) in which layer 2
+    claims a block layer 0 left out is read without writing into a released block."""
+    from test_session_share import _fnv1a
+    m, ids, _ = gemma3
+    with m.session(n_ctx=512) as a:
+        a.eval(ids[:270], logits=None)
+        state = bytearray(a.save_state())
+    n_blocks, row = (270 + 31) // 32, 2 * 16  # f16 rows of one KV head of 16
+    layer0 = 8 + 4 + 8 + 6 * 4 + 4 * 270
+    assert list(state[layer0:layer0 + n_blocks]) == [0] * 7 + [1, 1]  # the window and its slack block
+    held0 = 270 - 7 * 32  # rows layer 0 saved, keys then values
+    layer1 = layer0 + n_blocks + 2 * held0 * row
+    layer2 = layer1 + n_blocks + 2 * 270 * row
+    assert list(state[layer2:layer2 + n_blocks]) == [0] * 7 + [1, 1]
+    state[layer2] = 1
+    body = bytes(state[:-8])
+    with m.session(n_ctx=512) as b:
+        b.eval([5, 6, 7], logits=None)
+        with pytest.raises(fastllm.FastLLMError) as e:
+            b.load_state(body + _fnv1a(body).to_bytes(8, "little"))
+        assert e.value.status_name == "FASTLLM_ERR_BAD_FORMAT"
+        assert b.tokens == [5, 6, 7]

@@ -94,7 +94,7 @@ void CpuBackend::attention(const float *q, const AttentionRun *runs, int n_runs,
 void CpuBackend::glu(GluKind kind, const float *gate_up, int T, int n, float *out) {
     per_row(T, [&](int64_t t) {
         if (kind == GluKind::Silu) ops::swiglu(k_, gate_up + (size_t)t * 2 * n, n, out + (size_t)t * n);
-        else ops::geglu(gate_up + (size_t)t * 2 * n, n, out + (size_t)t * n);
+        else ops::geglu(k_, gate_up + (size_t)t * 2 * n, n, out + (size_t)t * n);
     });
 }
 

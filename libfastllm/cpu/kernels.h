@@ -35,6 +35,9 @@ struct KernelTable {
     void (*to_f32[3])(const void *src, float *dst, int n);
     // out[i] = silu(gate[i]) * up[i], with gate = gate_up[0, n) and up = gate_up[n, 2n).
     void (*swiglu)(const float *gate_up, int n, float *out);
+    // out[i] = gelu_tanh(gate[i]) * up[i] (Gemma's GeGLU), computed as g * up / (1 + exp(-2u)),
+    // u = sqrt(2/pi) (g + 0.044715 g^3): the same exp as swiglu's, no tanh.
+    void (*geglu)(const float *gate_up, int n, float *out);
     // x[i] = exp(x[i] - shift) for n elements; returns their sum (softmax).
     float (*exp_shift_sum)(float *x, int n, float shift);
     // Quantizes n (a multiple of 32) activations.
@@ -82,6 +85,8 @@ const KernelTable *avx512_kernels();
 
 // Portable scalar conversions, shared by all files.
 float f16_to_f32(uint16_t h);
+// gelu_tanh(g) = g / (1 + exp(g (kGeluC1 + kGeluC3 g^2))): -2 sqrt(2/pi) and -2 sqrt(2/pi) 0.044715
+constexpr float kGeluC1 = -1.5957691216057308f, kGeluC3 = -0.07135481627159473f;
 uint16_t f32_to_f16(float f);
 inline float bf16_to_f32(uint16_t h) {
     uint32_t bits = (uint32_t)h << 16;

@@ -65,6 +65,20 @@ void swiglu(const float *gate_up, int n, float *out) {
     for (; i < n; i++) out[i] = gate_up[i] / (1.0f + std::exp(-gate_up[i])) * gate_up[n + i];
 }
 
+void geglu(const float *gate_up, int n, float *out) {
+    int i = 0;
+    for (; i + 8 <= n; i += 8) {
+        const __m256 g = _mm256_loadu_ps(gate_up + i);
+        const __m256 z = _mm256_mul_ps(g, _mm256_fmadd_ps(_mm256_mul_ps(g, g), _mm256_set1_ps(kGeluC3), _mm256_set1_ps(kGeluC1)));
+        const __m256 gelu = _mm256_div_ps(g, _mm256_add_ps(_mm256_set1_ps(1.0f), exp8(z)));
+        _mm256_storeu_ps(out + i, _mm256_mul_ps(gelu, _mm256_loadu_ps(gate_up + n + i)));
+    }
+    for (; i < n; i++) {
+        const float g = gate_up[i];
+        out[i] = g / (1.0f + std::exp(g * (kGeluC1 + kGeluC3 * g * g))) * gate_up[n + i];
+    }
+}
+
 float exp_shift_sum(float *x, int n, float shift) {
     __m256 acc = _mm256_setzero_ps();
     int i = 0;
@@ -392,6 +406,7 @@ const KernelTable kPlain = {
     {dot_rows<load8_f32, load1_f32>, dot_rows<load8_f16, load1_f16>, dot_rows<load8_bf16, load1_bf16>},
     {to_f32<load8_f32, load1_f32>, to_f32<load8_f16, load1_f16>, to_f32<load8_bf16, load1_bf16>},
     swiglu,
+    geglu,
     exp_shift_sum,
     quantize_acts,
     {},  // dot_rows_quant

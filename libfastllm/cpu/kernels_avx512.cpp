@@ -239,6 +239,20 @@ void dot_rows_quant(const QuantTile &w, int rows, int n, const QuantActs &x, int
     }
 }
 
+void geglu(const float *gate_up, int n, float *out) {
+    int i = 0;
+    for (; i + 16 <= n; i += 16) {
+        const __m512 g = _mm512_loadu_ps(gate_up + i);
+        const __m512 z = _mm512_mul_ps(g, _mm512_fmadd_ps(_mm512_mul_ps(g, g), _mm512_set1_ps(kGeluC3), _mm512_set1_ps(kGeluC1)));
+        const __m512 gelu = _mm512_div_ps(g, _mm512_add_ps(_mm512_set1_ps(1.0f), exp16(z)));
+        _mm512_storeu_ps(out + i, _mm512_mul_ps(gelu, _mm512_loadu_ps(gate_up + n + i)));
+    }
+    for (; i < n; i++) {
+        const float g = gate_up[i];
+        out[i] = g / (1.0f + std::exp(g * (kGeluC1 + kGeluC3 * g * g))) * gate_up[n + i];
+    }
+}
+
 KernelTable::QuantDot quant_for_bits(int bits) {
     return bits == 8 ? dot_rows_quant<8> : bits == 6 ? dot_rows_quant<6> : dot_rows_quant<4>;
 }
@@ -249,6 +263,7 @@ const KernelTable kPlain = {
     {nullptr, nullptr, nullptr},  // AVX2's, see avx512_kernels()
     {to_f32<load16_f32, load1_f32>, to_f32<load16_f16, load1_f16>, to_f32<load16_bf16, load1_bf16>},
     swiglu,
+    geglu,
     exp_shift_sum,
     quantize_acts,
     {},  // dot_rows_quant

@@ -186,6 +186,13 @@ void swiglu(const float *gate_up, int n, float *out) {
     }
 }
 
+void geglu(const float *gate_up, int n, float *out) {
+    for (int i = 0; i < n; i++) {
+        const float g = gate_up[i];
+        out[i] = g / (1.0f + std::exp(g * (kGeluC1 + kGeluC3 * g * g))) * gate_up[n + i];
+    }
+}
+
 float exp_shift_sum(float *x, int n, float shift) {
     float sum = 0;
     for (int i = 0; i < n; i++) sum += (x[i] = std::exp(x[i] - shift));
@@ -224,6 +231,7 @@ const KernelTable kPlain = {Isa::Scalar,
                             {dot_rows_f32, dot_rows_f16, dot_rows_bf16},
                             {to_f32_f32, to_f32_f16, to_f32_bf16},
                             swiglu,
+                            geglu,
                             exp_shift_sum,
                             quantize_acts,
                             {},  // dot_rows_quant

@@ -171,13 +171,8 @@ void rope(float *v, int n_heads, int head_dim, int rope_dim, bool interleaved, c
 
 void swiglu(const KernelTable &k, const float *gate_up, int n, float *out) { k.swiglu(gate_up, n, out); }
 
-void geglu(const float *gate_up, int n, float *out) {
-    const float c = 0.7978845608028654f;  // sqrt(2 / pi)
-    for (int i = 0; i < n; i++) {
-        const float g = gate_up[i];
-        out[i] = 0.5f * g * (1.0f + std::tanh(c * (g + 0.044715f * g * g * g))) * gate_up[n + i];
-    }
-}
+// Gemma-3-1B's prompts: std::tanh per value took 7% of a 128-token pass.
+void geglu(const KernelTable &k, const float *gate_up, int n, float *out) { k.geglu(gate_up, n, out); }
 
 void softcap(float *x, size_t n, float cap) {
     const float inv = 1.0f / cap;

@@ -45,8 +45,8 @@ void rope(float *v, int n_heads, int head_dim, int rope_dim, bool interleaved, c
 
 // out[i] = silu(gate[i]) * up[i], with gate_up = [gate (n) | up (n)] per row.
 void swiglu(const KernelTable &k, const float *gate_up, int n, float *out);
-// out[i] = gelu_tanh(gate[i]) * up[i].
-void geglu(const float *gate_up, int n, float *out);
+// out[i] = gelu_tanh(gate[i]) * up[i] (the table's kernel).
+void geglu(const KernelTable &k, const float *gate_up, int n, float *out);
 // x[i] = cap * tanh(x[i] / cap).
 void softcap(float *x, size_t n, float cap);
 

@@ -171,13 +171,16 @@ void Session::load_state(const uint8_t *data, size_t size, fastllm_stream_callba
             }
         }
     };
+    std::vector<std::pair<int, int>> missing;  // (layer, block): released once every layer is read, as
+                                               // the layers of a window share blocks
     for (int l = 0; l < cache_.n_layers(); l++) {
         if (version >= 2) std::memcpy(held.data(), r.take(held.size()), held.size());
         copy_rows(type_k, rk, cache_.type_k(), &KvCache::k_row, l);
         copy_rows(type_v, rv, cache_.type_v(), &KvCache::v_row, l);
         for (int b = 0; b < n_blocks; b++)
-            if (!held[b]) cache.release_block(l, b * KvCache::kBlock);
+            if (!held[b]) missing.emplace_back(l, b);
     }
+    for (const auto &m : missing) cache.release_block(m.first, m.second * KvCache::kBlock);
     cache.forget((int)n_eval);
     const bool generating = r.get<uint8_t>() != 0;
     std::unique_ptr<Generation> gen;
