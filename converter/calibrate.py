@@ -347,6 +347,9 @@ def calibrate(ckpt, hp, policy, text_path, n_tokens: int = DEFAULT_TOKENS, alpha
         raise ConversionError(f"--calib_tokens must be at least 2, got {n_tokens}")
     docs = read_text(text_path)
     names = common.TensorMap(ckpt, hp.arch)
+    if names.prefix == "language_model.model.":  # transformers names its parameters otherwise
+        raise ConversionError(f"--calib: {ckpt.path} is a multimodal checkpoint; calibration needs a "
+                              f"text-only one")
     nh, nkv, hd = hp.num_heads, hp.num_kv_heads, hp.head_dim
     groups = _groups(FAMILIES[hp.arch], hp, policy)
     if not groups:

@@ -67,10 +67,6 @@ def detect_model_type(config: dict, requested: str | None = None) -> str:
             for name, module in FAMILIES.items():
                 if arch in module.HF_ARCHITECTURES:
                     detected = name
-        for arch in archs:
-            for module in FAMILIES.values():
-                if arch in getattr(module, "REFUSED", {}):
-                    raise ConversionError(f"{arch}: {module.REFUSED[arch]}")
         if detected is None:
             supported = ", ".join(a for m in FAMILIES.values() for a in m.HF_ARCHITECTURES)
             raise ConversionError(f"unsupported architecture {', '.join(map(str, archs))} "

@@ -119,13 +119,50 @@ def test_gguf_tokenizer_round_trip(gemma, tmp_path):
             assert g.tokenize(text) == m.tokenize(text), text
 
 
+def test_multimodal_checkpoint_converts_as_its_language_model(tmp_path):
+    """Gemma3ForConditionalGeneration (gemma-3-4b-it's class): text_config, language_model.model.*
+    tensors, the vision tower and projector left out with a warning; logits of text equal the
+    multimodal model's own; --calib refuses it."""
+    import numpy as np
+    import torch
+    from transformers import Gemma3Config, Gemma3ForConditionalGeneration
+    from converter.convert import ConversionError, convert as convert_hf
+    from hf_models import TOKENIZER_FILES, STORIES_HF
+    text = dict(vocab_size=512, hidden_size=64, intermediate_size=96, num_hidden_layers=3, num_attention_heads=4,
+                num_key_value_heads=1, head_dim=16, query_pre_attn_scalar=16, sliding_window=8, sliding_window_pattern=3,
+                max_position_embeddings=128, bos_token_id=1, eos_token_id=2)
+    vision = dict(hidden_size=32, intermediate_size=48, num_hidden_layers=1, num_attention_heads=2, image_size=28,
+                  patch_size=14)
+    config = Gemma3Config(text_config=text, vision_config=vision, mm_tokens_per_image=4, image_token_index=300,
+                          boi_token_index=301, eoi_token_index=302)
+    torch.manual_seed(0)
+    ref = Gemma3ForConditionalGeneration(config).eval()
+    with torch.no_grad():
+        for name, p in ref.named_parameters():
+            p.copy_(0.1 * torch.randn(p.shape) if name.endswith("norm.weight") else 0.02 * torch.randn(p.shape))
+    hf = tmp_path / "mm"
+    ref.save_pretrained(hf)
+    for f in TOKENIZER_FILES:
+        shutil.copy(STORIES_HF / f, hf / f)
+    with pytest.warns(UserWarning, match="vision tower and projector are left out"):
+        flm = convert_hf(hf, tmp_path / "mm.flm", progress=False)
+    ids = [int(x) for x in np.random.default_rng(0).integers(3, 512, 40)]
+    with torch.no_grad():
+        want = ref(input_ids=torch.tensor([ids])).logits[0].numpy()
+    with fastllm.Model(flm, threads=2) as m:
+        assert m.info["architecture"] == "gemma3"
+        got = m.forward(ids)
+    assert float(np.abs(got - want).max() / np.abs(want).max()) < 1e-4
+    calib = tmp_path / "calib.txt"
+    calib.write_text(SHAKESPEARE[:2000])
+    with pytest.raises(ConversionError, match="multimodal"):
+        convert_hf(hf, tmp_path / "c.flm", dtype="int4", calib=str(calib), progress=False)
+
+
 def test_refused_variants(tmp_path):
     from converter.convert import ConversionError, convert as convert_hf
     hf = make_model(tmp_path, "gemma3", name="vision", num_attention_heads=4, num_key_value_heads=1)
-    edit_config(hf, architectures=["Gemma3ForConditionalGeneration"])
-    with pytest.raises(ConversionError, match="multimodal Gemma 3 checkpoint.*not supported"):
-        convert_hf(hf, tmp_path / "v.flm", progress=False)
-    edit_config(hf, architectures=["Gemma3ForCausalLM"], use_bidirectional_attention=True)
+    edit_config(hf, use_bidirectional_attention=True)
     with pytest.raises(ConversionError, match="use_bidirectional_attention"):
         convert_hf(hf, tmp_path / "b.flm", progress=False)
     edit_config(hf, use_bidirectional_attention=False, hidden_activation="relu")

@@ -1,7 +1,6 @@
 """The model families, one module each: ARCH (general.architecture and the metadata key prefix),
 HF_ARCHITECTURES, MODEL_TYPE, GGUF_ARCH, ADD_BOS_DEFAULT, read_hparams(config) -> HParams,
-add_metadata(writer, hp, tied), layer_tensors(hp, i) and add_tensors(writer, ckpt, hp, dtype),
-optionally REFUSED (architecture -> why it is not converted, e.g. Gemma 3's multimodal class).
+add_metadata(writer, hp, tied), layer_tensors(hp, i) and add_tensors(writer, ckpt, hp, dtype).
 What they share is in common.py."""
 
 from . import gemma, gemma2, gemma3, glm, glm4, llama, mistral, phi3, qwen2, qwen3

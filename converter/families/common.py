@@ -295,22 +295,25 @@ def to_numpy(t: torch.Tensor, dtype: str, what: str) -> np.ndarray:
 
 
 class TensorMap:
-    """Finds HF tensors by their name without the `model.` prefix; tracks which were used."""
+    """Finds HF tensors by their name without the `model.` prefix (or a multimodal checkpoint's
+    `language_model.model.`); tracks which were used. Tensors under `skipped` prefixes (a vision
+    tower) are left out on purpose."""
 
-    def __init__(self, ckpt, arch: str = "this"):
+    PREFIXES = ("model.", "", "language_model.model.")
+
+    def __init__(self, ckpt, arch: str = "this", skipped: tuple = ()):
         self.ckpt = ckpt
         names = ckpt.names()
-        if "model.embed_tokens.weight" in names:
-            self.prefix = "model."
-        elif "embed_tokens.weight" in names:
-            self.prefix = ""
-        else:
+        self.prefix = next((p for p in self.PREFIXES if p + "embed_tokens.weight" in names), None)
+        if self.prefix is None:
             raise ConversionError(f"{ckpt.path}: no model.embed_tokens.weight in the weights; "
                                   f"is this a {arch} checkpoint?")
+        self.head = "language_model.lm_head.weight" if self.prefix == "language_model.model." else "lm_head.weight"
+        self.skipped = skipped
         self.used = set()
 
     def full(self, name: str) -> str:
-        return name if name == "lm_head.weight" else self.prefix + name
+        return self.head if name == "lm_head.weight" else self.prefix + name
 
     def has(self, name: str) -> bool:
         return self.ckpt.has(self.full(name))
@@ -328,13 +331,13 @@ class TensorMap:
 
     def unused(self) -> list:
         return [n for n in self.ckpt.names()
-                if n not in self.used and not n.endswith("rotary_emb.inv_freq")]
+                if n not in self.used and not n.endswith("rotary_emb.inv_freq") and not n.startswith(self.skipped)]
 
 
-def add_tensors(writer, ckpt, hp: HParams, dtype: str, layer_tensors) -> bool:
-    """Declares every tensor on the writer (the data is read when the writer asks for it).
-    Returns whether the output head is tied to the embedding."""
-    m = TensorMap(ckpt, hp.arch)
+def add_tensors(writer, ckpt, hp: HParams, dtype: str, layer_tensors, skipped: tuple = ()) -> bool:
+    """Declares every tensor on the writer (the data is read when the writer asks for it); those
+    under `skipped` prefixes are left out. Returns whether the output head is tied to the embedding."""
+    m = TensorMap(ckpt, hp.arch, skipped)
 
     def declare(spec: TensorSpec):
         full = [m.check(name, shape) for name, shape in spec.parts]

@@ -5,7 +5,12 @@ sliding_window_pattern, default 6), and two RoPE sets: the full-attention layers
 rope_theta (default 1e6) and the config's scaling, the sliding ones with rope_local_base_freq
 (default 1e4) and no scaling — `rope_parameters` {full_attention: ..., sliding_attention: ...}
 in transformers 5.x configs. attn_logit_softcapping is ignored with a warning (transformers'
-Gemma 3 never applies it). The multimodal Gemma3ForConditionalGeneration is refused."""
+Gemma 3 never applies it).
+
+The multimodal checkpoints (Gemma3ForConditionalGeneration: gemma-3-4b/12b/27b-it) convert as
+their language model, with a warning: config.json's text_config, the tensors under
+language_model.model., the vision tower and projector left out (fastllm reads text only; a
+prompt's image tokens are plain ids to it)."""
 
 from __future__ import annotations
 
@@ -16,16 +21,13 @@ from ..rope import compute_rope, read_rope_config
 from . import common, gemma2
 
 ARCH = "gemma3"
-HF_ARCHITECTURES = ("Gemma3ForCausalLM",)
+HF_ARCHITECTURES = ("Gemma3ForCausalLM", "Gemma3ForConditionalGeneration")
 MODEL_TYPE = "gemma3_text"
 GGUF_ARCH = "gemma3"
 ADD_BOS_DEFAULT = True
 DEFAULTS = dict(num_key_value_heads=4, head_dim=256, max_position_embeddings=131072, rms_norm_eps=1e-6)
 ROPE_TYPES = ("default", "linear", "llama3")
-# architectures of the family that are refused, with why
-REFUSED = {"Gemma3ForConditionalGeneration": "a multimodal Gemma 3 checkpoint (its vision tower and "
-           "projector included) is not supported; only Gemma 3 text models (Gemma3ForCausalLM, e.g. "
-           "gemma-3-1b-it) are"}
+VISION = ("vision_tower.", "multi_modal_projector.")  # a multimodal checkpoint's, left out
 
 add_metadata = common.add_metadata
 
@@ -46,8 +48,16 @@ def rope_params(config: dict) -> tuple:
 
 
 def read_hparams(config: dict) -> common.HParams:
-    if "text_config" in config:
-        raise ConversionError(f"config.json has a text_config: {REFUSED['Gemma3ForConditionalGeneration']}")
+    if "text_config" in config:  # Gemma3ForConditionalGeneration: its language model
+        warnings.warn("a multimodal Gemma 3 checkpoint: its language model is converted, the vision tower "
+                      "and projector are left out")
+        if not isinstance(config["text_config"], dict):
+            raise ConversionError("config.json: text_config must be an object")
+        text = dict(config["text_config"])
+        for key in ("dtype", "torch_dtype", "tie_word_embeddings"):  # the top level's hold for it
+            if key in config and key not in text:
+                text[key] = config[key]
+        config = text
     full, local = rope_params(config)
 
     def rope(params):
@@ -72,4 +82,4 @@ def layer_tensors(hp: common.HParams, i: int) -> list:
 
 
 def add_tensors(writer, ckpt, hp: common.HParams, dtype: str) -> bool:
-    return common.add_tensors(writer, ckpt, hp, dtype, layer_tensors)
+    return common.add_tensors(writer, ckpt, hp, dtype, layer_tensors, skipped=VISION)
