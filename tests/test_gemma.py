@@ -168,6 +168,12 @@ def test_refused_variants(tmp_path):
     edit_config(hf, use_bidirectional_attention=False, hidden_activation="relu")
     with pytest.raises(ConversionError, match="activation 'relu' is not supported"):
         convert_hf(hf, tmp_path / "r.flm", progress=False)
+    edit_config(hf, hidden_activation="gelu_pytorch_tanh", query_pre_attn_scalar=None)
+    with pytest.raises(ConversionError, match="query_pre_attn_scalar must be a positive number"):
+        convert_hf(hf, tmp_path / "q.flm", progress=False)
+    edit_config(hf, query_pre_attn_scalar=16, layer_types=None, sliding_window_pattern=0)
+    with pytest.raises(ConversionError, match="sliding_window_pattern must be a positive integer"):
+        convert_hf(hf, tmp_path / "p.flm", progress=False)
     assert not any(tmp_path.glob("*.flm"))
 
 

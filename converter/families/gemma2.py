@@ -46,7 +46,10 @@ def sandwich_hparams(config: dict, arch: str, defaults: dict, softcaps: tuple, p
     """What Gemma 2 and 3 share; softcaps: the defaults of (attention, final) soft-capping, None
     for attention when the model class never applies it (Gemma 3)."""
     hp = gemma.gemma_hparams(config, arch, defaults, "hidden_activation", **kw)
-    hp.attention_scale = optional_number(config, "query_pre_attn_scalar", 256) ** -0.5
+    scalar = optional_number(config, "query_pre_attn_scalar", 256)
+    if scalar is None:
+        raise ConversionError("config.json: query_pre_attn_scalar must be a positive number, got null")
+    hp.attention_scale = scalar ** -0.5
     if softcaps[0] is not None:
         hp.attn_softcap = optional_number(config, "attn_logit_softcapping", softcaps[0])
     hp.final_softcap = optional_number(config, "final_logit_softcapping", softcaps[1])

@@ -70,7 +70,8 @@ def read_hparams(config: dict) -> common.HParams:
         warnings.warn(f"config.json: attn_logit_softcapping {config['attn_logit_softcapping']} is "
                       f"ignored, as transformers' Gemma 3 ignores it")
     hp = gemma2.sandwich_hparams(config, ARCH, DEFAULTS, (None, None),
-                                 config.get("sliding_window_pattern", 6), rope=rope(full), qk_norm=True)
+                                 common.positive_int(config, "sliding_window_pattern", 6), rope=rope(full),
+                                 qk_norm=True)
     if hp.sliding_window_layers is not None:
         hp.local_rope = rope(local)(hp.head_dim, hp.context_length)
         hp.rope_layer_sets = [1 if w else 0 for w in hp.sliding_window_layers]
