@@ -305,6 +305,11 @@ def gptq(w: np.ndarray, xtx: np.ndarray, dtype: str, damp: float | None = None, 
     _, group, bits, has_min = quantize.QUANT[dtype]
     damp = GPTQ_DAMP[bits] if damp is None else damp
     n, k = w.shape
+    k_format = dtype in quantize.K_FORMATS
+    if k_format:  # a super-block's grid is searched at its first column, on its current weights
+        block = quantize.SUPER
+        importance = np.diagonal(xtx).astype(np.float32) / max(float(np.diagonal(xtx).mean()), 1e-30)
+        k_parts = []
     W = torch.from_numpy(np.array(w, dtype=np.float64))
     H = torch.from_numpy(np.array(xtx, dtype=np.float64))
     dead = torch.diagonal(H) == 0  # inputs always 0 in the sample: rounded plainly, nothing moved
@@ -319,7 +324,15 @@ def gptq(w: np.ndarray, xtx: np.ndarray, dtype: str, damp: float | None = None, 
         Wb, Eb, Hb = W[:, b0:b1].clone(), torch.zeros(n, b1 - b0, dtype=W.dtype), Hinv[b0:b1, b0:b1]
         for j in range(b1 - b0):
             c = b0 + j
-            if c % group == 0:  # this group's grid, from its (partly updated) weights
+            if k_format and c % quantize.SUPER == 0:  # weighted by the inputs' mean square too
+                width = min(quantize.SUPER, k - c)
+                cur = Wb[:, j:j + width].to(torch.float32).numpy().reshape(n, width // group, group)
+                sgrid = quantize.choose_grid(cur, dtype, importance[c:c + width].reshape(width // group, group))
+                k_parts.append(sgrid.k)
+            if k_format and c % group == 0:
+                at = slice((c % quantize.SUPER) // group, (c % quantize.SUPER) // group + 1)
+                grid = quantize.Grid(sgrid.scale[:, at], None if sgrid.mins is None else sgrid.mins[:, at])
+            elif c % group == 0:  # this group's grid, from its (partly updated) weights
                 cur = torch.cat([Wb[:, j:], W[:, b1:]], dim=1)[:, :group].to(torch.float32).numpy()
                 grid = quantize.choose_grid(cur[:, None, :], dtype)  # [n, 1]: one group per row
                 scale[:, c // group] = grid.scale[:, 0]
@@ -333,6 +346,10 @@ def gptq(w: np.ndarray, xtx: np.ndarray, dtype: str, damp: float | None = None, 
             Wb[:, j:] -= torch.outer(err, Hb[j, j:])
             Eb[:, j] = err
         W[:, b1:] -= Eb @ Hinv[b0:b1, b1:]
+    if k_format:
+        cat = lambda f: None if getattr(k_parts[0], f) is None else np.concatenate([getattr(p, f) for p in k_parts], axis=1)
+        kk = quantize.KScales(cat("scale_code"), cat("scale_factor"), cat("min_code"), cat("min_factor"))
+        return Q.to(torch.float32).numpy(), quantize.Grid.of_k(kk)
     return Q.to(torch.float32).numpy(), quantize.Grid(scale, mins)
 
 
@@ -491,8 +508,7 @@ def _gptq_layers(model, seqs, groups, work, grids, progress):
                         r1 = r0 + p.shape[0]
                         p.copy_(torch.from_numpy(q[r0:r1]))
                         work[n + ".weight"] = p.detach()
-                        grids[n + ".weight"] = quantize.Grid(
-                            grid.scale[r0:r1], None if grid.mins is None else grid.mins[r0:r1])
+                        grids[n + ".weight"] = grid.rows(r0, r1)
                         r0 = r1
                     if bar is not None:
                         bar.update(1)

@@ -115,10 +115,13 @@ def convert(model_path, out_path, dtype: str = "f32", model_type: str | None = N
         calibrate.check_request(calib, policy, model_path)
     if model_path.suffix.lower() == ".gguf" or gguf_import.is_gguf(model_path):
         return _convert_gguf(model_path, out_path, dtype, policy, model_type, progress)
+    if policy.default == "auto":
+        raise ConversionError("--dtype auto keeps a GGUF file's own quantization; it needs a .gguf input")
     ckpt = Checkpoint(model_path)
     family = FAMILIES[detect_model_type(ckpt.config, model_type)]
 
     hp = family.read_hparams(ckpt.config)
+    policy.n_layers = hp.num_layers  # a _m preset's layer choice (calibration asks before add_tensors)
     tok = hf_tokenizer.read_tokenizer(ckpt, hp.vocab_size, family.ADD_BOS_DEFAULT,
                                       getattr(family, "spm_code_tokens", None))
     if calib is not None:  # the scaled, rounded tensors replace the checkpoint's
@@ -151,7 +154,8 @@ def main(argv=None, prog: str = "convert.py") -> int:
     ap.add_argument("--out_path", required=True, help="output .flm file")
     ap.add_argument("--dtype", default="f32", choices=DTYPES,
                     help="dtype of the weight matrices (norms and biases stay f32); int8 / int4 quantize "
-                         "(with int4, the embedding and output head get int8)")
+                         "(with int4, the embedding and output head get int8); q4_k_s, q4_k_m, ... are "
+                         "mixed-precision presets (docs/quantization.md)")
     ap.add_argument("--group_size", type=int, default=32, choices=(32, 64, 128),
                     help="int4 weights per scale (32: 4.5 bits per weight, 128: 4.125)")
     ap.add_argument("--dtype_config", action="append", default=[], metavar="PATTERN=DTYPE",

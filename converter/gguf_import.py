@@ -277,6 +277,77 @@ class GgufModel:
         return arr
 
 
+    def exactly_held(self, name: str) -> bool:
+        """Whether on_grid can give the tensor (a Q8_0 one must not use the code -128)."""
+        if self.type_name(name) not in _EXACT:
+            return False
+        if self.type_name(name) != "Q8_0":
+            return True
+        codes = np.asarray(self.tensors[name].data, dtype=np.uint8).reshape(-1, 34)[:, 2:]
+        return not (codes == 0x80).any()
+
+    def on_grid(self, name: str):
+        """(.flm dtype, quantize.Grid, float32 weights [out, in]) for a tensor whose GGUF blocks a
+        .flm format holds exactly (Q4_K -> q4k, Q4_0 -> q4, Q4_1 -> q4m, Q8_0 -> q8), read from
+        the blocks; None for any other type (and for a Q8_0 tensor using the code -128, which q8
+        does not have)."""
+        t = self.tensors[name]
+        kind = self.type_name(name)
+        if kind not in _EXACT:
+            return None
+        n, k = self.shape(name)
+        raw = np.asarray(t.data, dtype=np.uint8).reshape(n, -1)
+        f16 = lambda b: b.copy().view(np.float16).astype(np.float32)[..., 0]
+        if kind == "Q8_0":
+            if not self.exactly_held(name):
+                return None
+            b = raw.reshape(n, k // 32, 34)
+            codes = b[..., 2:].view(np.int8).astype(np.float32)
+            d = b[..., :2].copy().view(np.float16)[..., 0]
+            return "q8", quantize.Grid(d), (d.astype(np.float32)[..., None] * codes).reshape(n, k)
+        if kind in ("Q4_0", "Q4_1"):
+            head = 2 if kind == "Q4_0" else 4
+            b = raw.reshape(n, k // 32, head + 16)
+            qs = b[..., head:]
+            q = np.concatenate([qs & 15, qs >> 4], axis=2).astype(np.float32)  # weights 0-15 low, 16-31 high
+            d = b[..., :2].copy().view(np.float16)[..., 0]
+            if kind == "Q4_0":
+                return "q4", quantize.Grid(d), (d.astype(np.float32)[..., None] * (q - 8)).reshape(n, k)
+            m = b[..., 2:4].copy().view(np.float16)[..., 0]
+            w = d.astype(np.float32)[..., None] * q + m.astype(np.float32)[..., None]
+            return "q4m", quantize.Grid(d, m), w.reshape(n, k)
+        # Q4_K: per 256 weights d, dmin (f16), 12 bytes of 6-bit scales and minimums of the 8
+        # sub-blocks of 32, then 128 bytes of codes: 64 weights per 32 bytes, low nibbles first.
+        # A weight is d * sc * q - dmin * m: q4k's scale factor d, minimum factor -dmin.
+        b = raw.reshape(n, k // 256, 144)
+        d, dmin, sc6 = b[..., 0:2].copy().view(np.float16)[..., 0], b[..., 2:4].copy().view(np.float16)[..., 0], b[..., 4:16]
+        lo, hi = sc6[..., 0:4], sc6[..., 4:8]
+        ext = sc6[..., 8:12]
+        sc = np.concatenate([lo & 63, (ext & 15) | ((lo >> 6) << 4)], axis=2)
+        mn = np.concatenate([hi & 63, (ext >> 4) | ((hi >> 6) << 4)], axis=2)
+        qs = b[..., 16:].reshape(n, k // 256, 4, 32)
+        q = np.stack([qs & 15, qs >> 4], axis=3).reshape(n, k // 256, 8, 32).astype(np.float32)
+        kk = quantize.KScales(sc.reshape(n, -1), d, mn.reshape(n, -1), -dmin)
+        grid = quantize.Grid.of_k(kk)
+        w = grid.scale.reshape(n, k // 256, 8)[..., None] * q + grid.mins.reshape(n, k // 256, 8)[..., None]
+        return "q4k", grid, w.reshape(n, k)
+
+
+# GGUF types a .flm format holds exactly (GgufModel.on_grid), and where `--dtype auto` puts the
+# others: re-rounded by the format's own search onto a format with at least their precision.
+_EXACT = {"Q4_K": "q4k", "Q4_0": "q4", "Q4_1": "q4m", "Q8_0": "q8"}
+_AUTO = {"F32": "f32", "F16": "f16", "BF16": "bf16", "F64": "f32", "Q6_K": "q6k", "Q5_K": "q6k",
+         "Q5_0": "q6k", "Q5_1": "q6k", "Q8_1": "q8", "Q8_K": "q8", **_EXACT}
+_PRECISION = ["q4", "q4m", "q4k", "q6k", "q8", "bf16", "f16", "f32"]  # least to most
+
+
+def auto_dtype(types) -> str:
+    """`--dtype auto`'s choice for a .flm tensor made of GGUF tensors of these types: their own
+    format where one holds them, else q4k for lower-bit types (Q2_K, Q3_K, the IQ types); a
+    fused tensor of several types takes the most precise."""
+    return max((_AUTO.get(t, "q4k") for t in types), key=_PRECISION.index)
+
+
 _REQUIRED = object()
 _DEQUANT_OK: dict = {}
 
@@ -593,6 +664,9 @@ def add_tensors(writer, g: GgufModel, family, hp: common.HParams, dtype: str) ->
     tensors (the data is dequantized when the writer asks for it). Returns whether the output
     head is tied to the embedding."""
     used = set()
+    kept = {}  # (GGUF types, .flm dtype, exactly) -> tensors: quantization_summary's input
+    tied = "output.weight" not in g.tensors
+    quantize.tell_policy(writer.dtype_policy, hp.num_layers, tied)
 
     def check(name: str, shape: tuple) -> None:
         if name not in g.tensors:
@@ -615,24 +689,40 @@ def add_tensors(writer, g: GgufModel, family, hp: common.HParams, dtype: str) ->
         shape = list(parts[0][1])
         shape[0] = sum(rows)
         out_dtype = dtype if spec.matrix else "f32"
+        types = [g.type_name(name) for name, _, _, _ in parts]
+        policy = writer.dtype_policy
+        if isinstance(policy, quantize.DtypePolicy) and policy.default == "auto":
+            policy.native[spec.name] = auto_dtype(types) if spec.matrix else "f32"
+        target = policy(spec.name, tuple(shape)) if policy is not None else out_dtype
+        exact = all(_EXACT.get(t) == target and g.exactly_held(n) for t, (n, _, _, _) in zip(types, parts))
+        kept[(tuple(sorted(set(types))), target, exact)] = kept.get((tuple(sorted(set(types))), target, exact), 0) + 1
 
         def produce():
-            arrays = []
+            arrays, grids = [], []
             for name, _, heads, r in parts:
-                a = g.dequantize(name)
-                if heads:
-                    a = unpermute_rope_rows(a, heads)
-                if r is not None:
-                    a = np.ascontiguousarray(a[r[0]:r[1]])
-                arrays.append(a)
+                if exact:
+                    _, grid, a = g.on_grid(name)
+                else:
+                    a, grid = g.dequantize(name), None
+                def rows_of(x):  # the row order and range this part takes, for weights and grids alike
+                    if heads:
+                        x = unpermute_rope_rows(x, heads)
+                    return x if r is None else np.ascontiguousarray(x[r[0]:r[1]])
+                arrays.append(rows_of(a))
+                if grid is not None:
+                    grids.append(quantize.Grid(*(None if v is None else rows_of(v) for v in (grid.scale, grid.mins)),
+                                               None if grid.k is None else quantize.KScales(
+                                                   *(None if v is None else rows_of(v) for v in
+                                                     (getattr(grid.k, f) for f in quantize.KScales.__dataclass_fields__)))))
             a = arrays[0] if len(arrays) == 1 else np.concatenate(arrays, axis=0)
+            if exact:
+                return quantize.OnGrid(a, quantize.Grid.stack(grids))
             return common.to_numpy(torch.from_numpy(a), out_dtype, spec.name)
 
         writer.add_tensor(spec.name, out_dtype, tuple(shape), produce)
 
     for spec in common.model_tensors(hp, family.layer_tensors):
         declare(spec)
-    tied = "output.weight" not in g.tensors
     if not tied:
         declare(common.output_tensor(hp))
 
@@ -643,7 +733,21 @@ def add_tensors(writer, g: GgufModel, family, hp: common.HParams, dtype: str) ->
     if extra:
         shown = ", ".join(extra[:5]) + (f" and {len(extra) - 5} more" if len(extra) > 5 else "")
         raise ConversionError(f"{g.path}: tensors this {hp.arch} model does not use: {shown}")
+    writer.add_string("general.quantization", quantization_summary(kept))
     return tied
+
+
+def quantization_summary(kept: dict) -> str:
+    """One line for `fastllm info`: which GGUF tensors went over exactly, which were re-rounded."""
+    exact, other = [], []
+    for (types, target, is_exact), count in sorted(kept.items()):
+        src = "+".join(types)
+        if is_exact or (len(types) == 1 and types[0] in ("F32", "F16", "BF16") and target == types[0].lower()):
+            exact.append(f"{src}->{target} {count}")
+        else:
+            other.append(f"{src}->{target} {count}")
+    line = "from GGUF: kept exactly: " + (", ".join(exact) or "none")
+    return line + ("; re-rounded: " + ", ".join(other) if other else "")
 
 
 # ---- tokenizer --------------------------------------------------------------------------------

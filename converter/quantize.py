@@ -29,13 +29,45 @@ QUANT = {
     "q4_g128": (6, 128, 4, False),
     "q4m": (7, 32, 4, True),
     "q6": (8, 32, 6, False),
+    "q4k": (9, 32, 4, True),
+    "q6k": (10, 32, 6, False),
 }
+# K formats: a group's scale (and minimum) is an 8-bit code times an f16 factor per row and
+# super-block of SUPER weights (the last one of a row may be shorter), chosen by a weighted search.
+K_FORMATS = ("q4k", "q6k")
+SUPER = 256
 # Symmetric formats, by bits per code: w / scale is an integer in RANGE, stored as w / scale + ZERO
 # (q8 leaves the code 0 unused, so that -w is as exact as w).
 RANGE = {8: (-127, 127), 6: (-32, 31), 4: (-8, 7)}
 ZERO = {8: 128, 6: 32, 4: 8}
-# --dtype names: the .flm names, plus the families int8 / int4 (int4's group from --group_size).
-REQUESTS = PLAIN + ("int8", "int4", "int4m") + tuple(QUANT)
+
+
+@dataclass(frozen=True)
+class Preset:
+    """A mixed-precision recipe (as llama.cpp's Q4_K_M & co.): `base` for the matrices, `head` for
+    the output head (the tied embedding included), `more` for the `more_bits` tensors of the
+    layers use_more_bits picks."""
+    base: str
+    head: str
+    more: str | None = None
+    more_bits: tuple = ()
+    about: str = ""
+
+
+def use_more_bits(i: int, n: int) -> bool:
+    """The layers a _m preset gives more bits: the first and last eighth, and every third between
+    (llama.cpp's choice for Q4_K_M's attn_v / ffn_down: the ends of the stack matter most)."""
+    return i < n // 8 or i >= 7 * n // 8 or (i - n // 8) % 3 == 2
+
+
+PRESETS = {
+    "q4_k_s": Preset("q4k", "q6k", about="q4k matrices, q6k head"),
+    "q4_k_m": Preset("q4k", "q6k", "q6k", ("attn_qkv", "ffn_down"),
+                     about="q4k, with q6k for attn_qkv and ffn_down in 14 of 30 layers and the head"),
+    "q6_k": Preset("q6k", "q6k", about="q6k everywhere"),
+}
+# --dtype names: the .flm names, the families int8 / int4 (int4's group from --group_size), the presets.
+REQUESTS = PLAIN + ("int8", "int4", "int4m") + tuple(QUANT) + tuple(PRESETS) + ("auto",)
 
 
 def row_multiple(dtype: str) -> int:
@@ -55,11 +87,18 @@ def _tiles(n: int) -> int:
     return -(-n // TILE_ROWS)
 
 
+def _supers(k: int) -> int:
+    return -(-k // SUPER)
+
+
 def tensor_bytes(dtype: str, shape) -> int:
     n, k = shape
     _, group, bits, has_min = QUANT[dtype]
     rows = _tiles(n) * TILE_ROWS
-    scales = rows * (k // group) * 2 * (2 if has_min else 1)
+    if dtype in K_FORMATS:  # 8-bit codes per group, f16 factors per super-block
+        scales = rows * (k // group + 2 * _supers(k)) * (2 if has_min else 1)
+    else:
+        scales = rows * (k // group) * 2 * (2 if has_min else 1)
     return _align64(scales) + rows * k * bits // 8
 
 
@@ -119,10 +158,114 @@ def _search_q4m(g: np.ndarray):
 
 
 @dataclass
+class KScales:
+    """A K format's stored scales: 8-bit codes per group [N, K // G] and f16 factors per super-block
+    [N, ceil(K / SUPER)]; a group's scale is factor * code (its minimum likewise, q4k)."""
+    scale_code: np.ndarray
+    scale_factor: np.ndarray
+    min_code: np.ndarray | None = None
+    min_factor: np.ndarray | None = None
+
+    def values(self):
+        """(scales, minimums or None) per group as float32, as the kernels compute them."""
+        per = SUPER // 32
+        expand = lambda f, c: np.repeat(f.astype(np.float32), per, axis=1)[:, :c.shape[1]] * c.astype(np.float32)
+        return (expand(self.scale_factor, self.scale_code),
+                None if self.min_code is None else expand(self.min_factor, self.min_code))
+
+
+@dataclass
 class Grid:
-    """Per-group f16 scales (and minimums, q4m) of a matrix: [N, K // G] each."""
+    """Per-group scales (and minimums, q4m / q4k) of a matrix: [N, K // G] each; f16 values, or for
+    the K formats the float32 values of `k`, the codes and factors that are stored."""
     scale: np.ndarray
     mins: np.ndarray | None = None
+    k: KScales | None = None
+
+    @staticmethod
+    def of_k(k: KScales) -> "Grid":
+        return Grid(*k.values(), k=k)
+
+    def rows(self, r0: int, r1: int) -> "Grid":
+        """The grid of rows [r0, r1) (a fused matrix's part)."""
+        cut = lambda a: None if a is None else a[r0:r1]
+        k = None if self.k is None else KScales(*(cut(getattr(self.k, f)) for f in KScales.__dataclass_fields__))
+        return Grid(cut(self.scale), cut(self.mins), k)
+
+    @staticmethod
+    def stack(grids) -> "Grid":
+        """The grid of matrices stacked row-wise (fused)."""
+        cat = lambda items: None if items[0] is None else np.concatenate(items)
+        k = None if grids[0].k is None else KScales(
+            *(cat([getattr(g.k, f) for g in grids]) for f in KScales.__dataclass_fields__))
+        return Grid(cat([g.scale for g in grids]), cat([g.mins for g in grids]), k)
+
+
+def _k_codes(values: np.ndarray, n_groups: int):
+    """8-bit codes and f16 factors for per-group values [N, n_groups] of one sign (scales >= 0,
+    minimums <= 0): per super-block, the value of largest magnitude on code 255."""
+    per = SUPER // 32
+    pad = -n_groups % per
+    v = np.pad(values.astype(np.float32), ((0, 0), (0, pad))).reshape(values.shape[0], -1, per)
+    ext = np.take_along_axis(v, np.abs(v).argmax(axis=2)[..., None], axis=2)
+    factor = (ext / 255).astype(np.float16)
+    f = factor.astype(np.float32)
+    code = np.clip(np.rint(np.divide(v, f, out=np.zeros_like(v), where=f != 0)), 0, 255).astype(np.uint8)
+    return code.reshape(values.shape[0], -1)[:, :n_groups], factor[..., 0]
+
+
+def _importance(g: np.ndarray, importance: np.ndarray | None) -> np.ndarray:
+    """Weights of each weight's squared error in the scale search: |w| + the group's RMS (large
+    weights matter more, none counts for nothing), times the input channel's importance when
+    calibration measured it (mean x^2 of the channel)."""
+    w = np.abs(g) + np.sqrt((g * g).mean(axis=2, keepdims=True))
+    return w if importance is None else w * importance
+
+
+def _search_k(g: np.ndarray, bits: int, has_min: bool, importance: np.ndarray | None = None) -> KScales:
+    """The K formats' search, per group of g [N, n_groups, G]: candidate scales around the range
+    divided by the code range, each refitted by weighted least squares (scale and minimum for q4k,
+    the minimum kept <= 0) to the codes it gives, keeping the one of least weighted squared error;
+    then the groups' scales and minimums become 8-bit codes of their super-block's factors."""
+    w = _importance(g, importance).astype(np.float32)
+    n_max = (1 << bits) - 1
+    best_err = np.full(g.shape[:2] + (1,), np.inf, dtype=np.float32)
+    best_d = np.zeros_like(best_err)
+    best_m = np.zeros_like(best_err)
+    sw, swx = w.sum(2, keepdims=True), (w * g).sum(2, keepdims=True)
+    if has_min:
+        lo, hi = np.minimum(g.min(axis=2, keepdims=True), 0), g.max(axis=2, keepdims=True)
+        span = hi - lo
+        for step in np.linspace(-1.0, 1.0, 21):
+            d0 = np.divide(span, n_max + step, out=np.zeros_like(span), where=span > 0)
+            q = _codes(g - lo, d0, 0, 0, n_max)
+            swq, swqq, swqx = (w * q).sum(2, keepdims=True), (w * q * q).sum(2, keepdims=True), (w * q * g).sum(2, keepdims=True)
+            det = sw * swqq - swq * swq
+            d = np.divide(sw * swqx - swq * swx, det, out=d0.copy(), where=det > 0)
+            m = np.divide(swx - d * swq, sw, out=lo.copy(), where=sw > 0)
+            pos = m > 0  # a minimum above 0 cannot be stored: refit the scale alone
+            m = np.where(pos, 0, m)
+            d = np.where(pos, np.divide(swqx, swqq, out=d0.copy(), where=swqq > 0), d)
+            err = (w * (g - d * q - m) ** 2).sum(2, keepdims=True)
+            better = (err < best_err) & (d > 0)
+            best_err, best_d, best_m = np.where(better, err, best_err), np.where(better, d, best_d), np.where(better, m, best_m)
+    else:
+        lo_code = -(1 << (bits - 1))
+        amax = np.abs(g).max(axis=2, keepdims=True)
+        for step in np.linspace(-1.0, 1.0, 21):
+            d0 = amax / (-lo_code + step)
+            q = _codes(g, d0, 0, lo_code, -lo_code - 1)
+            swqq, swqx = (w * q * q).sum(2, keepdims=True), (w * q * g).sum(2, keepdims=True)
+            d = np.divide(swqx, swqq, out=d0.copy(), where=swqq > 0)
+            err = (w * (g - d * q) ** 2).sum(2, keepdims=True)
+            better = (err < best_err) & (d > 0)
+            best_err, best_d = np.where(better, err, best_err), np.where(better, d, best_d)
+    ng = g.shape[1]
+    sc, sf = _k_codes(best_d[..., 0], ng)
+    if not has_min:
+        return KScales(sc, sf)
+    mc, mf = _k_codes(best_m[..., 0], ng)
+    return KScales(sc, sf, mc, mf)
 
 
 @dataclass
@@ -133,9 +276,16 @@ class OnGrid:
     grid: Grid
 
 
-def choose_grid(g: np.ndarray, dtype: str) -> Grid:
-    """The scale search for groups g [N, n_groups, G] (least squared weight error per group)."""
+def choose_grid(g: np.ndarray, dtype: str, importance: np.ndarray | None = None) -> Grid:
+    """The scale search for groups g [N, n_groups, G] (least squared weight error per group;
+    weighted for the K formats, by `importance` [n_groups, G] too where calibration gives it).
+    A K format's groups g must start at the row's super-blocks (whole rows, or one super-block)."""
     _, _, bits, has_min = QUANT[dtype]
+    if dtype in K_FORMATS:
+        rows = 4096  # bounded temporaries (the search keeps ~10 arrays of the rows' size)
+        parts = [_search_k(g[i:i + rows], bits, has_min, importance) for i in range(0, len(g), rows)]
+        cat = lambda f: None if getattr(parts[0], f) is None else np.concatenate([getattr(p, f) for p in parts])
+        return Grid.of_k(KScales(cat("scale_code"), cat("scale_factor"), cat("min_code"), cat("min_factor")))
     if has_min:
         return Grid(*_search_q4m(g))
     lo, hi = RANGE[bits]
@@ -147,7 +297,7 @@ def round_to_grid(g: np.ndarray, grid: Grid, dtype: str) -> np.ndarray:
     bits = QUANT[dtype][2]
     d = grid.scale.astype(np.float32)[..., None]
     if grid.mins is not None:
-        return _codes(g - grid.mins.astype(np.float32)[..., None], d, 0, 0, 15)
+        return _codes(g - grid.mins.astype(np.float32)[..., None], d, 0, 0, (1 << bits) - 1)
     return _codes(g, d, 0, *RANGE[bits]) + ZERO[bits]
 
 
@@ -179,10 +329,11 @@ def quantize(w: np.ndarray, dtype: str, grid: Grid | None = None) -> np.ndarray:
     g = w.astype(np.float32).reshape(n, k // group, group)
     if grid is None:
         grid = choose_grid(g, dtype)
-    grid = Grid(grid.scale.astype(np.float16), None if grid.mins is None else grid.mins.astype(np.float16))
-    if grid.scale.shape != g.shape[:2] or (grid.mins is None) == has_min:
+    if dtype not in K_FORMATS:
+        grid = Grid(grid.scale.astype(np.float16), None if grid.mins is None else grid.mins.astype(np.float16))
+    if grid.scale.shape != g.shape[:2] or (grid.mins is None) == has_min or (grid.k is None) == (dtype in K_FORMATS):
         raise ConversionError(f"a {dtype} grid for [{n}, {k}] needs scales of shape {list(g.shape[:2])}"
-                              f"{' and minimums' if has_min else ''}")
+                              f"{' and minimums' if has_min else ''}{' as K codes' if dtype in K_FORMATS else ''}")
     # codes: q8 w/d + 128 in [1, 255]; q6 w/d + 32 in [0, 63]; q4 w/d + 8 in [0, 15]; q4m (w - m)/d in [0, 15]
     scale, mins, codes = grid.scale, grid.mins, round_to_grid(g, grid, dtype)
     # Tiles of 16 rows, laid out for the kernels: per group, the 16 rows' scales side by side; per
@@ -204,7 +355,14 @@ def quantize(w: np.ndarray, dtype: str, grid: Grid | None = None) -> np.ndarray:
             top = (c >> 4).reshape(t, TILE_ROWS, k // 64, 2, 4, 2, 4)
             top = top[:, :, :, 0, :, 0] | top[:, :, :, 1, :, 0] << 2 | top[:, :, :, 0, :, 1] << 4 | top[:, :, :, 1, :, 1] << 6
             codes = np.concatenate([codes, top.transpose(0, 2, 3, 1, 4)], axis=2)
-    head = tiled(scale).tobytes() + (tiled(mins).tobytes() if mins is not None else b"")
+    if grid.k is not None:  # codes [tile][group][row], then factors [tile][super-block][row]
+        kk, ns = grid.k, _supers(k)
+        tiled_s = lambda a: np.pad(a.reshape(n, ns), ((0, pad), (0, 0))).reshape(t, TILE_ROWS, ns).transpose(0, 2, 1)
+        head = tiled(kk.scale_code).tobytes() + (tiled(kk.min_code).tobytes() if has_min else b"")
+        head += tiled_s(kk.scale_factor.astype(np.float16)).tobytes()
+        head += tiled_s(kk.min_factor.astype(np.float16)).tobytes() if has_min else b""
+    else:
+        head = tiled(scale).tobytes() + (tiled(mins).tobytes() if mins is not None else b"")
     out = np.zeros(tensor_bytes(dtype, (n, k)), dtype=np.uint8)
     out[: len(head)] = np.frombuffer(head, dtype=np.uint8)
     out[_align64(len(head)):] = codes.reshape(-1)
@@ -217,10 +375,19 @@ def dequantize(data: np.ndarray, dtype: str, shape) -> np.ndarray:
     n, k = shape
     t, ng = _tiles(n), k // group
     rows = t * TILE_ROWS
-    untile = lambda a: a.reshape(t, ng, TILE_ROWS).transpose(0, 2, 1).reshape(rows, ng)[:n]
-    scale = untile(data[: rows * ng * 2].view(np.float16).astype(np.float32))
-    mins = untile(data[rows * ng * 2: rows * ng * 4].view(np.float16).astype(np.float32)) if has_min else None
-    q = data[_align64(rows * ng * 2 * (2 if has_min else 1)):][: rows * k * bits // 8]
+    untile = lambda a, c=ng: a.reshape(t, c, TILE_ROWS).transpose(0, 2, 1).reshape(rows, c)[:n]
+    if dtype in K_FORMATS:
+        ns, kinds = _supers(k), 2 if has_min else 1
+        codes = data[: kinds * rows * ng]
+        factors = data[kinds * rows * ng: kinds * rows * (ng + 2 * ns)].view(np.float16)
+        kk = KScales(untile(codes[: rows * ng]), untile(factors[: rows * ns], ns))
+        if has_min:
+            kk.min_code, kk.min_factor = untile(codes[rows * ng:]), untile(factors[rows * ns:], ns)
+        scale, mins = kk.values()
+    else:
+        scale = untile(data[: rows * ng * 2].view(np.float16).astype(np.float32))
+        mins = untile(data[rows * ng * 2: rows * ng * 4].view(np.float16).astype(np.float32)) if has_min else None
+    q = data[tensor_bytes(dtype, (n, k)) - rows * k * bits // 8:]
     if bits == 8:
         q = q.reshape(t, k // 32, 8, TILE_ROWS, 4).transpose(0, 3, 1, 2, 4).reshape(rows, k)
     else:
@@ -236,6 +403,13 @@ def dequantize(data: np.ndarray, dtype: str, shape) -> np.ndarray:
     return from_codes(q[:n].reshape(n, ng, group).astype(np.float32), Grid(scale, mins), dtype).reshape(n, k)
 
 
+def tell_policy(policy, n_layers: int, tied: bool) -> None:
+    """What a DtypePolicy learns from the model before its tensors are declared (the families'
+    add_tensors call this): the layer count and whether the embedding is the head."""
+    if isinstance(policy, DtypePolicy):
+        policy.n_layers, policy.tied = n_layers, tied
+
+
 class DtypePolicy:
     """Chooses each tensor's dtype. Vectors (norms, biases) stay f32. With a quantized request,
     matrices get it where their row length allows (else the nearest format that fits: a smaller
@@ -243,8 +417,14 @@ class DtypePolicy:
     embedding (often the same tensor) get one step more precision: f16 with int8, q8 with int4.
     --dtype_config PATTERN=DTYPE overrides by tensor-name glob; the last matching pattern wins."""
 
-    def __init__(self, request: str, group_size: int = 32, overrides=()):
-        self.default = self._name(request, group_size)
+    def __init__(self, request: str, group_size: int = 32, overrides=(), n_layers: int | None = None):
+        """n_layers: the model's layer count (a _m preset's layer choice needs it; the converter
+        sets it once it has read the config)."""
+        self.preset = PRESETS.get(request)
+        self.default = "auto" if request == "auto" else self.preset.base if self.preset else self._name(request, group_size)
+        self.native = {}  # --dtype auto (GGUF files): each tensor's dtype, set by gguf_import
+        self.n_layers = n_layers
+        self.tied = True  # whether the embedding is the output head (tell_policy)
         self.overrides = []
         for item in overrides:
             pattern, sep, dtype = item.partition("=")
@@ -264,13 +444,33 @@ class DtypePolicy:
             return "q8"
         if request in PLAIN or request in QUANT:
             return request
-        raise ConversionError(f"unknown dtype {request!r} (choose {', '.join(REQUESTS)})")
+        raise ConversionError(f"unknown dtype {request!r} (choose {', '.join(PLAIN)}, int8, int4, int4m, "
+                              f"a .flm quantized type: {', '.join(QUANT)}, or a preset: {', '.join(PRESETS)})")
+
+    def _preset_dtype(self, name: str) -> str:
+        p = self.preset
+        if name == "output.weight" or (name == "token_embd.weight" and self.tied):
+            return p.head
+        parts = name.split(".")
+        if p.more and len(parts) == 4 and parts[0] == "blk" and parts[2] in p.more_bits:
+            if self.n_layers is None:
+                raise ConversionError("a _m preset needs the model's layer count (DtypePolicy.n_layers)")
+            if use_more_bits(int(parts[1]), self.n_layers):
+                return p.more
+        return p.base
+
 
     def __call__(self, name: str, shape) -> str:
         if len(shape) != 2:
             return "f32"
         dtype = self.default
-        if dtype in QUANT and name in ("token_embd.weight", "output.weight"):
+        if dtype == "auto":
+            if name not in self.native:
+                raise ConversionError("--dtype auto keeps a GGUF file's own quantization; it needs a .gguf input")
+            dtype = self.native[name]
+        elif self.preset is not None:
+            dtype = self._preset_dtype(name)
+        elif dtype in QUANT and name in ("token_embd.weight", "output.weight"):
             dtype = "q8" if dtype.startswith("q4") else "f16"  # the head shapes every logit
         forced = None
         for pattern, d in self.overrides:
@@ -282,7 +482,7 @@ class DtypePolicy:
                                       f"multiple of {row_multiple(forced)}")
             return forced
         # Rows whose length the format cannot take fall back to the nearest format that can:
-        # q4_g128 -> q4_g64 -> q8 -> f16 (q4 and q4m -> q8).
+        # q4_g128 -> q4_g64 -> q8 -> f16 (q4, q4m, q4k, q6, q6k -> q8).
         while dtype in QUANT and shape[1] % row_multiple(dtype):
             dtype = {"q4_g128": "q4_g64", "q8": "f16"}.get(dtype, "q8")
         return dtype

@@ -125,7 +125,7 @@ def test_alpha_zero_is_a_candidate():
     assert abs(np.sqrt(s.max() * s.min()) - 1) < 1e-5
 
 
-@pytest.mark.parametrize("dtype", ["q8", "q6", "q4", "q4_g64", "q4_g128", "q4m"])
+@pytest.mark.parametrize("dtype", ["q8", "q6", "q4", "q4_g64", "q4_g128", "q4m", "q4k", "q6k"])
 def test_gptq_rounds_onto_its_grid_and_beats_nearest(dtype):
     """GPTQ's weights are exactly representable on the grid it returns (quantize() stores them
     unchanged), and on the inputs it was given the output error is well below rounding each

@@ -338,6 +338,8 @@ def add_tensors(writer, ckpt, hp: HParams, dtype: str, layer_tensors, skipped: t
     """Declares every tensor on the writer (the data is read when the writer asks for it); those
     under `skipped` prefixes are left out. Returns whether the output head is tied to the embedding."""
     m = TensorMap(ckpt, hp.arch, skipped)
+    tied = hp.tie_word_embeddings or not m.has("lm_head.weight")
+    quantize.tell_policy(writer.dtype_policy, hp.num_layers, tied)
 
     def declare(spec: TensorSpec):
         full = [m.check(name, shape) for name, shape in spec.parts]
@@ -353,15 +355,13 @@ def add_tensors(writer, ckpt, hp: HParams, dtype: str, layer_tensors, skipped: t
             arr = to_numpy(t, out_dtype, spec.name)
             grids = [ckpt.grid(n) if hasattr(ckpt, "grid") else None for n in full]
             if all(g is not None for g in grids):  # rounded by calibration (calibrate.py)
-                mins = None if grids[0].mins is None else np.concatenate([g.mins for g in grids])
-                return quantize.OnGrid(arr, quantize.Grid(np.concatenate([g.scale for g in grids]), mins))
+                return quantize.OnGrid(arr, quantize.Grid.stack(grids))
             return arr
 
         writer.add_tensor(spec.name, out_dtype, tuple(shape), produce)
 
     for spec in model_tensors(hp, layer_tensors):
         declare(spec)
-    tied = hp.tie_word_embeddings or not m.has("lm_head.weight")
     if tied:
         if m.has("lm_head.weight"):
             m.used.add(m.full("lm_head.weight"))  # a saved copy of the embedding

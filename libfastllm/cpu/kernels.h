@@ -88,6 +88,15 @@ float f16_to_f32(uint16_t h);
 // gelu_tanh(g) = g / (1 + exp(g (kGeluC1 + kGeluC3 g^2))): -2 sqrt(2/pi) and -2 sqrt(2/pi) 0.044715
 constexpr float kGeluC1 = -1.5957691216057308f, kGeluC3 = -0.07135481627159473f;
 uint16_t f32_to_f16(float f);
+// Row i's (< 16) scale and minimum (0 for symmetric dtypes) of group g in a tile, as floats.
+inline float tile_scale(const QuantTile &w, int64_t g, int i) {
+    if (w.k_scale) return f16_to_f32(w.k_scale[(g / 8) * kTileRows + i]) * (float)w.k_scale_code[g * kTileRows + i];
+    return f16_to_f32(w.scales[g * kTileRows + i]);
+}
+inline float tile_min(const QuantTile &w, int64_t g, int i) {
+    if (w.k_min) return f16_to_f32(w.k_min[(g / 8) * kTileRows + i]) * (float)w.k_min_code[g * kTileRows + i];
+    return w.mins ? f16_to_f32(w.mins[g * kTileRows + i]) : 0.0f;
+}
 inline float bf16_to_f32(uint16_t h) {
     uint32_t bits = (uint32_t)h << 16;
     float f;

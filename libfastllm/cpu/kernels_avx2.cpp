@@ -290,7 +290,7 @@ void quantize_acts(const float *x, int n, const QuantActs &out) {
 template <int kBits, int NT>
 void tile_dot(const QuantTile &w, int half, int n, const QuantActs &x0, float *y, size_t ldy, int n_rows) {
     const int n_blocks = n / kActBlock;
-    const float zero = kBits == 8 || w.mins ? 0.0f : (float)(1 << (kBits - 1));  // q8 is made signed below
+    const float zero = kBits == 8 || w.has_min() ? 0.0f : (float)(1 << (kBits - 1));  // q8 is made signed below
     const int group_shift = w.group == 128 ? 2 : w.group == 64 ? 1 : 0;  // block -> group, without a division
     const __m256i ones = _mm256_set1_epi16(1), low4 = _mm256_set1_epi8(0x0F), flip = _mm256_set1_epi8((char)0x80);
     const __m256i top2 = _mm256_set1_epi8(0x30);
@@ -309,10 +309,21 @@ void tile_dot(const QuantTile &w, int half, int n, const QuantActs &x0, float *y
     };
     auto finish_block = [&](int b, const __m256i *sum32) {
         const int g = b >> group_shift;
-        const __m256 ws = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(w.scales + g * kTileRows + half * 8)));
-        __m256 base = _mm256_mul_ps(_mm256_set1_ps(-zero), ws);
-        if (w.mins)
-            base = _mm256_add_ps(base, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(w.mins + g * kTileRows + half * 8))));
+        __m256 ws, base;
+        if (w.k_scale) {  // K formats: 8-bit codes times the super-block's f16 factors
+            const size_t at = (size_t)g * kTileRows + half * 8, sup = (size_t)(g / 8) * kTileRows + half * 8;
+            auto k_value = [&](const uint16_t *factor, const uint8_t *code) {
+                const __m256 c = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(code + at))));
+                return _mm256_mul_ps(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(factor + sup))), c);
+            };
+            ws = k_value(w.k_scale, w.k_scale_code);
+            base = w.k_min ? k_value(w.k_min, w.k_min_code) : _mm256_mul_ps(_mm256_set1_ps(-zero), ws);
+        } else {
+            ws = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(w.scales + g * kTileRows + half * 8)));
+            base = _mm256_mul_ps(_mm256_set1_ps(-zero), ws);
+            if (w.mins)
+                base = _mm256_add_ps(base, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(w.mins + g * kTileRows + half * 8))));
+        }
         for (int t = 0; t < NT; t++) {
             const __m256 f = _mm256_mul_ps(_mm256_cvtepi32_ps(sum32[t]), _mm256_set1_ps(d[t][b]));
             acc[t] = _mm256_fmadd_ps(f, ws, acc[t]);

@@ -149,7 +149,7 @@ void quantize_acts(const float *x, int n, const QuantActs &out) {
 template <int kBits, int NT>
 void tile_dot(const QuantTile &w, int n, const QuantActs &x0, float *y, size_t ldy, __mmask16 rm) {
     const int n_blocks = n / kActBlock;
-    const float zero = w.mins ? 0.0f : (float)(1 << (kBits - 1));
+    const float zero = w.has_min() ? 0.0f : (float)(1 << (kBits - 1));
     const int group_shift = w.group == 128 ? 2 : w.group == 64 ? 1 : 0;  // block -> group, without a division
     const int8_t *q[NT];
     const float *d[NT], *ds[NT];
@@ -166,9 +166,20 @@ void tile_dot(const QuantTile &w, int n, const QuantActs &x0, float *y, size_t l
     };
     auto finish_block = [&](int b, const __m512i *sum) {
         const int g = b >> group_shift;
-        const __m512 ws = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(w.scales + g * kTileRows)));
-        __m512 base = _mm512_mul_ps(_mm512_set1_ps(-zero), ws);
-        if (w.mins) base = _mm512_add_ps(base, _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(w.mins + g * kTileRows))));
+        __m512 ws, base;
+        if (w.k_scale) {  // K formats: 8-bit codes times the super-block's f16 factors
+            const size_t at = (size_t)g * kTileRows, sup = (size_t)(g / 8) * kTileRows;
+            auto k_value = [&](const uint16_t *factor, const uint8_t *code) {
+                const __m512 c = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(code + at))));
+                return _mm512_mul_ps(_mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(factor + sup))), c);
+            };
+            ws = k_value(w.k_scale, w.k_scale_code);
+            base = w.k_min ? k_value(w.k_min, w.k_min_code) : _mm512_mul_ps(_mm512_set1_ps(-zero), ws);
+        } else {
+            ws = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(w.scales + g * kTileRows)));
+            base = _mm512_mul_ps(_mm512_set1_ps(-zero), ws);
+            if (w.mins) base = _mm512_add_ps(base, _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(w.mins + g * kTileRows))));
+        }
         for (int t = 0; t < NT; t++) {
             const __m512 f = _mm512_mul_ps(_mm512_cvtepi32_ps(sum[t]), _mm512_set1_ps(d[t][b]));
             acc[t] = _mm512_fmadd_ps(f, ws, acc[t]);

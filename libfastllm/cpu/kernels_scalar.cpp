@@ -201,17 +201,17 @@ float exp_shift_sum(float *x, int n, float shift) {
 
 template <int kBits>
 void dot_rows_quant1(const QuantTile &w, int rows, int n, const QuantActs &x, float *y) {
-    const float zero = w.mins ? 0.0f : (float)(1 << (kBits - 1));
+    const float zero = w.has_min() ? 0.0f : (float)(1 << (kBits - 1));
     for (int r = 0; r < rows; r++) {
         float acc = 0, corr = 0, mins = 0;
         for (int b = 0; b < n / kActBlock; b++) {
             const int g = b * kActBlock / w.group;
             int32_t dot = 0;
             for (int i = b * kActBlock; i < (b + 1) * kActBlock; i++) dot += tile_code(w.codes, kBits, r, i) * x.q[i];
-            const float dw = f16_to_f32(w.scales[g * kTileRows + r]);
+            const float dw = tile_scale(w, g, r);
             acc += dw * x.d[b] * (float)dot;
             corr += dw * x.ds[b];
-            if (w.mins) mins += f16_to_f32(w.mins[g * kTileRows + r]) * x.ds[b];
+            mins += tile_min(w, g, r) * x.ds[b];
         }
         y[r] = acc - zero * corr + mins;
     }

@@ -15,9 +15,9 @@ float weight(const Tensor &W, int64_t r, int64_t c) {
         const QuantTile q = W.quant_tile(r / kTileRows * kTileRows);
         const int lane = (int)(r % kTileRows), bits = dtype_bits(W.dtype);
         const int64_t g = c / q.group;
-        const float scale = f16_to_f32(q.scales[g * kTileRows + lane]), code = (float)tile_code(q.codes, bits, lane, c);
-        // symmetric: scale * (code - 2^(bits-1)); q4m: scale * code + min
-        if (q.mins) return scale * code + f16_to_f32(q.mins[g * kTileRows + lane]);
+        const float scale = tile_scale(q, g, lane), code = (float)tile_code(q.codes, bits, lane, c);
+        // symmetric: scale * (code - 2^(bits-1)); q4m, q4k: scale * code + min
+        if (q.has_min()) return scale * code + tile_min(q, g, lane);
         return scale * (code - (float)(1 << (bits - 1)));
     }
     const void *row = W.row(r);

@@ -8,8 +8,13 @@
 namespace fastllm {
 
 // Values are the .flm dtype codes (docs/flm_format.md).
-enum class DType : uint32_t { F32 = 0, F16 = 1, BF16 = 2, Q8 = 3, Q4_32 = 4, Q4_64 = 5, Q4_128 = 6, Q4M_32 = 7, Q6 = 8 };
-constexpr int kNumDTypes = 9;
+enum class DType : uint32_t {
+    F32 = 0, F16 = 1, BF16 = 2, Q8 = 3, Q4_32 = 4, Q4_64 = 5, Q4_128 = 6, Q4M_32 = 7, Q6 = 8, Q4K = 9, Q6K = 10
+};
+constexpr int kNumDTypes = 11;
+// K formats (q4k, q6k): a group's scale (and minimum) is an 8-bit code times an f16 factor per row
+// and super-block of kSuperBlock weights (the last super-block of a row may be shorter).
+constexpr int kSuperBlock = 256;
 
 // The facts about each dtype, in one table indexed by the enum (checked below).
 struct DTypeTraits {
@@ -18,15 +23,17 @@ struct DTypeTraits {
     bool quantized;
     int bits;          // per stored code (quantized) or element (plain)
     int group;         // weights per scale (1 for plain types)
-    bool has_min;      // a minimum per group beside the scale (q4m)
+    bool has_min;      // a minimum per group beside the scale (q4m, q4k)
     int row_multiple;  // what K (the row length) must be a multiple of: q4 / q6 blocks go in pairs
+    bool k_scales;     // scales (and minimums) as 8-bit codes per group times f16 per super-block
 };
 inline constexpr DTypeTraits kDTypes[kNumDTypes] = {
-    {DType::F32, "f32", false, 32, 1, false, 1},      {DType::F16, "f16", false, 16, 1, false, 1},
-    {DType::BF16, "bf16", false, 16, 1, false, 1},    {DType::Q8, "q8", true, 8, 32, false, 32},
-    {DType::Q4_32, "q4", true, 4, 32, false, 64},     {DType::Q4_64, "q4_g64", true, 4, 64, false, 64},
-    {DType::Q4_128, "q4_g128", true, 4, 128, false, 128}, {DType::Q4M_32, "q4m", true, 4, 32, true, 64},
-    {DType::Q6, "q6", true, 6, 32, false, 64},
+    {DType::F32, "f32", false, 32, 1, false, 1, false},      {DType::F16, "f16", false, 16, 1, false, 1, false},
+    {DType::BF16, "bf16", false, 16, 1, false, 1, false},    {DType::Q8, "q8", true, 8, 32, false, 32, false},
+    {DType::Q4_32, "q4", true, 4, 32, false, 64, false},     {DType::Q4_64, "q4_g64", true, 4, 64, false, 64, false},
+    {DType::Q4_128, "q4_g128", true, 4, 128, false, 128, false}, {DType::Q4M_32, "q4m", true, 4, 32, true, 64, false},
+    {DType::Q6, "q6", true, 6, 32, false, 64, false},        {DType::Q4K, "q4k", true, 4, 32, true, 64, true},
+    {DType::Q6K, "q6k", true, 6, 32, false, 64, true},
 };
 constexpr bool dtype_table_in_enum_order() {
     for (int i = 0; i < kNumDTypes; i++)
@@ -42,6 +49,7 @@ inline bool dtype_has_min(DType t) { return dtype_traits(t).has_min; }
 inline int dtype_bits(DType t) { return dtype_traits(t).bits; }
 inline int dtype_group(DType t) { return dtype_traits(t).group; }
 inline int dtype_row_multiple(DType t) { return dtype_traits(t).row_multiple; }
+inline bool dtype_k_scales(DType t) { return dtype_traits(t).k_scales; }
 inline size_t dtype_size(DType t) { return (size_t)dtype_traits(t).bits / 8; }  // plain types only
 inline const char *dtype_name(DType t) { return dtype_is_known((uint32_t)t) ? dtype_traits(t).name : "?"; }
 
@@ -78,10 +86,15 @@ inline size_t kv_row_bytes(KvType t, int n) {
 // keeps its low 4 bits as q4 does, each pair's 8 chunks followed by 4 chunks of the top 2 bits.
 constexpr int kTileRows = 16;
 inline uint64_t quant_tiles(uint64_t rows) { return (rows + kTileRows - 1) / kTileRows; }
+// K formats replace the f16 scales by, in order: the 8-bit scale codes [tile][group][16], the
+// minimum codes (same shape, q4k), the f16 scale factors [tile][super-block][16], the f16 minimum
+// factors (q4k). A row's group g then has scale = factor[g / 8] * code[g] (minimum likewise).
+inline uint64_t quant_super_blocks(uint64_t cols) { return (cols + kSuperBlock - 1) / kSuperBlock; }
 // Bytes of the scales (+ minimums) region of a quantized [rows, cols] matrix, padded to 64.
 inline uint64_t quant_scales_bytes(DType t, uint64_t rows, uint64_t cols) {
-    uint64_t n = quant_tiles(rows) * kTileRows * (cols / dtype_group(t)) * 2;
-    return align64(dtype_has_min(t) ? 2 * n : n);
+    const uint64_t r = quant_tiles(rows) * kTileRows, kinds = dtype_has_min(t) ? 2 : 1;
+    if (dtype_k_scales(t)) return align64(kinds * r * (cols / dtype_group(t) + 2 * quant_super_blocks(cols)));
+    return align64(kinds * r * (cols / dtype_group(t)) * 2);
 }
 // Bytes of one tile's codes.
 inline uint64_t quant_tile_bytes(DType t, uint64_t cols) { return kTileRows * cols * dtype_bits(t) / 8; }
@@ -103,10 +116,15 @@ inline uint64_t tensor_bytes(DType t, uint64_t rows, uint64_t cols) {
 
 // One tile of a quantized matrix, as the kernels see it.
 struct QuantTile {
-    const uint16_t *scales;  // f16, [K/G][16]
+    const uint16_t *scales;  // f16, [K/G][16]; nullptr for K formats
     const uint16_t *mins;    // f16, [K/G][16]; nullptr unless q4m
     const uint8_t *codes;    // K * 16 (q8), K * 12 (q6) or K * 8 (q4) bytes, in chunks of 64
     int group;               // G
+    // K formats: scale of row i, group g = f16(k_scale[(g / 8) * 16 + i]) * k_scale_code[g * 16 + i],
+    // minimum = f16(k_min[...]) * k_min_code[...] (k_min* nullptr for q6k); nullptr otherwise.
+    const uint8_t *k_scale_code, *k_min_code;
+    const uint16_t *k_scale, *k_min;
+    bool has_min() const { return mins || k_min; }
 };
 
 struct Tensor {
@@ -131,10 +149,23 @@ struct Tensor {
     // Quantized types: the tile holding rows [r0, r0 + 16); r0 must be a multiple of 16.
     QuantTile quant_tile(int64_t r0) const {
         const int64_t K = cols(), G = dtype_group(dtype), per_tile = (K / G) * kTileRows, tile = r0 / kTileRows;
-        const uint16_t *scales = (const uint16_t *)data;
-        QuantTile q;
-        q.scales = scales + tile * per_tile;
-        q.mins = dtype_has_min(dtype) ? scales + (int64_t)quant_tiles(rows()) * per_tile + tile * per_tile : nullptr;
+        const int64_t n_tiles = (int64_t)quant_tiles(rows());
+        QuantTile q{};
+        if (dtype_k_scales(dtype)) {
+            const uint8_t *codes = (const uint8_t *)data;
+            const int64_t all_codes = n_tiles * per_tile, per_tile_super = (int64_t)quant_super_blocks(K) * kTileRows;
+            q.k_scale_code = codes + tile * per_tile;
+            const uint16_t *factors = (const uint16_t *)(codes + all_codes * (dtype_has_min(dtype) ? 2 : 1));
+            q.k_scale = factors + tile * per_tile_super;
+            if (dtype_has_min(dtype)) {
+                q.k_min_code = codes + all_codes + tile * per_tile;
+                q.k_min = factors + n_tiles * per_tile_super + tile * per_tile_super;
+            }
+        } else {
+            const uint16_t *scales = (const uint16_t *)data;
+            q.scales = scales + tile * per_tile;
+            q.mins = dtype_has_min(dtype) ? scales + n_tiles * per_tile + tile * per_tile : nullptr;
+        }
         q.codes = (const uint8_t *)data + quant_scales_bytes(dtype, rows(), K) + tile * quant_tile_bytes(dtype, K);
         q.group = (int)G;
         return q;

@@ -73,6 +73,13 @@ static void quantize_weights(Weights &w, DType dt, int N, int K) {
     // Tiles of 16 rows: scales [tile][group][row], codes [tile][block (q8) or block pair (q4, q6)][4 columns][row][4];
     // q6: per pair, 8 chunks of low 4 bits as q4, then 4 chunks of the top 2 bits
     auto at = [&](int r, int g) { return (size_t)(r / kTileRows) * groups * kTileRows + (size_t)g * kTileRows + r % kTileRows; };
+    // K formats: 8-bit codes [tile][group][row] (scales, then minimums), then f16 factors
+    // [tile][super-block][row] (scales, then minimums); scale = factor * code.
+    const int supers = (int)quant_super_blocks(K);
+    uint8_t *k_codes = w.bytes.data();
+    uint16_t *k_factors = (uint16_t *)(k_codes + tiles * kTileRows * groups * (dtype_has_min(dt) ? 2 : 1));
+    auto at_super = [&](int r, int s) { return (size_t)(r / kTileRows) * supers * kTileRows + (size_t)s * kTileRows + r % kTileRows; };
+    std::vector<float> want_scale(groups), want_min(groups);
     for (int r = 0; r < N; r++)
         for (int g = 0; g < groups; g++) {
             const float *v = &w.full[(size_t)r * K + g * G];
@@ -81,27 +88,53 @@ static void quantize_weights(Weights &w, DType dt, int N, int K) {
             float scale, mn = 0;
             if (dt == DType::Q8) scale = amax / 127;
             else if (dtype_has_min(dt)) scale = (hi - lo) / 15, mn = lo;
-            else if (dt == DType::Q6) scale = amax / 32;
+            else if (dtype_bits(dt) == 6) scale = amax / 32;
             else scale = amax / 8;
-            scales[at(r, g)] = f32_to_f16(scale);
-            if (dtype_has_min(dt)) mins[at(r, g)] = f32_to_f16(mn);
-            const float s = f16_to_f32(scales[at(r, g)]), m = f16_to_f32(f32_to_f16(mn));
+            float s, m;
+            if (dtype_k_scales(dt)) {
+                if (g % 8 == 0) {  // this super-block's factors: the largest scale and minimum on code 255
+                    float smax = 0, mext = 0;
+                    for (int h = g; h < std::min(groups, g + 8); h++) {
+                        const float *u = &w.full[(size_t)r * K + h * G];
+                        float l = u[0], x = u[0], a = 0;
+                        for (int i = 0; i < G; i++) l = std::min(l, u[i]), x = std::max(x, u[i]), a = std::max(a, std::fabs(u[i]));
+                        smax = std::max(smax, dtype_has_min(dt) ? (x - l) / 15 : a / 32);
+                        if (std::fabs(l) > std::fabs(mext)) mext = l;
+                    }
+                    k_factors[at_super(r, g / 8)] = f32_to_f16(smax / 255);
+                    if (dtype_has_min(dt)) k_factors[tiles * kTileRows * supers + at_super(r, g / 8)] = f32_to_f16(mext / 255);
+                }
+                const float fs = f16_to_f32(k_factors[at_super(r, g / 8)]);
+                const int sc = fs > 0 ? std::clamp((int)std::lround(scale / fs), 0, 255) : 0;
+                k_codes[at(r, g)] = (uint8_t)sc;
+                s = fs * sc, m = 0;
+                if (dtype_has_min(dt)) {
+                    const float fm = f16_to_f32(k_factors[tiles * kTileRows * supers + at_super(r, g / 8)]);
+                    const int mc = fm != 0 ? std::clamp((int)std::lround(mn / fm), 0, 255) : 0;
+                    k_codes[tiles * kTileRows * groups + at(r, g)] = (uint8_t)mc;
+                    m = fm * mc;
+                }
+            } else {
+                scales[at(r, g)] = f32_to_f16(scale);
+                if (dtype_has_min(dt)) mins[at(r, g)] = f32_to_f16(mn);
+                s = f16_to_f32(scales[at(r, g)]), m = f16_to_f32(f32_to_f16(mn));
+            }
             for (int i = 0; i < G; i++) {
                 const int c = g * G + i;
                 int q;
                 if (dt == DType::Q8) q = std::clamp((int)std::lround(v[i] / s), -127, 127) + 128;
-                else if (dtype_has_min(dt)) q = std::clamp((int)std::lround((v[i] - m) / s), 0, 15);
-                else if (dt == DType::Q6) q = std::clamp((int)std::lround(v[i] / s) + 32, 0, 63);
+                else if (dtype_has_min(dt)) q = s > 0 ? std::clamp((int)std::lround((v[i] - m) / s), 0, 15) : 0;
+                else if (dtype_bits(dt) == 6) q = s > 0 ? std::clamp((int)std::lround(v[i] / s) + 32, 0, 63) : 32;
                 else q = std::clamp((int)std::lround(v[i] / s) + 8, 0, 15);
                 const size_t tile = (size_t)(r / kTileRows) * quant_tile_bytes(dt, K);
                 const size_t in_chunk = (size_t)(r % kTileRows) * 4 + c % 4, chunk = (c % 32) / 4;
                 if (dt == DType::Q8) {
                     quants[tile + ((size_t)(c / 32) * 8 + chunk) * 64 + in_chunk] = (uint8_t)q;
                 } else {
-                    const size_t pair = tile + (size_t)(c / 64) * (dt == DType::Q6 ? 12 : 8) * 64;
+                    const size_t pair = tile + (size_t)(c / 64) * (dtype_bits(dt) == 6 ? 12 : 8) * 64;
                     const int second = (c / 32) % 2;
                     quants[pair + chunk * 64 + in_chunk] |= (uint8_t)((q & 15) << (4 * second));
-                    if (dt == DType::Q6)
+                    if (dtype_bits(dt) == 6)
                         quants[pair + (8 + chunk / 2) * 64 + in_chunk] |= (uint8_t)((q >> 4) << (2 * second + 4 * (chunk % 2)));
                 }
             }
@@ -134,7 +167,7 @@ static Weights make_weights(DType dt, int N, int K) {
 
 static void test_matmul(const KernelTable &k) {
     const DType dtypes[] = {DType::F32, DType::F16, DType::BF16, DType::Q8, DType::Q4_32, DType::Q4_64, DType::Q4_128,
-                            DType::Q4M_32, DType::Q6};
+                            DType::Q4M_32, DType::Q6, DType::Q4K, DType::Q6K};
     const int shapes[][3] = {{1, 37, 67}, {1, 64, 128}, {3, 37, 67}, {5, 33, 256}, {20, 70, 96}, {40, 300, 64},
                              {1, 21, 384}, {9, 40, 1024}, {2, 17, 160}, {1, 33, 576}, {5, 20, 576}, {3, 17, 1536},
                              // prompt batches (packed GEMM tiles where the ISA has them): token counts
@@ -161,7 +194,7 @@ static void test_matmul(const KernelTable &k) {
                 double q = rel_err(y.data(), yf.data(), y.size());
                 // 4-bit codes over random Gaussian rows: about 0.1-0.2 relative error, more with
                 // larger groups (one scale spans a wider range)
-                double bound = dt == DType::Q8 ? 0.03 : dt == DType::Q6 ? 0.06 : dtype_group(dt) >= 128 ? 0.25 : 0.2;
+                double bound = dt == DType::Q8 ? 0.03 : dtype_bits(dt) == 6 ? 0.06 : dtype_group(dt) >= 128 ? 0.25 : 0.2;
                 CHECK(q < bound, "matmul %s %s vs f32 rel err %g (bound %g)", isa_name(k.isa), dtype_name(dt), q, bound);
             }
         }

@@ -75,11 +75,22 @@ def cmd_info(args) -> int:
     print(f"{args.model}: .flm version {f.version}, {f.file_size / 2**20:.1f} MiB, "
           f"{len(f.metadata)} metadata keys, {len(f.tensors)} tensors")
     for key, value in f.metadata.items():
-        if isinstance(value, str) and ("\n" in value or len(value) > 100):
+        if key == "general.quantization":  # how a GGUF file's tensors came over: always in full
+            pass
+        elif isinstance(value, str) and ("\n" in value or len(value) > 100):
             value = f"<text of {len(value)} characters>"
         elif not isinstance(value, (str, int, float)):
             value = f"<{f.meta_types[key]} of {len(value)}>"
         print(f"  {key} = {value}")
+    matrices = {n: t for n, t in f.tensors.items() if len(t.shape) == 2}
+    if matrices:
+        counts = {}
+        for t in matrices.values():
+            counts[t.dtype] = counts.get(t.dtype, 0) + 1
+        n_weights = sum(t.shape[0] * t.shape[1] for t in matrices.values())
+        n_bytes = sum(f.locations[n].n_bytes for n in matrices)
+        print(f"  weights: {8 * n_bytes / n_weights:.3f} bits per weight over {len(matrices)} matrices ("
+              + ", ".join(f"{d} {c}" for d, c in sorted(counts.items())) + ")")
     if args.tensors:
         print(f"  {'tensor':<36} {'dtype':>6} {'shape':>14} {'offset':>12} {'MiB':>8}")
         for name, t in f.tensors.items():
