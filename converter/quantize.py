@@ -31,10 +31,12 @@ QUANT = {
     "q6": (8, 32, 6, False),
     "q4k": (9, 32, 4, True),
     "q6k": (10, 32, 6, False),
+    "q3k": (11, 32, 3, True),
+    "q5k": (12, 32, 5, True),
 }
 # K formats: a group's scale (and minimum) is an 8-bit code times an f16 factor per row and
 # super-block of SUPER weights (the last one of a row may be shorter), chosen by a weighted search.
-K_FORMATS = ("q4k", "q6k")
+K_FORMATS = ("q3k", "q4k", "q5k", "q6k")
 SUPER = 256
 # Symmetric formats, by bits per code: w / scale is an integer in RANGE, stored as w / scale + ZERO
 # (q8 leaves the code 0 unused, so that -w is as exact as w).
@@ -61,9 +63,14 @@ def use_more_bits(i: int, n: int) -> bool:
 
 
 PRESETS = {
-    "q4_k_s": Preset("q4k", "q6k", about="q4k matrices, q6k head"),
-    "q4_k_m": Preset("q4k", "q6k", "q6k", ("attn_qkv", "ffn_down"),
-                     about="q4k, with q6k for attn_qkv and ffn_down in 14 of 30 layers and the head"),
+    "q3_k_m": Preset("q3k", "q6k", "q4k", ("attn_qkv", "ffn_down"), "q3k; q4k for attn_qkv and ffn_down of the "
+                     "use_more_bits layers; q6k head"),
+    "q4_k_s": Preset("q4k", "q6k", about="q4k; q6k head"),
+    "q4_k_m": Preset("q4k", "q6k", "q6k", ("attn_qkv", "ffn_down"), "q4k; q6k for attn_qkv and ffn_down of the "
+                     "use_more_bits layers and the head"),
+    "q5_k_s": Preset("q5k", "q6k", about="q5k; q6k head"),
+    "q5_k_m": Preset("q5k", "q6k", "q6k", ("attn_qkv", "ffn_down"), "q5k; q6k for attn_qkv and ffn_down of the "
+                     "use_more_bits layers and the head"),
     "q6_k": Preset("q6k", "q6k", about="q6k everywhere"),
 }
 # --dtype names: the .flm names, the families int8 / int4 (int4's group from --group_size), the presets.
@@ -346,10 +353,19 @@ def quantize(w: np.ndarray, dtype: str, grid: Grid | None = None) -> np.ndarray:
     tiled = lambda a: np.pad(a.reshape(n, ng), ((0, pad), (0, 0))).reshape(t, TILE_ROWS, ng).transpose(0, 2, 1)
     if bits == 8:
         codes = codes.reshape(t, TILE_ROWS, k // 32, 8, 4).transpose(0, 2, 3, 1, 4)
+    elif bits == 3:  # per pair, u = 8 * block + chunk: 2 low bits at 2 (u // 4) of chunk u % 4, the top bit u // 2 of chunk 4 + u % 2
+        c = codes.reshape(t, TILE_ROWS, k // 64, 16, 4)
+        low = sum((c[:, :, :, kk * 4:kk * 4 + 4] & 3) << (2 * kk) for kk in range(4))
+        top = sum(((c[:, :, :, v * 2:v * 2 + 2] >> 2) & 1) << v for v in range(8))
+        codes = np.concatenate([low, top], axis=3).transpose(0, 2, 3, 1, 4)
     else:
         c = codes.reshape(t, TILE_ROWS, k // 64, 2, 8, 4)  # [tile, row, pair, block in pair, chunk, 4]
         low = c & 15
         codes = (low[:, :, :, 0] | (low[:, :, :, 1] << 4)).transpose(0, 2, 3, 1, 4)
+        if bits == 5:  # top chunk h (0..1), bit b + 2s: block b of the pair, chunk 4h + s
+            top = (c >> 4).reshape(t, TILE_ROWS, k // 64, 2, 2, 4, 4)
+            top = sum(top[:, :, :, b, :, s_] << (b + 2 * s_) for b in range(2) for s_ in range(4))
+            codes = np.concatenate([codes, top.transpose(0, 2, 3, 1, 4)], axis=2)
         if bits == 6:
             # top-bits chunk h (0..3), bits 2b + 4s: block b of the pair, chunk 2h + s
             top = (c >> 4).reshape(t, TILE_ROWS, k // 64, 2, 4, 2, 4)
@@ -390,10 +406,19 @@ def dequantize(data: np.ndarray, dtype: str, shape) -> np.ndarray:
     q = data[tensor_bytes(dtype, (n, k)) - rows * k * bits // 8:]
     if bits == 8:
         q = q.reshape(t, k // 32, 8, TILE_ROWS, 4).transpose(0, 3, 1, 2, 4).reshape(rows, k)
+    elif bits == 3:
+        b = q.reshape(t, k // 64, 6, TILE_ROWS, 4).transpose(0, 3, 1, 2, 4)  # [tile, row, pair, chunk, 4]
+        u = np.arange(16)
+        q = ((b[:, :, :, u % 4] >> (2 * (u // 4))[:, None]) & 3) | (((b[:, :, :, 4 + u % 2] >> (u // 2)[:, None]) & 1) << 2)
+        q = q.reshape(rows, k)
     else:
-        per_pair = 12 if bits == 6 else 8
+        per_pair = 2 * bits
         b = q.reshape(t, k // 64, per_pair, TILE_ROWS, 4).transpose(0, 3, 1, 2, 4)  # [tile, row, pair, chunk, 4]
         low = np.stack([b[:, :, :, :8] & 15, b[:, :, :, :8] >> 4], axis=3)  # [.., pair, block in pair, chunk, 4]
+        if bits == 5:
+            j = np.arange(8)
+            top = np.stack([(b[:, :, :, 8 + j // 4] >> (blk + 2 * (j % 4))[:, None]) & 1 for blk in range(2)], axis=3)
+            low = low | (top << 4)
         if bits == 6:
             top = b[:, :, :, 8:]  # [.., pair, h, 4]
             shifts = np.array([[0, 4], [2, 6]])  # [block in pair, s]

@@ -281,11 +281,16 @@ void quantize_acts(const float *x, int n, const QuantActs &out) {
     }
 }
 
+// Each byte's bit `from` moved to bit `to` (other bits to be masked off by the caller).
+inline __m256i bits_to(__m256i v, int from, int to) {
+    return from >= to ? _mm256_srl_epi16(v, _mm_cvtsi32_si128(from - to)) : _mm256_sll_epi16(v, _mm_cvtsi32_si128(to - from));
+}
+
 // Quantized tiles (tensor.h), 8 rows at a time: a 32-byte half of a 64-byte chunk holds 4 codes of
 // each of 8 rows (one int32 lane each); vpmaddubsw + vpmaddwd with 4 bytes of a token's activations
 // broadcast advance the 8 rows. q8 codes are made signed (code - 128) for the sign trick (|x| times
 // w carrying x's sign keeps the int16 pairs from saturating); q4 codes (< 16) let the int16 pair
-// sums of a whole block add up without saturating (8 x 2 x 15 x 127 < 32768); q6 codes (< 64) are
+// sums of a whole block add up without saturating (8 x 2 x 15 x 127 < 32768); q3 codes (< 8) as well; q5 and q6 codes (< 64) are
 // widened after every chunk (2 x 63 x 127 fits int16, 16 of them would not).
 template <int kBits, int NT>
 void tile_dot(const QuantTile &w, int half, int n, const QuantActs &x0, float *y, size_t ldy, int n_rows) {
@@ -293,7 +298,8 @@ void tile_dot(const QuantTile &w, int half, int n, const QuantActs &x0, float *y
     const float zero = kBits == 8 || w.has_min() ? 0.0f : (float)(1 << (kBits - 1));  // q8 is made signed below
     const int group_shift = w.group == 128 ? 2 : w.group == 64 ? 1 : 0;  // block -> group, without a division
     const __m256i ones = _mm256_set1_epi16(1), low4 = _mm256_set1_epi8(0x0F), flip = _mm256_set1_epi8((char)0x80);
-    const __m256i top2 = _mm256_set1_epi8(0x30);
+    const __m256i top2 = _mm256_set1_epi8(0x30), top1 = _mm256_set1_epi8(0x10), three = _mm256_set1_epi8(3),
+                  four = _mm256_set1_epi8(4);
     const int8_t *q[NT];
     const float *d[NT], *ds[NT];
     for (int t = 0; t < NT; t++) {
@@ -349,10 +355,24 @@ void tile_dot(const QuantTile &w, int half, int n, const QuantActs &x0, float *y
         for (int b = 0; b < n_blocks; b += 2) {
             __m256i lo_sum[NT], hi_sum[NT];  // int16 pair sums (q4) or int32 sums (q6)
             for (int t = 0; t < NT; t++) lo_sum[t] = _mm256_setzero_si256(), hi_sum[t] = _mm256_setzero_si256();
-            const uint8_t *cb = w.codes + (b / 2) * (kBits == 6 ? 768 : 512) + half * 32;
+            const uint8_t *cb = w.codes + (b / 2) * 128 * kBits + half * 32;
             for (int j = 0; j < 8; j++) {
-                const __m256i v = _mm256_loadu_si256((const __m256i *)(cb + j * 64));
-                __m256i lo = _mm256_and_si256(v, low4), hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), low4);
+                __m256i lo, hi;
+                if (kBits == 3) {  // low 2 bits at 2 (j / 4) (+ 4 for block b + 1) of chunk j % 4, top bit j / 2 (+ 4) of chunk 4 + j % 2
+                    const __m256i l = _mm256_loadu_si256((const __m256i *)(cb + (j % 4) * 64));
+                    const __m256i h = _mm256_loadu_si256((const __m256i *)(cb + (4 + j % 2) * 64));
+                    lo = _mm256_or_si256(_mm256_and_si256(bits_to(l, 2 * (j / 4), 0), three), _mm256_and_si256(bits_to(h, j / 2, 2), four));
+                    hi = _mm256_or_si256(_mm256_and_si256(bits_to(l, 4 + 2 * (j / 4), 0), three),
+                                         _mm256_and_si256(bits_to(h, 4 + j / 2, 2), four));
+                } else {
+                    const __m256i v = _mm256_loadu_si256((const __m256i *)(cb + j * 64));
+                    lo = _mm256_and_si256(v, low4), hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), low4);
+                }
+                if (kBits == 5) {  // bits 2 (j % 4), 2 (j % 4) + 1 of top chunk j / 4 to bit 4 of each code
+                    const __m256i h = _mm256_loadu_si256((const __m256i *)(cb + (8 + j / 4) * 64));
+                    lo = _mm256_or_si256(lo, _mm256_and_si256(bits_to(h, 2 * (j % 4), 4), top1));
+                    hi = _mm256_or_si256(hi, _mm256_and_si256(bits_to(h, 2 * (j % 4) + 1, 4), top1));
+                }
                 if (kBits == 6) {  // bits 4s, 4s + 2 of the top-bits chunk (s = j % 2) to bit 4 of each code
                     const __m256i h = _mm256_loadu_si256((const __m256i *)(cb + (8 + j / 2) * 64));
                     const __m256i hl = j % 2 ? h : _mm256_slli_epi16(h, 4);
@@ -363,7 +383,7 @@ void tile_dot(const QuantTile &w, int half, int n, const QuantActs &x0, float *y
                 for (int t = 0; t < NT; t++) {
                     const __m256i pl = _mm256_maddubs_epi16(lo, bcast(q[t] + b * kActBlock + 4 * j));
                     const __m256i ph = _mm256_maddubs_epi16(hi, bcast(q[t] + (b + 1) * kActBlock + 4 * j));
-                    if (kBits == 6) {
+                    if (kBits >= 5) {
                         lo_sum[t] = _mm256_add_epi32(lo_sum[t], _mm256_madd_epi16(pl, ones));
                         hi_sum[t] = _mm256_add_epi32(hi_sum[t], _mm256_madd_epi16(ph, ones));
                     } else {
@@ -371,7 +391,7 @@ void tile_dot(const QuantTile &w, int half, int n, const QuantActs &x0, float *y
                     }
                 }
             }
-            if (kBits == 4)
+            if (kBits <= 4)
                 for (int t = 0; t < NT; t++)
                     lo_sum[t] = _mm256_madd_epi16(lo_sum[t], ones), hi_sum[t] = _mm256_madd_epi16(hi_sum[t], ones);
             finish_block(b, lo_sum);
@@ -408,7 +428,13 @@ void dot_rows_quant(const QuantTile &w, int rows, int n, const QuantActs &x, int
 }
 
 KernelTable::QuantDot quant_for_bits(int bits) {
-    return bits == 8 ? dot_rows_quant<8> : bits == 6 ? dot_rows_quant<6> : dot_rows_quant<4>;
+    switch (bits) {
+    case 8: return dot_rows_quant<8>;
+    case 6: return dot_rows_quant<6>;
+    case 5: return dot_rows_quant<5>;
+    case 3: return dot_rows_quant<3>;
+    default: return dot_rows_quant<4>;
+    }
 }
 
 // dot_rows_quant: filled from the dtype table when the table is first asked for

@@ -203,14 +203,33 @@ void tile_dot(const QuantTile &w, int n, const QuantActs &x0, float *y, size_t l
             finish_block(b, sum);
         }
     } else {
-        const __m512i low4 = _mm512_set1_epi8(0x0F), top2 = _mm512_set1_epi8(0x30);
+        const __m512i low4 = _mm512_set1_epi8(0x0F), top2 = _mm512_set1_epi8(0x30), top1 = _mm512_set1_epi8(0x10);
+        const __m512i three = _mm512_set1_epi8(3), four = _mm512_set1_epi8(4);
+        // each byte's bit `from` moved to bit `to` (the caller masks the rest off)
+        auto bits_to = [](__m512i v, int from, int to) {
+            return from >= to ? _mm512_srl_epi16(v, _mm_cvtsi32_si128(from - to)) : _mm512_sll_epi16(v, _mm_cvtsi32_si128(to - from));
+        };
         for (int b = 0; b < n_blocks; b += 2) {
             __m512i lo_sum[NT], hi_sum[NT];
             for (int t = 0; t < NT; t++) lo_sum[t] = _mm512_setzero_si512(), hi_sum[t] = _mm512_setzero_si512();
-            const uint8_t *cb = w.codes + (b / 2) * (kBits == 6 ? 768 : 512);
+            const uint8_t *cb = w.codes + (b / 2) * 128 * kBits;
             for (int j = 0; j < 8; j++) {
-                const __m512i v = _mm512_loadu_si512((const void *)(cb + j * 64));
-                __m512i lo = _mm512_and_si512(v, low4), hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), low4);
+                __m512i lo, hi;
+                if (kBits == 3) {  // tensor.h: low 2 bits in chunk j % 4, the top bit in chunk 4 + j % 2
+                    const __m512i l = _mm512_loadu_si512((const void *)(cb + (j % 4) * 64));
+                    const __m512i h = _mm512_loadu_si512((const void *)(cb + (4 + j % 2) * 64));
+                    lo = _mm512_or_si512(_mm512_and_si512(bits_to(l, 2 * (j / 4), 0), three), _mm512_and_si512(bits_to(h, j / 2, 2), four));
+                    hi = _mm512_or_si512(_mm512_and_si512(bits_to(l, 4 + 2 * (j / 4), 0), three),
+                                         _mm512_and_si512(bits_to(h, 4 + j / 2, 2), four));
+                } else {
+                    const __m512i v = _mm512_loadu_si512((const void *)(cb + j * 64));
+                    lo = _mm512_and_si512(v, low4), hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), low4);
+                }
+                if (kBits == 5) {  // bits 2 (j % 4), 2 (j % 4) + 1 of top chunk j / 4 to bit 4
+                    const __m512i h = _mm512_loadu_si512((const void *)(cb + (8 + j / 4) * 64));
+                    lo = _mm512_ternarylogic_epi32(lo, bits_to(h, 2 * (j % 4), 4), top1, 0xF8);
+                    hi = _mm512_ternarylogic_epi32(hi, bits_to(h, 2 * (j % 4) + 1, 4), top1, 0xF8);
+                }
                 if (kBits == 6) {  // bits 4s, 4s + 2 of the top-bits chunk (s = j % 2) to bit 4 of each code
                     const __m512i h = _mm512_loadu_si512((const void *)(cb + (8 + j / 2) * 64));
                     const __m512i hl = j % 2 ? h : _mm512_slli_epi16(h, 4);
@@ -265,7 +284,13 @@ void geglu(const float *gate_up, int n, float *out) {
 }
 
 KernelTable::QuantDot quant_for_bits(int bits) {
-    return bits == 8 ? dot_rows_quant<8> : bits == 6 ? dot_rows_quant<6> : dot_rows_quant<4>;
+    switch (bits) {
+    case 8: return dot_rows_quant<8>;
+    case 6: return dot_rows_quant<6>;
+    case 5: return dot_rows_quant<5>;
+    case 3: return dot_rows_quant<3>;
+    default: return dot_rows_quant<4>;
+    }
 }
 
 // dot_rows_quant: filled from the dtype table when the table is first asked for

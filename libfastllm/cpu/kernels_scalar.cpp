@@ -223,7 +223,13 @@ void dot_rows_quant(const QuantTile &w, int rows, int n, const QuantActs &x, int
 }
 
 KernelTable::QuantDot quant_for_bits(int bits) {
-    return bits == 8 ? dot_rows_quant<8> : bits == 6 ? dot_rows_quant<6> : dot_rows_quant<4>;
+    switch (bits) {
+    case 8: return dot_rows_quant<8>;
+    case 6: return dot_rows_quant<6>;
+    case 5: return dot_rows_quant<5>;
+    case 3: return dot_rows_quant<3>;
+    default: return dot_rows_quant<4>;
+    }
 }
 
 // dot_rows_quant: filled from the dtype table in scalar_kernels()

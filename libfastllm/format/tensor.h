@@ -9,10 +9,11 @@ namespace fastllm {
 
 // Values are the .flm dtype codes (docs/flm_format.md).
 enum class DType : uint32_t {
-    F32 = 0, F16 = 1, BF16 = 2, Q8 = 3, Q4_32 = 4, Q4_64 = 5, Q4_128 = 6, Q4M_32 = 7, Q6 = 8, Q4K = 9, Q6K = 10
+    F32 = 0, F16 = 1, BF16 = 2, Q8 = 3, Q4_32 = 4, Q4_64 = 5, Q4_128 = 6, Q4M_32 = 7, Q6 = 8, Q4K = 9, Q6K = 10,
+    Q3K = 11, Q5K = 12
 };
-constexpr int kNumDTypes = 11;
-// K formats (q4k, q6k): a group's scale (and minimum) is an 8-bit code times an f16 factor per row
+constexpr int kNumDTypes = 13;
+// K formats (q3k, q4k, q5k, q6k): a group's scale (and minimum) is an 8-bit code times an f16 factor per row
 // and super-block of kSuperBlock weights (the last super-block of a row may be shorter).
 constexpr int kSuperBlock = 256;
 
@@ -33,7 +34,8 @@ inline constexpr DTypeTraits kDTypes[kNumDTypes] = {
     {DType::Q4_32, "q4", true, 4, 32, false, 64, false},     {DType::Q4_64, "q4_g64", true, 4, 64, false, 64, false},
     {DType::Q4_128, "q4_g128", true, 4, 128, false, 128, false}, {DType::Q4M_32, "q4m", true, 4, 32, true, 64, false},
     {DType::Q6, "q6", true, 6, 32, false, 64, false},        {DType::Q4K, "q4k", true, 4, 32, true, 64, true},
-    {DType::Q6K, "q6k", true, 6, 32, false, 64, true},
+    {DType::Q6K, "q6k", true, 6, 32, false, 64, true},       {DType::Q3K, "q3k", true, 3, 32, true, 64, true},
+    {DType::Q5K, "q5k", true, 5, 32, true, 64, true},
 };
 constexpr bool dtype_table_in_enum_order() {
     for (int i = 0; i < kNumDTypes; i++)
@@ -100,12 +102,21 @@ inline uint64_t quant_scales_bytes(DType t, uint64_t rows, uint64_t cols) {
 inline uint64_t quant_tile_bytes(DType t, uint64_t cols) { return kTileRows * cols * dtype_bits(t) / 8; }
 // The stored (unsigned) code of row i (< 16), column c of a tile's codes with `bits` per code; the
 // layout above, spelled out one weight at a time (the reference and the scalar kernels read it so).
+// q5 keeps the low 4 bits as q4 does, each pair's 8 chunks followed by 2 chunks of top bits: bit
+// b + 2s of top chunk h is block b's chunk 4h + s. q3: per pair of blocks, 4 chunks of the low 2
+// bits (bits 2k, 2k + 1 of chunk u % 4, k = u / 4) and 2 of the top bit (bit u / 2 of chunk
+// 4 + u % 2), u = 8 * (block in pair) + chunk.
 inline int tile_code(const uint8_t *codes, int bits, int i, int64_t c) {
     const int64_t b = c / 32, chunk = (c % 32) / 4, at = i * 4 + c % 4;  // block, chunk in it, byte in chunk
     if (bits == 8) return codes[(b * 8 + chunk) * 64 + at];
-    const uint8_t *pair = codes + (b / 2) * (bits == 6 ? 12 : 8) * 64;  // q6: 8 chunks of low bits, 4 of top bits
+    const uint8_t *pair = codes + (b / 2) * 128 * bits;  // 16 rows x 64 columns x bits
+    if (bits == 3) {
+        const int u = (int)(8 * (b % 2) + chunk);
+        return (pair[(u % 4) * 64 + at] >> (2 * (u / 4)) & 3) | (pair[(4 + u % 2) * 64 + at] >> (u / 2) & 1) << 2;
+    }
     const int low = b % 2 == 0 ? (pair[chunk * 64 + at] & 15) : (pair[chunk * 64 + at] >> 4);
     if (bits == 4) return low;
+    if (bits == 5) return low | ((pair[(8 + chunk / 4) * 64 + at] >> (b % 2 + 2 * (chunk % 4))) & 1) << 4;
     return low | ((pair[(8 + chunk / 2) * 64 + at] >> (2 * (b % 2) + 4 * (chunk % 2))) & 3) << 4;
 }
 // Bytes a tensor of this dtype and shape occupies in the file.

@@ -64,7 +64,7 @@ struct Weights {  // a matrix stored in one dtype, with its Tensor view
 
 // Quantizes full [N, K] into the .flm layout of dt (an independent C++ writer of the format).
 static void quantize_weights(Weights &w, DType dt, int N, int K) {
-    const int G = dtype_group(dt), groups = K / G;
+    const int G = dtype_group(dt), groups = K / G, nmax = (1 << dtype_bits(dt)) - 1;
     w.bytes.assign(tensor_bytes(dt, N, K), 0);
     const size_t tiles = quant_tiles(N);
     uint16_t *scales = (uint16_t *)w.bytes.data();
@@ -87,7 +87,7 @@ static void quantize_weights(Weights &w, DType dt, int N, int K) {
             for (int i = 0; i < G; i++) lo = std::min(lo, v[i]), hi = std::max(hi, v[i]), amax = std::max(amax, std::fabs(v[i]));
             float scale, mn = 0;
             if (dt == DType::Q8) scale = amax / 127;
-            else if (dtype_has_min(dt)) scale = (hi - lo) / 15, mn = lo;
+            else if (dtype_has_min(dt)) scale = (hi - lo) / nmax, mn = lo;
             else if (dtype_bits(dt) == 6) scale = amax / 32;
             else scale = amax / 8;
             float s, m;
@@ -98,7 +98,7 @@ static void quantize_weights(Weights &w, DType dt, int N, int K) {
                         const float *u = &w.full[(size_t)r * K + h * G];
                         float l = u[0], x = u[0], a = 0;
                         for (int i = 0; i < G; i++) l = std::min(l, u[i]), x = std::max(x, u[i]), a = std::max(a, std::fabs(u[i]));
-                        smax = std::max(smax, dtype_has_min(dt) ? (x - l) / 15 : a / 32);
+                        smax = std::max(smax, dtype_has_min(dt) ? (x - l) / nmax : a / 32);
                         if (std::fabs(l) > std::fabs(mext)) mext = l;
                     }
                     k_factors[at_super(r, g / 8)] = f32_to_f16(smax / 255);
@@ -123,7 +123,7 @@ static void quantize_weights(Weights &w, DType dt, int N, int K) {
                 const int c = g * G + i;
                 int q;
                 if (dt == DType::Q8) q = std::clamp((int)std::lround(v[i] / s), -127, 127) + 128;
-                else if (dtype_has_min(dt)) q = s > 0 ? std::clamp((int)std::lround((v[i] - m) / s), 0, 15) : 0;
+                else if (dtype_has_min(dt)) q = s > 0 ? std::clamp((int)std::lround((v[i] - m) / s), 0, nmax) : 0;
                 else if (dtype_bits(dt) == 6) q = s > 0 ? std::clamp((int)std::lround(v[i] / s) + 32, 0, 63) : 32;
                 else q = std::clamp((int)std::lround(v[i] / s) + 8, 0, 15);
                 const size_t tile = (size_t)(r / kTileRows) * quant_tile_bytes(dt, K);
@@ -131,9 +131,16 @@ static void quantize_weights(Weights &w, DType dt, int N, int K) {
                 if (dt == DType::Q8) {
                     quants[tile + ((size_t)(c / 32) * 8 + chunk) * 64 + in_chunk] = (uint8_t)q;
                 } else {
-                    const size_t pair = tile + (size_t)(c / 64) * (dtype_bits(dt) == 6 ? 12 : 8) * 64;
-                    const int second = (c / 32) % 2;
-                    quants[pair + chunk * 64 + in_chunk] |= (uint8_t)((q & 15) << (4 * second));
+                    const size_t pair = tile + (size_t)(c / 64) * 128 * dtype_bits(dt);
+                    const int second = (c / 32) % 2, u = 8 * second + (int)chunk;
+                    if (dtype_bits(dt) == 3) {
+                        quants[pair + (u % 4) * 64 + in_chunk] |= (uint8_t)((q & 3) << (2 * (u / 4)));
+                        quants[pair + (4 + u % 2) * 64 + in_chunk] |= (uint8_t)((q >> 2) << (u / 2));
+                    } else {
+                        quants[pair + chunk * 64 + in_chunk] |= (uint8_t)((q & 15) << (4 * second));
+                    }
+                    if (dtype_bits(dt) == 5)
+                        quants[pair + (8 + chunk / 4) * 64 + in_chunk] |= (uint8_t)((q >> 4) << (second + 2 * (chunk % 4)));
                     if (dtype_bits(dt) == 6)
                         quants[pair + (8 + chunk / 2) * 64 + in_chunk] |= (uint8_t)((q >> 4) << (2 * second + 4 * (chunk % 2)));
                 }
@@ -167,7 +174,7 @@ static Weights make_weights(DType dt, int N, int K) {
 
 static void test_matmul(const KernelTable &k) {
     const DType dtypes[] = {DType::F32, DType::F16, DType::BF16, DType::Q8, DType::Q4_32, DType::Q4_64, DType::Q4_128,
-                            DType::Q4M_32, DType::Q6, DType::Q4K, DType::Q6K};
+                            DType::Q4M_32, DType::Q6, DType::Q4K, DType::Q6K, DType::Q3K, DType::Q5K};
     const int shapes[][3] = {{1, 37, 67}, {1, 64, 128}, {3, 37, 67}, {5, 33, 256}, {20, 70, 96}, {40, 300, 64},
                              {1, 21, 384}, {9, 40, 1024}, {2, 17, 160}, {1, 33, 576}, {5, 20, 576}, {3, 17, 1536},
                              // prompt batches (packed GEMM tiles where the ISA has them): token counts
@@ -194,7 +201,7 @@ static void test_matmul(const KernelTable &k) {
                 double q = rel_err(y.data(), yf.data(), y.size());
                 // 4-bit codes over random Gaussian rows: about 0.1-0.2 relative error, more with
                 // larger groups (one scale spans a wider range)
-                double bound = dt == DType::Q8 ? 0.03 : dtype_bits(dt) == 6 ? 0.06 : dtype_group(dt) >= 128 ? 0.25 : 0.2;
+                double bound = dt == DType::Q8 ? 0.03 : dtype_bits(dt) == 6 ? 0.06 : dtype_bits(dt) == 5 ? 0.1 : dtype_bits(dt) == 3 ? 0.4 : dtype_group(dt) >= 128 ? 0.25 : 0.2;
                 CHECK(q < bound, "matmul %s %s vs f32 rel err %g (bound %g)", isa_name(k.isa), dtype_name(dt), q, bound);
             }
         }
