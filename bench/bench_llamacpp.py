@@ -9,7 +9,9 @@ build/bin/llama-quantize and convert_hf_to_gguf.py); without it the llama.cpp ro
 saying so. Pairs: fastllm int8 vs Q8_0 (int8 keeps the output head at f16, more bytes than
 Q8_0's Q8_0 head), fastllm int8 with its head at q8 vs Q8_0 (equal bits), fastllm int4 (g32) vs
 Q4_0 (int4 keeps the head at q8, more bytes than Q4_0's Q6_K head), fastllm int4 with its head at
-q6 vs Q4_0 (about equal bytes), fastllm int4 g128 (4.125 bits) vs Q4_0. For each pair the two
+q6 vs Q4_0 (about equal bytes), fastllm int4 g128 (4.125 bits) vs Q4_0, and the K presets against
+llama.cpp's of the same name (q4_k_m vs Q4_K_M, q4_k_s vs Q4_K_S, q3_k_m vs Q3_K_M, q5_k_m vs
+Q5_K_M; each made by its own converter from the same checkpoint, no imatrix). For each pair the two
 engines take turns, one round each, --repeat times. Generation starts from an empty context in both
 (llama-bench's tg test; fastllm.bench's gen_from_empty). Prints prompt tok/s (pp) and generation tok/s
 (tg) (medians), the median of the per-round ratios, weight bytes read per generated token, the
@@ -37,7 +39,9 @@ from fastllm.bench import bench  # noqa: E402
 # (name, --dtype, --group_size, --dtype_config, the llama.cpp file to compare with)
 FASTLLM_VARIANTS = [("int8", "int8", 32, [], "Q8_0"), ("int8_q8head", "int8", 32, ["output.weight=q8"], "Q8_0"),
                     ("int4", "int4", 32, [], "Q4_0"), ("int4_q6head", "int4", 32, ["output.weight=q6"], "Q4_0"),
-                    ("int4_g128", "int4", 128, [], "Q4_0")]
+                    ("int4_g128", "int4", 128, [], "Q4_0"),
+                    ("q4_k_m", "q4_k_m", 32, [], "Q4_K_M"), ("q4_k_s", "q4_k_s", 32, [], "Q4_K_S"),
+                    ("q3_k_m", "q3_k_m", 32, [], "Q3_K_M"), ("q5_k_m", "q5_k_m", 32, [], "Q5_K_M")]
 
 
 def read_bandwidth_gbs(threads: int, gib: float = 1.0, repeat: int = 5) -> float:
@@ -89,13 +93,13 @@ print(int(hwm) / 1024, load * 1000)
     return float(out[0]), float(out[1])
 
 
-def llama_cpp_models(llama_cpp: Path, hf_dir: Path, work: Path) -> dict[str, Path]:
+def llama_cpp_models(llama_cpp: Path, hf_dir: Path, work: Path, types) -> dict[str, Path]:
     f16 = work / f"{hf_dir.name}-f16.gguf"
     if not f16.exists():
         subprocess.run([sys.executable, str(llama_cpp / "convert_hf_to_gguf.py"), str(hf_dir), "--outfile", str(f16),
                         "--outtype", "f16"], check=True, capture_output=True)
     models = {}
-    for q in ("Q8_0", "Q4_0"):
+    for q in sorted(types):
         out = work / f"{hf_dir.name}-{q}.gguf"
         if not out.exists():
             subprocess.run([str(llama_cpp / "build" / "bin" / "llama-quantize"), str(f16), str(out), q], check=True,
@@ -143,7 +147,7 @@ def main() -> int:
           f"read bandwidth {bw:.1f} GB/s (median)")
 
     have_llama = args.llama_cpp is not None and (args.llama_cpp / "build" / "bin" / "llama-bench").exists()
-    gguf = llama_cpp_models(args.llama_cpp, hf_dir, args.work_dir) if have_llama else {}
+    gguf = llama_cpp_models(args.llama_cpp, hf_dir, args.work_dir, {v[4] for v in variants}) if have_llama else {}
     if not have_llama:
         print("llama.cpp: skipped (pass --llama_cpp PATH to a built llama.cpp tree)")
 

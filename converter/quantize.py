@@ -47,12 +47,12 @@ ZERO = {8: 128, 6: 32, 4: 8}
 @dataclass(frozen=True)
 class Preset:
     """A mixed-precision recipe (as llama.cpp's Q4_K_M & co.): `base` for the matrices, `head` for
-    the output head (the tied embedding included), `more` for the `more_bits` tensors of the
-    layers use_more_bits picks."""
+    the output head (the tied embedding included), and `rules`: (tensor kinds, dtype, "all" or
+    "more_bits" layers) — the first rule naming a layer's tensor (blk.N.KIND.weight) whose layers
+    include N gives its dtype."""
     base: str
     head: str
-    more: str | None = None
-    more_bits: tuple = ()
+    rules: tuple = ()
     about: str = ""
 
 
@@ -62,15 +62,16 @@ def use_more_bits(i: int, n: int) -> bool:
     return i < n // 8 or i >= 7 * n // 8 or (i - n // 8) % 3 == 2
 
 
+_QKV_DOWN = ("attn_qkv", "ffn_down")
 PRESETS = {
-    "q3_k_m": Preset("q3k", "q6k", "q4k", ("attn_qkv", "ffn_down"), "q3k; q4k for attn_qkv and ffn_down of the "
-                     "use_more_bits layers; q6k head"),
+    "q3_k_m": Preset("q3k", "q6k", ((("attn_qkv", "attn_output", "ffn_down"), "q4k", "all"),),
+                     "q3k for ffn_gate_up; q4k for attention and ffn_down; q6k head"),
     "q4_k_s": Preset("q4k", "q6k", about="q4k; q6k head"),
-    "q4_k_m": Preset("q4k", "q6k", "q6k", ("attn_qkv", "ffn_down"), "q4k; q6k for attn_qkv and ffn_down of the "
-                     "use_more_bits layers and the head"),
+    "q4_k_m": Preset("q4k", "q6k", ((_QKV_DOWN, "q6k", "more_bits"),),
+                     "q4k; q6k for attn_qkv and ffn_down of the use_more_bits layers and the head"),
     "q5_k_s": Preset("q5k", "q6k", about="q5k; q6k head"),
-    "q5_k_m": Preset("q5k", "q6k", "q6k", ("attn_qkv", "ffn_down"), "q5k; q6k for attn_qkv and ffn_down of the "
-                     "use_more_bits layers and the head"),
+    "q5_k_m": Preset("q5k", "q6k", ((_QKV_DOWN, "q6k", "more_bits"),),
+                     "q5k; q6k for attn_qkv and ffn_down of the use_more_bits layers and the head"),
     "q6_k": Preset("q6k", "q6k", about="q6k everywhere"),
 }
 # --dtype names: the .flm names, the families int8 / int4 (int4's group from --group_size), the presets.
@@ -239,21 +240,23 @@ def _search_k(g: np.ndarray, bits: int, has_min: bool, importance: np.ndarray | 
     best_err = np.full(g.shape[:2] + (1,), np.inf, dtype=np.float32)
     best_d = np.zeros_like(best_err)
     best_m = np.zeros_like(best_err)
-    sw, swx = w.sum(2, keepdims=True), (w * g).sum(2, keepdims=True)
+    sw, swx, swxx = w.sum(2, keepdims=True), (w * g).sum(2, keepdims=True), (w * g * g).sum(2, keepdims=True)
     if has_min:
         lo, hi = np.minimum(g.min(axis=2, keepdims=True), 0), g.max(axis=2, keepdims=True)
         span = hi - lo
         for step in np.linspace(-1.0, 1.0, 21):
             d0 = np.divide(span, n_max + step, out=np.zeros_like(span), where=span > 0)
             q = _codes(g - lo, d0, 0, 0, n_max)
-            swq, swqq, swqx = (w * q).sum(2, keepdims=True), (w * q * q).sum(2, keepdims=True), (w * q * g).sum(2, keepdims=True)
+            wq = w * q
+            swq, swqq, swqx = wq.sum(2, keepdims=True), (wq * q).sum(2, keepdims=True), (wq * g).sum(2, keepdims=True)
             det = sw * swqq - swq * swq
             d = np.divide(sw * swqx - swq * swx, det, out=d0.copy(), where=det > 0)
             m = np.divide(swx - d * swq, sw, out=lo.copy(), where=sw > 0)
             pos = m > 0  # a minimum above 0 cannot be stored: refit the scale alone
             m = np.where(pos, 0, m)
             d = np.where(pos, np.divide(swqx, swqq, out=d0.copy(), where=swqq > 0), d)
-            err = (w * (g - d * q - m) ** 2).sum(2, keepdims=True)
+            # sum w (x - d q - m)^2, expanded over the sums already taken
+            err = swxx - 2 * d * swqx - 2 * m * swx + d * d * swqq + 2 * d * m * swq + m * m * sw
             better = (err < best_err) & (d > 0)
             best_err, best_d, best_m = np.where(better, err, best_err), np.where(better, d, best_d), np.where(better, m, best_m)
     else:
@@ -262,9 +265,10 @@ def _search_k(g: np.ndarray, bits: int, has_min: bool, importance: np.ndarray | 
         for step in np.linspace(-1.0, 1.0, 21):
             d0 = amax / (-lo_code + step)
             q = _codes(g, d0, 0, lo_code, -lo_code - 1)
-            swqq, swqx = (w * q * q).sum(2, keepdims=True), (w * q * g).sum(2, keepdims=True)
+            wq = w * q
+            swqq, swqx = (wq * q).sum(2, keepdims=True), (wq * g).sum(2, keepdims=True)
             d = np.divide(swqx, swqq, out=d0.copy(), where=swqq > 0)
-            err = (w * (g - d * q) ** 2).sum(2, keepdims=True)
+            err = swxx - 2 * d * swqx + d * d * swqq
             better = (err < best_err) & (d > 0)
             best_err, best_d = np.where(better, err, best_err), np.where(better, d, best_d)
     ng = g.shape[1]
@@ -477,11 +481,16 @@ class DtypePolicy:
         if name == "output.weight" or (name == "token_embd.weight" and self.tied):
             return p.head
         parts = name.split(".")
-        if p.more and len(parts) == 4 and parts[0] == "blk" and parts[2] in p.more_bits:
-            if self.n_layers is None:
-                raise ConversionError("a _m preset needs the model's layer count (DtypePolicy.n_layers)")
-            if use_more_bits(int(parts[1]), self.n_layers):
-                return p.more
+        if len(parts) == 4 and parts[0] == "blk":
+            for kinds, dtype, layers in p.rules:
+                if parts[2] not in kinds:
+                    continue
+                if layers == "all":
+                    return dtype
+                if self.n_layers is None:
+                    raise ConversionError("a _m preset needs the model's layer count (DtypePolicy.n_layers)")
+                if use_more_bits(int(parts[1]), self.n_layers):
+                    return dtype
         return p.base
 
 

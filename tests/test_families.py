@@ -19,7 +19,7 @@ ROUNDED_BOUND = 1e-4       # f16/bf16 files against HF on the same rounded weigh
 DTYPE_LOSS_BOUND = {"f16": 2e-3, "bf16": 2e-2}  # ... and against the f32 weights (test_parity_hf.py)
 # int8 / int4 against our own f32 file: top-1 agreement and mean KL (the LLaMA random-model bounds of
 # test_quantization.py, on these smaller models)
-QUANT_BOUNDS = {"int8": (0.96, 1e-4), "int4": (0.60, 5e-3)}
+QUANT_BOUNDS = {"int8": (0.96, 1e-4), "int4": (0.60, 5e-3), "q4_k_m": (0.60, 5e-3)}
 # Gemma 3's random models have flat logits (int4 KL 6e-4 - 9e-4, well inside the bound, but top-1
 # agreement 0.59 - 0.68; Gemma 2's 0.63 - 0.78, the other families' 0.79 - 1.0): top-1 flips on
 # near-ties there
@@ -212,7 +212,7 @@ def agreement_and_kl(ref, q):
     return float((ref.argmax(1) == q.argmax(1)).mean()), float((np.exp(lp) * (lp - lq)).sum(1).mean())
 
 
-@pytest.mark.parametrize("dtype", ["int8", "int4"])
+@pytest.mark.parametrize("dtype", ["int8", "int4", "q4_k_m"])
 def test_quantized(case, tmp_path, dtype):
     family, hf_dir, ref, flm = case
     ids = [input_ids(ref.config.vocab_size, seed=6 + i) for i in range(4)]

@@ -100,7 +100,8 @@ def test_presets_pick_dtypes_per_tensor():
     assert p("blk.0.attn_norm.weight", (576,)) == "f32"
     assert p("blk.3.ffn_down.weight", (576, 96)) == "q8"  # rows of 96: no K format takes them
     o = quantize.DtypePolicy("q3_k_m", overrides=["blk.3.*=q5k"], n_layers=30)
-    assert o("blk.3.ffn_down.weight", (576, 1536)) == "q5k" and o("blk.4.ffn_down.weight", (576, 1536)) == "q3k"
+    assert o("blk.3.ffn_gate_up.weight", (3072, 576)) == "q5k" and o("blk.4.ffn_gate_up.weight", (3072, 576)) == "q3k"
+    assert o("blk.4.ffn_down.weight", (576, 1536)) == "q4k" and o("blk.4.attn_output.weight", (576, 576)) == "q4k"
     with pytest.raises(ConversionError, match="q4_k_m"):  # an unknown name lists the presets
         quantize.DtypePolicy("q4_k_x")
     with pytest.raises(ConversionError, match="layer count"):
