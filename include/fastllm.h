@@ -135,7 +135,7 @@ typedef struct fastllm_model_info {
     int32_t head_dim;
     int32_t bos_id; /* -1 if none */
     int32_t eos_id; /* -1 if none */
-    const char *weight_dtype; /* the layer matrices' (f32 f16 bf16 q8 q6 q4 q4_g64 q4_g128 q4m); owned by the model */
+    const char *weight_dtype; /* the first layer's attn_qkv (f32 f16 bf16 q8 q6 q4 q4_g64 q4_g128 q4m q3k q4k q5k q6k; presets mix them); owned by the model */
     uint64_t n_params;
 } fastllm_model_info;
 
