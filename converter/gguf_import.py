@@ -276,7 +276,6 @@ class GgufModel:
                                   f"({self.type_name(name)}): {e}") from None
         return arr
 
-
     def exactly_held(self, name: str) -> bool:
         """Whether on_grid can give the tensor (a Q8_0 one must not use the code -128)."""
         if self.type_name(name) not in _EXACT:
@@ -297,7 +296,6 @@ class GgufModel:
             return None
         n, k = self.shape(name)
         raw = np.asarray(t.data, dtype=np.uint8).reshape(n, -1)
-        f16 = lambda b: b.copy().view(np.float16).astype(np.float32)[..., 0]
         if kind == "Q8_0":
             if not self.exactly_held(name):
                 return None
@@ -710,10 +708,7 @@ def add_tensors(writer, g: GgufModel, family, hp: common.HParams, dtype: str) ->
                     return x if r is None else np.ascontiguousarray(x[r[0]:r[1]])
                 arrays.append(rows_of(a))
                 if grid is not None:
-                    grids.append(quantize.Grid(*(None if v is None else rows_of(v) for v in (grid.scale, grid.mins)),
-                                               None if grid.k is None else quantize.KScales(
-                                                   *(None if v is None else rows_of(v) for v in
-                                                     (getattr(grid.k, f) for f in quantize.KScales.__dataclass_fields__)))))
+                    grids.append(grid.map_rows(rows_of))
             a = arrays[0] if len(arrays) == 1 else np.concatenate(arrays, axis=0)
             if exact:
                 return quantize.OnGrid(a, quantize.Grid.stack(grids))

@@ -53,7 +53,6 @@ class Preset:
     base: str
     head: str
     rules: tuple = ()
-    about: str = ""
 
 
 def use_more_bits(i: int, n: int) -> bool:
@@ -63,16 +62,13 @@ def use_more_bits(i: int, n: int) -> bool:
 
 
 _QKV_DOWN = ("attn_qkv", "ffn_down")
-PRESETS = {
-    "q3_k_m": Preset("q3k", "q6k", ((("attn_qkv", "attn_output", "ffn_down"), "q4k", "all"),),
-                     "q3k for ffn_gate_up; q4k for attention and ffn_down; q6k head"),
-    "q4_k_s": Preset("q4k", "q6k", about="q4k; q6k head"),
-    "q4_k_m": Preset("q4k", "q6k", ((_QKV_DOWN, "q6k", "more_bits"),),
-                     "q4k; q6k for attn_qkv and ffn_down of the use_more_bits layers and the head"),
-    "q5_k_s": Preset("q5k", "q6k", about="q5k; q6k head"),
-    "q5_k_m": Preset("q5k", "q6k", ((_QKV_DOWN, "q6k", "more_bits"),),
-                     "q5k; q6k for attn_qkv and ffn_down of the use_more_bits layers and the head"),
-    "q6_k": Preset("q6k", "q6k", about="q6k everywhere"),
+PRESETS = {  # docs/quantization.md has them as a table
+    "q3_k_m": Preset("q3k", "q6k", ((("attn_qkv", "attn_output", "ffn_down"), "q4k", "all"),)),
+    "q4_k_s": Preset("q4k", "q6k"),
+    "q4_k_m": Preset("q4k", "q6k", ((_QKV_DOWN, "q6k", "more_bits"),)),
+    "q5_k_s": Preset("q5k", "q6k"),
+    "q5_k_m": Preset("q5k", "q6k", ((_QKV_DOWN, "q6k", "more_bits"),)),
+    "q6_k": Preset("q6k", "q6k"),
 }
 # --dtype names: the .flm names, the families int8 / int4 (int4's group from --group_size), the presets.
 REQUESTS = PLAIN + ("int8", "int4", "int4m") + tuple(QUANT) + tuple(PRESETS) + ("auto",)
@@ -194,11 +190,15 @@ class Grid:
     def of_k(k: KScales) -> "Grid":
         return Grid(*k.values(), k=k)
 
+    def map_rows(self, fn) -> "Grid":
+        """The grid with fn (a selection or reordering of rows) applied to each of its arrays."""
+        f = lambda a: None if a is None else fn(a)
+        k = None if self.k is None else KScales(*(f(getattr(self.k, n)) for n in KScales.__dataclass_fields__))
+        return Grid(f(self.scale), f(self.mins), k)
+
     def rows(self, r0: int, r1: int) -> "Grid":
         """The grid of rows [r0, r1) (a fused matrix's part)."""
-        cut = lambda a: None if a is None else a[r0:r1]
-        k = None if self.k is None else KScales(*(cut(getattr(self.k, f)) for f in KScales.__dataclass_fields__))
-        return Grid(cut(self.scale), cut(self.mins), k)
+        return self.map_rows(lambda a: a[r0:r1])
 
     @staticmethod
     def stack(grids) -> "Grid":

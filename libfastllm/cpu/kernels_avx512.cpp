@@ -284,13 +284,8 @@ void geglu(const float *gate_up, int n, float *out) {
 }
 
 KernelTable::QuantDot quant_for_bits(int bits) {
-    switch (bits) {
-    case 8: return dot_rows_quant<8>;
-    case 6: return dot_rows_quant<6>;
-    case 5: return dot_rows_quant<5>;
-    case 3: return dot_rows_quant<3>;
-    default: return dot_rows_quant<4>;
-    }
+    return bits == 8 ? dot_rows_quant<8> : bits == 6 ? dot_rows_quant<6> : bits == 5 ? dot_rows_quant<5>
+         : bits == 3 ? dot_rows_quant<3> : dot_rows_quant<4>;
 }
 
 // dot_rows_quant: filled from the dtype table when the table is first asked for
