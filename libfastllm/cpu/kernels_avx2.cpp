@@ -290,8 +290,8 @@ inline __m256i bits_to(__m256i v, int from, int to) {
 // each of 8 rows (one int32 lane each); vpmaddubsw + vpmaddwd with 4 bytes of a token's activations
 // broadcast advance the 8 rows. q8 codes are made signed (code - 128) for the sign trick (|x| times
 // w carrying x's sign keeps the int16 pairs from saturating); q4 codes (< 16) let the int16 pair
-// sums of a whole block add up without saturating (8 x 2 x 15 x 127 < 32768); q3 codes (< 8) as well; q5 and q6 codes (< 64) are
-// widened after every chunk (2 x 63 x 127 fits int16, 16 of them would not).
+// sums of a whole block add up without saturating (8 x 2 x 15 x 127 < 32768), q3 codes as well;
+// q5 and q6 codes (< 64) are widened after every chunk (2 x 63 x 127 fits int16, 16 of them would not).
 template <int kBits, int NT>
 void tile_dot(const QuantTile &w, int half, int n, const QuantActs &x0, float *y, size_t ldy, int n_rows) {
     const int n_blocks = n / kActBlock;
