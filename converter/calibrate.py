@@ -125,8 +125,8 @@ def check_request(calib_path, policy, model_path) -> None:
         raise ConversionError("calibration needs an HF checkpoint (it runs the model with "
                               "transformers); --calib cannot be used with a GGUF file")
     if policy.default not in quantize.QUANT:
-        raise ConversionError(f"--calib rounds quantized weights; it needs --dtype int8, int4 or "
-                              f"int4m, not {policy.default}")
+        raise ConversionError(f"--calib rounds quantized weights; it needs a quantized --dtype (int8, int4, "
+                              f"int4m, a K format or preset such as q4_k_m), not {policy.default}")
     if not Path(calib_path).is_file():
         raise ConversionError(f"calibration text {calib_path} does not exist")
 

@@ -145,23 +145,25 @@ def test_gptq_rounds_onto_its_grid_and_beats_nearest(dtype):
 
 def test_calibrated_file_holds_the_rounded_weights(tmp_path):
     """convert --calib stores exactly the weights calibrate() rounded (the writer does not search
-    scales again), for int4 and int8."""
+    scales again), for int4, int8 and the q4_k_m preset (K grids, two formats in one file)."""
     path = make_llama(tmp_path / "hf", num_attention_heads=4, num_key_value_heads=2, hidden_size=64,
                       intermediate_size=128)
     ckpt = Checkpoint(path)
     hp = llama.read_hparams(ckpt.config)
-    for dtype, stored in (("int4", "q4"), ("int8", "q8")):
+    for dtype, stored in (("int4", ("q4", "q4")), ("int8", ("q8", "q8")), ("q4_k_m", ("q6k", "q4k"))):
         out = convert(path, tmp_path / f"{dtype}.flm", dtype=dtype, progress=False, calib=CALIB_TEXT,
                       calib_tokens=300)
-        scaled, _ = calibrate.calibrate(ckpt, hp, quantize.DtypePolicy(dtype), CALIB_TEXT, n_tokens=300)
+        policy = quantize.DtypePolicy(dtype, n_layers=hp.num_layers)
+        scaled, _ = calibrate.calibrate(ckpt, hp, policy, CALIB_TEXT, n_tokens=300)
         _, tensors = read_flm(out)
-        for flm_name, parts in (("blk.1.attn_qkv.weight", ("q", "k", "v")), ("blk.0.attn_output.weight", ("o",))):
+        for (flm_name, parts), want in zip((("blk.1.attn_qkv.weight", ("q", "k", "v")),
+                                            ("blk.0.attn_output.weight", ("o",))), stored):
             got_dtype, shape, data = tensors[flm_name]
-            assert got_dtype == stored
+            assert got_dtype == want
             rounded = torch.cat([scaled.get(f"model.layers.{flm_name[4]}.self_attn.{p}_proj.weight")
                                  for p in parts]).numpy()
             assert scaled.grid(f"model.layers.{flm_name[4]}.self_attn.{parts[0]}_proj.weight") is not None
-            np.testing.assert_array_equal(quantize.dequantize(np.asarray(data), stored, shape), rounded)
+            np.testing.assert_array_equal(quantize.dequantize(np.asarray(data), want, shape), rounded)
 
 
 def _log_softmax(x):
