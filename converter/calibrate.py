@@ -347,9 +347,7 @@ def gptq(w: np.ndarray, xtx: np.ndarray, dtype: str, damp: float | None = None, 
             Eb[:, j] = err
         W[:, b1:] -= Eb @ Hinv[b0:b1, b1:]
     if k_format:
-        cat = lambda f: None if getattr(k_parts[0], f) is None else np.concatenate([getattr(p, f) for p in k_parts], axis=1)
-        kk = quantize.KScales(cat("scale_code"), cat("scale_factor"), cat("min_code"), cat("min_factor"))
-        return Q.to(torch.float32).numpy(), quantize.Grid.of_k(kk)
+        return Q.to(torch.float32).numpy(), quantize.Grid.of_k(quantize.KScales.concat(k_parts, axis=1))
     return Q.to(torch.float32).numpy(), quantize.Grid(scale, mins)
 
 

@@ -170,6 +170,12 @@ class KScales:
     min_code: np.ndarray | None = None
     min_factor: np.ndarray | None = None
 
+    @staticmethod
+    def concat(parts, axis: int) -> "KScales":
+        """Parts joined along rows (axis 0) or groups and super-blocks (axis 1)."""
+        cat = lambda f: None if getattr(parts[0], f) is None else np.concatenate([getattr(p, f) for p in parts], axis=axis)
+        return KScales(*(cat(f) for f in KScales.__dataclass_fields__))
+
     def values(self):
         """(scales, minimums or None) per group as float32, as the kernels compute them."""
         per = SUPER // 32
@@ -204,8 +210,7 @@ class Grid:
     def stack(grids) -> "Grid":
         """The grid of matrices stacked row-wise (fused)."""
         cat = lambda items: None if items[0] is None else np.concatenate(items)
-        k = None if grids[0].k is None else KScales(
-            *(cat([getattr(g.k, f) for g in grids]) for f in KScales.__dataclass_fields__))
+        k = None if grids[0].k is None else KScales.concat([g.k for g in grids], axis=0)
         return Grid(cat([g.scale for g in grids]), cat([g.mins for g in grids]), k)
 
 
@@ -295,8 +300,7 @@ def choose_grid(g: np.ndarray, dtype: str, importance: np.ndarray | None = None)
     if dtype in K_FORMATS:
         rows = 4096  # bounded temporaries (the search keeps ~10 arrays of the rows' size)
         parts = [_search_k(g[i:i + rows], bits, has_min, importance) for i in range(0, len(g), rows)]
-        cat = lambda f: None if getattr(parts[0], f) is None else np.concatenate([getattr(p, f) for p in parts])
-        return Grid.of_k(KScales(cat("scale_code"), cat("scale_factor"), cat("min_code"), cat("min_factor")))
+        return Grid.of_k(KScales.concat(parts, axis=0))
     if has_min:
         return Grid(*_search_q4m(g))
     lo, hi = RANGE[bits]
