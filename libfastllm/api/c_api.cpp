@@ -16,6 +16,7 @@
 #include "runtime/session.h"
 #include "text/grammar.h"
 #include "text/json_schema.h"
+#include "platform/platform.h"
 
 struct fastllm_model {
     fastllm::Model impl;
@@ -381,15 +382,15 @@ fastllm_status fastllm_session_save_state_file(const fastllm_session *session, c
     return guard([&] {
         const std::vector<uint8_t> state = session->impl.save_state();
         const std::string tmp = std::string(path) + ".tmp";
-        FILE *f = std::fopen(tmp.c_str(), "wb");
+        FILE *f = fastllm::platform::fopen_utf8(tmp.c_str(), "wb");
         if (!f) fastllm::fail(FASTLLM_ERR_IO, "%s: cannot open for writing", tmp.c_str());
         const bool ok = std::fwrite(state.data(), 1, state.size(), f) == state.size() && std::fflush(f) == 0;
         if (std::fclose(f) != 0 || !ok) {
-            std::remove(tmp.c_str());
+            fastllm::platform::remove_file(tmp.c_str());
             fastllm::fail(FASTLLM_ERR_IO, "%s: write failed", tmp.c_str());
         }
-        if (std::rename(tmp.c_str(), path) != 0) {
-            std::remove(tmp.c_str());
+        if (!fastllm::platform::replace_file(tmp.c_str(), path)) {
+            fastllm::platform::remove_file(tmp.c_str());
             fastllm::fail(FASTLLM_ERR_IO, "%s: cannot rename the saved state into place", path);
         }
     });
@@ -400,7 +401,7 @@ fastllm_status fastllm_session_load_state_file(fastllm_session *session, const c
     REQUIRE(session, "session");
     REQUIRE(path, "path");
     return guard([&] {
-        FILE *f = std::fopen(path, "rb");
+        FILE *f = fastllm::platform::fopen_utf8(path, "rb");
         if (!f) fastllm::fail(FASTLLM_ERR_IO, "%s: cannot open", path);
         std::vector<uint8_t> data;
         uint8_t buf[1 << 16];

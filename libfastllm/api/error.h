@@ -9,6 +9,13 @@
 
 #include "fastllm.h"
 
+// printf-style checking of format strings; MinGW builds use MinGW's own (C99) printf, hence gnu_printf.
+#if defined(__MINGW32__)
+#define FASTLLM_PRINTF(fmt, args) __attribute__((format(gnu_printf, fmt, args)))
+#else
+#define FASTLLM_PRINTF(fmt, args) __attribute__((format(printf, fmt, args)))
+#endif
+
 namespace fastllm {
 
 class Error : public std::runtime_error {
@@ -21,7 +28,7 @@ private:
 };
 
 // printf-style message; throws Error.
-[[noreturn]] __attribute__((format(printf, 2, 3))) inline void fail(fastllm_status status, const char *fmt, ...) {
+[[noreturn]] FASTLLM_PRINTF(2, 3) inline void fail(fastllm_status status, const char *fmt, ...) {
     char buf[1024];
     va_list ap;
     va_start(ap, fmt);

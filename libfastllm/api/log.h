@@ -3,13 +3,14 @@
 // never writes to stdout.
 #pragma once
 
+#include "api/error.h"  // FASTLLM_PRINTF
 #include "fastllm.h"
 
 namespace fastllm {
 
 bool log_enabled(fastllm_log_level level);
 // printf-style; formats only when someone listens at this level.
-__attribute__((format(printf, 2, 3))) void log(fastllm_log_level level, const char *fmt, ...);
+FASTLLM_PRINTF(2, 3) void log(fastllm_log_level level, const char *fmt, ...);
 void set_log_callback(fastllm_log_callback callback, void *user_data);
 
 }  // namespace fastllm

@@ -1,16 +1,10 @@
 #include "format/flm_file.h"
 
-#include <fcntl.h>
-#include <sys/mman.h>
-#include <sys/stat.h>
-#include <unistd.h>
-
 #include <algorithm>
-#include <cerrno>
-#include <cstdlib>
 #include <cstring>
 
 #include "api/error.h"
+#include "platform/platform.h"
 
 namespace fastllm {
 
@@ -68,53 +62,9 @@ private:
 }  // namespace
 
 FlmFile::FlmFile(const std::string &path, bool use_mmap) : path_(path) {
-    int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-    if (fd < 0) fail(FASTLLM_ERR_IO, "cannot open '%s': %s", path.c_str(), std::strerror(errno));
-    struct stat st;
-    if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
-        ::close(fd);
-        fail(FASTLLM_ERR_IO, "'%s' is not a regular file", path.c_str());
-    }
-    size_ = (uint64_t)st.st_size;
-    if (size_ == 0) {
-        ::close(fd);
-        fail(FASTLLM_ERR_BAD_FORMAT, "%s: empty file, not a .flm model", path.c_str());
-    }
-    if (use_mmap) {
-        void *p = ::mmap(nullptr, size_, PROT_READ, MAP_PRIVATE, fd, 0);
-        if (p == MAP_FAILED) {
-            int e = errno;
-            ::close(fd);
-            fail(e == ENOMEM ? FASTLLM_ERR_OUT_OF_MEMORY : FASTLLM_ERR_IO, "cannot mmap '%s': %s", path.c_str(),
-                 std::strerror(e));
-        }
-        ::madvise(p, size_, MADV_WILLNEED);
-#ifdef MADV_HUGEPAGE
-        ::madvise(p, size_, MADV_HUGEPAGE);  // fewer TLB misses while streaming weights
-#endif
-        bytes_ = (const uint8_t *)p;
-        mapped_ = true;
-    } else {
-        void *buf = nullptr;
-        if (posix_memalign(&buf, kAlignment, size_) != 0) {
-            ::close(fd);
-            fail(FASTLLM_ERR_OUT_OF_MEMORY, "cannot allocate %llu bytes for '%s'", (unsigned long long)size_,
-                 path.c_str());
-        }
-        uint64_t done = 0;
-        while (done < size_) {
-            ssize_t n = ::read(fd, (char *)buf + done, size_ - done);
-            if (n <= 0) {
-                int e = errno;
-                std::free(buf);
-                ::close(fd);
-                fail(FASTLLM_ERR_IO, "cannot read '%s': %s", path.c_str(), n == 0 ? "unexpected end" : std::strerror(e));
-            }
-            done += (uint64_t)n;
-        }
-        bytes_ = (const uint8_t *)buf;
-    }
-    ::close(fd);
+    const platform::FileBytes f = platform::read_file(path, use_mmap, kAlignment);
+    if (f.size == 0) fail(FASTLLM_ERR_BAD_FORMAT, "%s: empty file, not a .flm model", path.c_str());
+    bytes_ = f.data, size_ = f.size, mapped_ = f.mapped;
     try {
         parse();
     } catch (...) {
@@ -125,8 +75,8 @@ FlmFile::FlmFile(const std::string &path, bool use_mmap) : path_(path) {
 
 FlmFile::FlmFile(const std::string &name, const void *data, uint64_t size) : path_(name), size_(size) {
     if (size_ == 0) fail(FASTLLM_ERR_BAD_FORMAT, "%s: empty buffer, not a .flm model", name.c_str());
-    void *buf = nullptr;
-    if (posix_memalign(&buf, kAlignment, size_) != 0)
+    void *buf = platform::aligned_alloc(kAlignment, size_);
+    if (!buf)
         fail(FASTLLM_ERR_OUT_OF_MEMORY, "cannot allocate %llu bytes for '%s'", (unsigned long long)size_, name.c_str());
     std::memcpy(buf, data, size_);
     bytes_ = (const uint8_t *)buf;
@@ -142,10 +92,7 @@ FlmFile::~FlmFile() { release(); }
 
 void FlmFile::release() {
     if (!bytes_) return;
-    if (mapped_)
-        ::munmap((void *)bytes_, size_);
-    else
-        std::free((void *)bytes_);
+    platform::release_file(platform::FileBytes{bytes_, size_, mapped_});
     bytes_ = nullptr;
 }
 

@@ -8,6 +8,8 @@
 #include <cstdlib>
 #include <new>
 
+#include "platform/platform.h"
+
 namespace fastllm {
 
 class Arena {
@@ -15,7 +17,7 @@ public:
     static constexpr size_t kAlign = 64;
 
     Arena() = default;
-    ~Arena() { std::free(base_); }
+    ~Arena() { platform::aligned_free(base_); }
     Arena(const Arena &) = delete;
     Arena &operator=(const Arena &) = delete;
 
@@ -35,7 +37,7 @@ public:
     // Allocates what the planning takes added up; false if the memory is not available.
     bool allocate() {
         if (base_ || planned_ == 0) return base_ != nullptr || planned_ == 0;
-        if (posix_memalign(&base_, kAlign, planned_) != 0) return base_ = nullptr, false;
+        if (!(base_ = platform::aligned_alloc(kAlign, planned_))) return false;
         capacity_ = planned_;
         return true;
     }

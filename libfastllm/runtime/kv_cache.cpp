@@ -5,16 +5,16 @@
 #include <new>
 
 #include "api/error.h"
+#include "platform/platform.h"
 
 namespace fastllm {
 
 KvCache::Block::Block(size_t bytes) {
-    void *p = nullptr;
-    if (posix_memalign(&p, 64, bytes) != 0) throw std::bad_alloc();
-    data = (char *)p;
+    data = (char *)platform::aligned_alloc(64, bytes);
+    if (!data) throw std::bad_alloc();
 }
 
-KvCache::Block::~Block() { std::free(data); }
+KvCache::Block::~Block() { platform::aligned_free(data); }
 
 KvCache::KvCache(int n_layers, int n_ctx, int kv_dim, KvType type_k, KvType type_v, const std::vector<int> &window,
                  bool drop_outside_windows, int keep_prefix)

@@ -69,7 +69,7 @@ private:
         bool loop = false;  // made for `*`, `+` or `{m,}`: what it repeats must not match empty text
     };
 
-    [[noreturn]] __attribute__((format(printf, 3, 4))) void error(size_t at, const char *fmt, ...) const;
+    [[noreturn]] FASTLLM_PRINTF(3, 4) void error(size_t at, const char *fmt, ...) const;
     void line_col(size_t at, int &line, int &col) const;
     std::string describe_rule(uint32_t r) const;
     std::string describe_here() const;

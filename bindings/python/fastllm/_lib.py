@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import ctypes
 import os
+import sys
 from ctypes import (CFUNCTYPE, POINTER, Structure, c_char, c_char_p, c_double, c_float, c_int, c_int32, c_size_t,
                     c_uint64, c_void_p)
 from pathlib import Path
@@ -150,14 +151,23 @@ _PROTOTYPES = {
 }
 
 
-def library_candidates() -> list[Path]:
+def library_name(platform: str | None = None) -> str:
+    """The shared library's file name on a platform (sys.platform's value)."""
+    platform = platform or sys.platform
+    if platform in ("win32", "cygwin"):
+        return "fastllm.dll"
+    return "libfastllm.dylib" if platform == "darwin" else "libfastllm.so"
+
+
+def library_candidates(platform: str | None = None) -> list[Path]:
     """Where the shared library is looked for, in order."""
     here = Path(__file__).resolve().parent
+    name = library_name(platform)
     out = []
     if os.environ.get("FASTLLM_LIBRARY"):
         out.append(Path(os.environ["FASTLLM_LIBRARY"]))
-    out.append(here / "libfastllm.so")  # bundled next to the package (wheels)
-    out.append(here.parents[2] / "build" / "libfastllm.so")  # a source checkout's build folder
+    out.append(here / name)  # bundled next to the package (wheels)
+    out.append(here.parents[2] / "build" / name)  # a source checkout's build folder
     return out
 
 
@@ -172,7 +182,7 @@ def load_library() -> ctypes.CDLL:
             break
         tried.append(str(path))
     else:
-        raise ImportError("libfastllm.so not found; build it (cmake -S . -B build && cmake --build build) or set "
+        raise ImportError(f"{library_name()} not found; build it (cmake -S . -B build && cmake --build build) or set "
                           "FASTLLM_LIBRARY. Looked in: " + ", ".join(tried))
     # The ABI version first: a library of another version may lack functions bound below.
     lib.fastllm_abi_version.restype = c_int

@@ -1,0 +1,221 @@
+"""The same library on Windows and on ARM64 Linux (README "Platforms"), tested on this x86-64 Linux
+machine: cross-built with the project's toolchain files (MinGW-w64, g++-aarch64-linux-gnu), the
+Windows programs run under Wine, the ARM64 ones under QEMU user mode with a CPU without and with the
+dot-product extension. Each build is compared with the native one: the kernel tests, the C example's
+golden stories260K text, the status codes of good and bad files, UTF-8 paths, the wheels.
+
+scripts/setup.sh installs the toolchains, Wine and QEMU; without them these tests fail (not skip).
+"""
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import zipfile
+
+import pytest
+
+from conftest import BUILD, REPO, STORIES
+
+GOLDEN = json.loads((STORIES / "golden_greedy.json").read_text())
+ARM_SYSROOT = "/usr/aarch64-linux-gnu"
+# The aarch64 library as the wheel ships it: only glibc needed (setup.py's linux_aarch64 target).
+ARM_STATIC_RUNTIME = "-DCMAKE_SHARED_LINKER_FLAGS=-static-libstdc++ -static-libgcc"
+PROGRAMS = ["fastllm", "simple_c", "test_kernels", "platform_check"]
+
+
+def run(args, timeout=600, **kw):
+    return subprocess.run([str(a) for a in args], capture_output=True, text=True, timeout=timeout, **kw)
+
+
+def ok(args, **kw):
+    r = run(args, **kw)
+    assert r.returncode == 0, f"{args} failed ({r.returncode}):\n{r.stdout[-3000:]}\n{r.stderr[-3000:]}"
+    return r
+
+
+def need(*tools):
+    missing = [t for t in tools if not shutil.which(t)]
+    if missing:
+        pytest.fail(f"not installed: {', '.join(missing)} (scripts/setup.sh installs them)")
+
+
+def cross_build(name, toolchain, *options):
+    """build-<name> beside the native build: configured once, then brought up to date."""
+    build = BUILD.parent / f"build-{name}"
+    if not (build / "CMakeCache.txt").exists():
+        ok(["cmake", "-S", REPO, "-B", build, "-DCMAKE_BUILD_TYPE=Release", f"-DCMAKE_TOOLCHAIN_FILE={REPO / toolchain}",
+            *options])
+    ok(["cmake", "--build", build, "-j2", "--target", *PROGRAMS], timeout=1200)
+    return build
+
+
+# -- what both compare against: the native build's platform_check ----------------------------------
+
+@pytest.fixture(scope="module")
+def cases(stories_flm, tmp_path_factory):
+    """Model files, by case name: the real model in a folder and file with non-ASCII names, a
+    missing path, a truncated model, a file that is no model, a folder."""
+    d = tmp_path_factory.mktemp("cases")
+    utf8 = d / "modèles 日本" / "stories-ü.flm"
+    utf8.parent.mkdir()
+    shutil.copyfile(stories_flm, utf8)
+    truncated = d / "truncated.flm"
+    truncated.write_bytes(stories_flm.read_bytes()[:4096])
+    garbage = d / "garbage.flm"
+    garbage.write_bytes(b"not a model at all")
+    return {"utf8": utf8, "missing": d / "missing.flm", "truncated": truncated, "garbage": garbage, "folder": d}
+
+
+def check_outputs(launch, cases, state_dir):
+    """platform_check's lines per case, without the ISA and the system's wording of errors; the
+    read (no mmap) path as well for the real model."""
+    out = {}
+    for name, path in cases.items():
+        for mode in ("map", "read") if name == "utf8" else ("map",):
+            state = state_dir / f"säve-{name}-{mode}.state"
+            r = launch([path, state, GOLDEN["prompt"], 12, mode])
+            assert r.returncode == 0, r.stderr
+            out[name, mode] = [l for l in r.stdout.replace("\r\n", "\n").splitlines() if not l.startswith(("isa:", "message:"))]
+    return out
+
+
+@pytest.fixture(scope="module")
+def native_outputs(cases, tmp_path_factory):
+    out = check_outputs(lambda args: run([BUILD / "platform_check", *args]), cases, tmp_path_factory.mktemp("native"))
+    assert out["utf8", "map"][0] == "load: FASTLLM_OK" and out["utf8", "map"][-1] == "generate: FASTLLM_OK"
+    assert out["utf8", "read"] == out["utf8", "map"]
+    assert GOLDEN["greedy_output_text"].startswith(GOLDEN["prompt"] + out["utf8", "map"][-2][len("text: "):].rstrip())
+    assert out["missing", "map"] == ["load: FASTLLM_ERR_IO"] and out["folder", "map"] == ["load: FASTLLM_ERR_IO"]
+    assert out["truncated", "map"] == out["garbage", "map"] == ["load: FASTLLM_ERR_BAD_FORMAT"]
+    return out
+
+
+def test_library_file_name_per_platform(monkeypatch):
+    """The Python package looks for fastllm.dll on Windows, beside the package first (wheels), then
+    in a checkout's build folder; FASTLLM_LIBRARY still comes first."""
+    import fastllm._lib as raw
+    monkeypatch.delenv("FASTLLM_LIBRARY", raising=False)
+    names = [(p.parent.name, p.name) for p in raw.library_candidates("win32")]
+    assert names == [("fastllm", "fastllm.dll"), ("build", "fastllm.dll")]
+    assert [p.name for p in raw.library_candidates("linux")] == ["libfastllm.so"] * 2
+    assert raw.library_candidates("darwin")[0].name == "libfastllm.dylib"
+    monkeypatch.setenv("FASTLLM_LIBRARY", r"C:\libs\fastllm.dll")
+    assert str(raw.library_candidates("win32")[0]) == r"C:\libs\fastllm.dll"
+
+
+# -- Windows: MinGW-w64 + Wine ----------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def win_build():
+    need("x86_64-w64-mingw32-g++-posix", "x86_64-w64-mingw32-objdump", "wine")
+    return cross_build("windows", "cmake/toolchain-mingw-w64-x86_64.cmake")
+
+
+@pytest.fixture(scope="module")
+def wine(win_build):
+    """Runs a Windows program; its own Wine prefix (made on first use, ~10 s), no Wine chatter, no
+    Mono / Gecko installers."""
+    env = dict(os.environ, WINEPREFIX=str(win_build / "wineprefix"), WINEDEBUG="-all", WINEDLLOVERRIDES="mscoree,mshtml=")
+    env.pop("DISPLAY", None)
+
+    def launch(args, **kw):
+        return run(["wine", *args], env=dict(env, **kw.pop("env", {})), **kw)
+    return launch
+
+
+def dll_exports(path):
+    dump = ok(["x86_64-w64-mingw32-objdump", "-p", path]).stdout
+    table = dump.split("[Ordinal/Name Pointer] Table")[1].split("\n\n")[0]
+    return sorted(re.findall(r"\]\s+(\S+)", table)), re.findall(r"DLL Name: (\S+)", dump)
+
+
+def header_functions():
+    return sorted(re.findall(r"FASTLLM_API [^;(]*?\b(fastllm_\w+)\(", (REPO / "include" / "fastllm.h").read_text()))
+
+
+def test_dll_exports_the_c_api_only_and_needs_only_system_dlls(win_build):
+    exports, imports = dll_exports(win_build / "fastllm.dll")
+    assert exports == header_functions()
+    # libstdc++, libgcc and winpthread are linked in: nothing to ship beside the DLL
+    assert {d.lower() for d in imports} <= {"kernel32.dll", "msvcrt.dll", "user32.dll", "advapi32.dll"}, imports
+    assert (win_build / "libfastllm.dll.a").is_file()  # MinGW's import library
+    listed = re.findall(r"^\s+(fastllm_\w+)", (win_build / "fastllm.def").read_text(), re.M)
+    assert sorted(listed) == exports  # for MSVC: lib /def:fastllm.def /machine:x64 /out:fastllm.lib
+
+
+def test_kernel_tests_pass_under_wine(wine, win_build):
+    r = wine([win_build / "test_kernels.exe"], timeout=900)
+    assert r.returncode == 0 and re.search(r"\b[1-9]\d* passed, 0 failed", r.stdout), r.stdout[-3000:]
+    assert "ISA scalar" in r.stdout
+    if "avx2" in run([BUILD / "platform_check", "x", "x", "x", "0"]).stdout:
+        assert "ISA avx2\n" in r.stdout.replace("\r\n", "\n")  # the CPU has it: tested under Wine too
+
+
+def test_c_example_gives_the_golden_text_under_wine(wine, win_build, stories_flm):
+    r = wine([win_build / "simple_c.exe", stories_flm, GOLDEN["prompt"], GOLDEN["greedy_max_new_tokens"]])
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.replace("\r\n", "\n").startswith(GOLDEN["greedy_output_text"])
+    bad = wine([win_build / "simple_c.exe", stories_flm.parent / "missing.flm", "hi"])
+    assert bad.returncode == 1 and "error: FASTLLM_ERR_IO: cannot open" in bad.stderr
+
+
+def test_windows_statuses_utf8_paths_and_saves_match_linux(wine, win_build, cases, native_outputs, tmp_path):
+    out = check_outputs(lambda args: wine([win_build / "platform_check.exe", *args]), cases, tmp_path)
+    assert out == native_outputs
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["säve-utf8-map.state", "säve-utf8-read.state"]
+
+
+def test_win_amd64_wheel_carries_the_dll_and_it_runs(wine, win_build, tmp_path):
+    env = dict(os.environ, FASTLLM_WHEEL_TARGET="win_amd64", FASTLLM_CMAKE_BUILD_DIR=str(win_build))
+    ok([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", tmp_path,
+        REPO / "bindings" / "python"], env=env)
+    (wheel,) = tmp_path.glob("*.whl")
+    assert wheel.name.endswith("-py3-none-win_amd64.whl")
+    names = zipfile.ZipFile(wheel).namelist()
+    assert "fastllm/fastllm.dll" in names and "fastllm/_lib.py" in names
+    assert not any(n.endswith(".so") for n in names), names
+    zipfile.ZipFile(wheel).extractall(tmp_path / "unpacked")
+    pkg = tmp_path / "unpacked" / "fastllm"
+    shutil.copyfile(win_build / "platform_check.exe", pkg / "platform_check.exe")  # finds the DLL beside it
+    r = wine([pkg / "platform_check.exe", pkg / "missing.flm", "x", "x", "0"])
+    assert "load: FASTLLM_ERR_IO" in r.stdout
+
+
+# -- ARM64 Linux: g++-aarch64-linux-gnu + QEMU -------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def arm_build():
+    need("aarch64-linux-gnu-g++", "aarch64-linux-gnu-objdump", "qemu-aarch64")
+    return cross_build("aarch64", "cmake/toolchain-aarch64-linux-gnu.cmake", ARM_STATIC_RUNTIME)
+
+
+def qemu(cpu, args, **kw):
+    env = dict(os.environ, **kw.pop("env", {}))
+    return run(["qemu-aarch64", "-L", ARM_SYSROOT, "-cpu", cpu, *args], env=env, **kw)
+
+
+def test_arm64_statuses_utf8_paths_and_saves_match_linux(arm_build, cases, native_outputs, tmp_path):
+    out = check_outputs(lambda args: qemu("cortex-a76", [arm_build / "platform_check", *args]), cases, tmp_path)
+    assert out == native_outputs
+
+
+def test_aarch64_wheel_is_manylinux_and_its_library_runs(arm_build, stories_flm, tmp_path):
+    env = dict(os.environ, FASTLLM_WHEEL_TARGET="linux_aarch64", FASTLLM_CMAKE_BUILD_DIR=str(arm_build))
+    ok([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", tmp_path / "raw",
+        REPO / "bindings" / "python"], env=env)
+    (raw,) = (tmp_path / "raw").glob("*.whl")
+    assert raw.name.endswith("-py3-none-linux_aarch64.whl")
+    ok([sys.executable, "-m", "auditwheel", "repair", "-w", tmp_path / "repaired", raw])
+    (wheel,) = (tmp_path / "repaired").glob("*.whl")
+    assert re.search(r"-py3-none-manylinux_2_\d+_aarch64\.whl$", wheel.name), wheel.name
+    zipfile.ZipFile(wheel).extractall(tmp_path / "unpacked")
+    lib = tmp_path / "unpacked" / "fastllm" / "libfastllm.so"
+    needed = re.findall(r"NEEDED\s+(\S+)", ok(["aarch64-linux-gnu-objdump", "-p", lib]).stdout)
+    assert set(needed) <= {"libc.so.6", "libm.so.6", "ld-linux-aarch64.so.1"}, needed
+    # the wheel's own library, loaded by the ARM64 C example
+    r = qemu("cortex-a76", [arm_build / "simple_c", stories_flm, GOLDEN["prompt"], 8],
+             env={"LD_LIBRARY_PATH": str(lib.parent), "LD_DEBUG": "libs"})
+    assert r.returncode == 0 and r.stdout.startswith(GOLDEN["prompt"])
+    assert str(lib) in r.stderr  # the dynamic loader says which libfastllm.so it took
