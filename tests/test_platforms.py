@@ -22,7 +22,7 @@ GOLDEN = json.loads((STORIES / "golden_greedy.json").read_text())
 ARM_SYSROOT = "/usr/aarch64-linux-gnu"
 # The aarch64 library as the wheel ships it: only glibc needed (setup.py's linux_aarch64 target).
 ARM_STATIC_RUNTIME = "-DCMAKE_SHARED_LINKER_FLAGS=-static-libstdc++ -static-libgcc"
-PROGRAMS = ["fastllm", "simple_c", "test_kernels", "platform_check"]
+PROGRAMS = ["fastllm", "simple_c", "npc_dialogue", "test_kernels", "platform_check"]
 
 
 def run(args, timeout=600, **kw):
@@ -143,6 +143,35 @@ def test_dll_exports_the_c_api_only_and_needs_only_system_dlls(win_build):
     assert (win_build / "libfastllm.dll.a").is_file()  # MinGW's import library
     listed = re.findall(r"^\s+(fastllm_\w+)", (win_build / "fastllm.def").read_text(), re.M)
     assert sorted(listed) == exports  # for MSVC: lib /def:fastllm.def /machine:x64 /out:fastllm.lib
+
+
+@pytest.mark.parametrize("lang, flags", [("c", ["-std=c99"]), ("c++", ["-std=c++11"])])
+@pytest.mark.parametrize("static", [False, True])
+def test_public_header_is_plain_c_and_cxx_for_windows(win_build, tmp_path, lang, flags, static):
+    """fastllm.h for a Windows consumer: strict ISO C / C++ (what MSVC also takes), dllimport on the
+    functions, or nothing with FASTLLM_STATIC."""
+    need("x86_64-w64-mingw32-gcc-posix")
+    src = tmp_path / "use.c"
+    src.write_text('#include "fastllm.h"\nint main(void) { return fastllm_abi_version() == FASTLLM_ABI_VERSION ? 0 : 1; }\n')
+    cc = ["x86_64-w64-mingw32-gcc-posix", "-x", lang, *flags, "-pedantic-errors", "-Wall", "-Wextra", "-Werror",
+          "-I", REPO / "include", *(["-DFASTLLM_STATIC"] if static else [])]
+    ok([*cc, "-c", src, "-o", tmp_path / "use.o"])
+    pre = ok([*cc, "-E", src]).stdout
+    decl = next(l for l in pre.splitlines() if "fastllm_abi_version(void)" in l)
+    assert ("dllimport" in decl) != static, decl
+    ours, own = [], False  # the lines the preprocessor took from fastllm.h itself
+    for line in pre.splitlines():
+        if line.startswith("# "):
+            own = line.split('"')[1].endswith("fastllm.h")
+        elif own:
+            ours.append(line)
+    assert ours and not any("__attribute__" in l or "__extension__" in l for l in ours)
+
+
+def test_npc_demo_runs_under_wine(wine, win_build, stories_flm):
+    r = wine([win_build / "npc_dialogue.exe", stories_flm, 4, 16])
+    assert r.returncode == 0, r.stderr
+    assert "3 NPCs sharing one model" in r.stdout.replace("\r\n", "\n").splitlines()[-1]
 
 
 def test_kernel_tests_pass_under_wine(wine, win_build):
