@@ -67,7 +67,8 @@ inline KernelTable with_quant_kernels(KernelTable plain, KernelTable::QuantDot (
 
 // The tables this build and CPU can run; nullptr for an ISA the CPU (or build) lacks.
 const KernelTable *kernels_for(Isa isa);
-// Best supported ISA, lowered by FASTLLM_ISA if set. Decided once per process.
+// Best supported ISA of this architecture, lowered by FASTLLM_ISA if set to one of its levels (an
+// unknown name, or one of another architecture, leaves the best). Decided once per process.
 const KernelTable &kernels();
 
 // Token t's view of activations quantized for n_tok tokens of n values each.
