@@ -1,4 +1,4 @@
-// Run-time choice of the kernel table (CPUID, then the FASTLLM_ISA override).
+// Run-time choice of the kernel table (CPUID or the aarch64 HWCAP bits, then the FASTLLM_ISA override).
 #include <cstdlib>
 #include <cstring>
 
@@ -6,6 +6,10 @@
 
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
 #include <cpuid.h>
+#endif
+#if defined(__aarch64__) && defined(__linux__)
+#include <asm/hwcap.h>
+#include <sys/auxv.h>
 #endif
 
 namespace fastllm {
@@ -15,6 +19,7 @@ const char *isa_name(Isa isa) {
     case Isa::Scalar: return "scalar";
     case Isa::Avx2: return "avx2";
     case Isa::Avx512: return "avx512";
+    case Isa::Neon: return "neon";
     }
     return "?";
 }
@@ -24,6 +29,8 @@ namespace {
 // This architecture's levels, best first; FASTLLM_ISA lowers the choice to one of them.
 #if defined(__x86_64__)
 constexpr Isa kLevels[] = {Isa::Avx512, Isa::Avx2, Isa::Scalar};
+#elif defined(__aarch64__)
+constexpr Isa kLevels[] = {Isa::Neon, Isa::Scalar};
 #else
 constexpr Isa kLevels[] = {Isa::Scalar};
 #endif
@@ -49,6 +56,14 @@ bool cpu_supports(Isa isa) {
                __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512vnni");
     default: return false;
     }
+#elif defined(__aarch64__) && defined(__linux__)
+    const unsigned long hw = getauxval(AT_HWCAP);
+    switch (isa) {
+    case Isa::Neon: return hw & HWCAP_ASIMD;
+    default: return false;
+    }
+#elif defined(__aarch64__)
+    return isa == Isa::Neon;  // ASIMD is part of every aarch64 CPU
 #else
     return false;
 #endif
@@ -72,6 +87,7 @@ const KernelTable *kernels_for(Isa isa) {
     case Isa::Scalar: return scalar_kernels();
     case Isa::Avx2: return avx2_kernels();
     case Isa::Avx512: return avx512_kernels();
+    case Isa::Neon: return neon_kernels();
     }
     return nullptr;
 }
