@@ -20,6 +20,7 @@ const char *isa_name(Isa isa) {
     case Isa::Avx2: return "avx2";
     case Isa::Avx512: return "avx512";
     case Isa::Neon: return "neon";
+    case Isa::NeonDot: return "neon_dotprod";
     }
     return "?";
 }
@@ -30,7 +31,7 @@ namespace {
 #if defined(__x86_64__)
 constexpr Isa kLevels[] = {Isa::Avx512, Isa::Avx2, Isa::Scalar};
 #elif defined(__aarch64__)
-constexpr Isa kLevels[] = {Isa::Neon, Isa::Scalar};
+constexpr Isa kLevels[] = {Isa::NeonDot, Isa::Neon, Isa::Scalar};
 #else
 constexpr Isa kLevels[] = {Isa::Scalar};
 #endif
@@ -60,10 +61,11 @@ bool cpu_supports(Isa isa) {
     const unsigned long hw = getauxval(AT_HWCAP);
     switch (isa) {
     case Isa::Neon: return hw & HWCAP_ASIMD;
+    case Isa::NeonDot: return (hw & HWCAP_ASIMD) && (hw & HWCAP_ASIMDDP);
     default: return false;
     }
 #elif defined(__aarch64__)
-    return isa == Isa::Neon;  // ASIMD is part of every aarch64 CPU
+    return isa == Isa::Neon;  // ASIMD is part of every aarch64 CPU; without getauxval, no DotProd
 #else
     return false;
 #endif
@@ -88,6 +90,7 @@ const KernelTable *kernels_for(Isa isa) {
     case Isa::Avx2: return avx2_kernels();
     case Isa::Avx512: return avx512_kernels();
     case Isa::Neon: return neon_kernels();
+    case Isa::NeonDot: return neon_dot_kernels();
     }
     return nullptr;
 }

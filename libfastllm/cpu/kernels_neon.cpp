@@ -1,5 +1,5 @@
 // Advanced SIMD (NEON) kernels for aarch64, where NEON is part of every CPU; the table is used
-// when the kernel reports ASIMD (HWCAP).
+// when the kernel reports ASIMD (HWCAP). kernels_neon_dot.cpp replaces its quantized dots with SDOT.
 #if defined(__aarch64__)
 #include <arm_neon.h>
 

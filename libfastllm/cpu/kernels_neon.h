@@ -1,7 +1,7 @@
-// kernels_neon.h — the quantized tile dot of the aarch64 tables, parameterized by the int8 dot
-// primitive (plain NEON widening multiplies in kernels_neon.cpp), so that a table on another
-// primitive is the same code. Everything here has internal linkage, so that a file compiled with
-// other ISA flags cannot lend its copy of a helper to another table through the linker.
+// kernels_neon.h — the quantized tile dot of the two aarch64 tables, parameterized by the int8 dot
+// primitive: plain NEON widening multiplies (kernels_neon.cpp) or SDOT (kernels_neon_dot.cpp,
+// compiled with +dotprod). Included by those two files only. Everything here has internal linkage,
+// so that the linker cannot pick the +dotprod file's copy of a helper for the plain NEON table.
 #pragma once
 #if defined(__aarch64__)
 #include <arm_neon.h>
