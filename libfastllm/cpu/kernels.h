@@ -1,9 +1,11 @@
 // kernels.h — the innermost loops, one implementation per instruction set.
 //
-// Each ISA file (kernels_scalar.cpp, kernels_avx2.cpp, kernels_avx512.cpp) fills a KernelTable;
-// only the file compiled for an ISA uses its instructions, and select_kernels() picks the best
-// table the CPU supports at run time (CPUID), so one binary runs everywhere.
-// The environment variable FASTLLM_ISA=scalar|avx2|avx512 forces a lower level.
+// Each ISA file (kernels_scalar.cpp; kernels_avx2.cpp, kernels_avx512.cpp on x86-64;
+// kernels_neon.cpp, kernels_neon_dot.cpp on aarch64) fills a KernelTable; only the file compiled
+// for an ISA uses its instructions, and kernels() picks the best table the CPU supports at run time
+// (CPUID on x86-64, getauxval(AT_HWCAP) on aarch64 Linux), so one binary runs everywhere.
+// The environment variable FASTLLM_ISA names a level to lower the choice to: scalar, avx2 or avx512
+// on x86-64; scalar, neon or neon_dotprod on aarch64.
 #pragma once
 
 #include <cstddef>
@@ -13,7 +15,9 @@
 
 namespace fastllm {
 
-enum class Isa { Scalar = 0, Avx2 = 1, Avx512 = 2 };
+// Neon: the Advanced SIMD of every aarch64 CPU; NeonDot: Neon plus the int8 dot product (SDOT,
+// Armv8.2's optional DotProd: Cortex-A55/A75 and later, Neoverse, Apple M).
+enum class Isa { Scalar = 0, Avx2 = 1, Avx512 = 2, Neon = 3, NeonDot = 4 };
 const char *isa_name(Isa isa);
 
 // Activations quantized to int8 in blocks of 32 for the integer dot products: x[i] ~ d[b] * q[i]
@@ -67,7 +71,8 @@ inline KernelTable with_quant_kernels(KernelTable plain, KernelTable::QuantDot (
 
 // The tables this build and CPU can run; nullptr for an ISA the CPU (or build) lacks.
 const KernelTable *kernels_for(Isa isa);
-// Best supported ISA, lowered by FASTLLM_ISA if set. Decided once per process.
+// Best supported ISA of this architecture, lowered by FASTLLM_ISA if set to one of its levels (an
+// unknown name, or one of another architecture, leaves the best). Decided once per process.
 const KernelTable &kernels();
 
 // Token t's view of activations quantized for n_tok tokens of n values each.
@@ -82,6 +87,8 @@ void set_scalar_kv_kernels(KernelTable &t);
 const KernelTable *scalar_kernels();
 const KernelTable *avx2_kernels();
 const KernelTable *avx512_kernels();
+const KernelTable *neon_kernels();
+const KernelTable *neon_dot_kernels();
 
 // Portable scalar conversions, shared by all files.
 float f16_to_f32(uint16_t h);

@@ -605,7 +605,7 @@ static void test_text_stream() {
 }
 
 int main() {
-    for (Isa isa : {Isa::Scalar, Isa::Avx2, Isa::Avx512}) {
+    for (Isa isa : {Isa::Scalar, Isa::Avx2, Isa::Avx512, Isa::Neon, Isa::NeonDot}) {
         const KernelTable *k = kernels_for(isa);
         if (!k) {
             std::printf("ISA %s: not supported by this CPU/build, not tested here\n", isa_name(isa));
