@@ -222,6 +222,30 @@ def qemu(cpu, args, **kw):
     return run(["qemu-aarch64", "-L", ARM_SYSROOT, "-cpu", cpu, *args], env=env, **kw)
 
 
+# A run per CPU tests its levels once (neon is the same code on both; QEMU emulates it alike)
+@pytest.mark.parametrize("cpu, tested, untested", [
+    ("cortex-a53", ["scalar", "neon"], ["neon_dotprod"]),   # ARMv8.0: no dot product
+    ("cortex-a76", ["neon_dotprod"], ["avx2"]),             # ARMv8.2 with sdot
+])
+def test_kernel_tests_pass_under_qemu(arm_build, cpu, tested, untested):
+    r = qemu(cpu, [arm_build / "test_kernels", *tested, *untested], timeout=900)
+    assert r.returncode == 0 and re.search(r"\b[1-9]\d* passed, 0 failed", r.stdout), r.stdout[-3000:]
+    for isa in tested:
+        assert f"ISA {isa}\n" in r.stdout
+    for isa in untested:
+        assert f"ISA {isa}: not supported" in r.stdout
+
+
+@pytest.mark.parametrize("cpu, isa", [("cortex-a53", "neon"), ("cortex-a76", "neon_dotprod"), ("cortex-a76", "scalar")])
+def test_c_example_gives_the_golden_text_under_qemu(arm_build, stories_flm, cpu, isa):
+    env = {"FASTLLM_ISA": isa, "FASTLLM_LOG": "info"}
+    r = qemu(cpu, [arm_build / "simple_c", stories_flm, GOLDEN["prompt"], GOLDEN["greedy_max_new_tokens"]], env=env)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.startswith(GOLDEN["greedy_output_text"])
+    check = qemu(cpu, [arm_build / "platform_check", "x", "x", "x", "0"], env={"FASTLLM_ISA": isa})
+    assert f"isa: {isa}\n" in check.stdout
+
+
 def test_arm64_statuses_utf8_paths_and_saves_match_linux(arm_build, cases, native_outputs, tmp_path):
     out = check_outputs(lambda args: qemu("cortex-a76", [arm_build / "platform_check", *args]), cases, tmp_path)
     assert out == native_outputs

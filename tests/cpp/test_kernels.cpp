@@ -604,8 +604,13 @@ static void test_text_stream() {
     CHECK(utf8_complete_prefix("ab\xE2\x96") == 2, "partial 3-byte char cut");
 }
 
-int main() {
+// test_kernels [ISA...]: the kernel tables of the ISAs named (default: all), then the rest.
+// Under QEMU a run per emulated CPU tests only its new level (tests/test_platforms.py).
+int main(int argc, char **argv) {
     for (Isa isa : {Isa::Scalar, Isa::Avx2, Isa::Avx512, Isa::Neon, Isa::NeonDot}) {
+        bool named = argc == 1;
+        for (int i = 1; i < argc; i++) named |= std::strcmp(argv[i], isa_name(isa)) == 0;
+        if (!named) continue;
         const KernelTable *k = kernels_for(isa);
         if (!k) {
             std::printf("ISA %s: not supported by this CPU/build, not tested here\n", isa_name(isa));
