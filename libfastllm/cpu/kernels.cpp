@@ -1,16 +1,10 @@
-// Run-time choice of the kernel table (CPUID or the aarch64 HWCAP bits, then the FASTLLM_ISA override).
+// Run-time choice of the kernel table (the CPU's features, platform/cpu_features.cpp, then the
+// FASTLLM_ISA override).
 #include <cstdlib>
 #include <cstring>
 
 #include "cpu/kernels.h"
-
-#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
-#include <cpuid.h>
-#endif
-#if defined(__aarch64__) && defined(__linux__)
-#include <asm/hwcap.h>
-#include <sys/auxv.h>
-#endif
+#include "platform/platform.h"
 
 namespace fastllm {
 
@@ -37,38 +31,16 @@ constexpr Isa kLevels[] = {Isa::Scalar};
 #endif
 constexpr int kNumLevels = sizeof kLevels / sizeof *kLevels;
 
-#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
-// CPUID leaf 1, ECX bit 29; clang 14's __builtin_cpu_supports does not know "f16c".
-bool cpu_has_f16c() {
-    unsigned a, b, c, d;
-    return __get_cpuid(1, &a, &b, &c, &d) && (c & bit_F16C);
-}
-#endif
-
 bool cpu_supports(Isa isa) {
-    if (isa == Isa::Scalar) return true;
-#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
-    __builtin_cpu_init();
+    const platform::CpuFeatures &f = platform::cpu_features();
     switch (isa) {
-    case Isa::Avx2:
-        return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && cpu_has_f16c();
-    case Isa::Avx512:
-        return cpu_supports(Isa::Avx2) && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-               __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512vnni");
-    default: return false;
+    case Isa::Scalar: return true;
+    case Isa::Avx2: return f.avx2;
+    case Isa::Avx512: return f.avx512;
+    case Isa::Neon: return f.neon;
+    case Isa::NeonDot: return f.neon_dotprod;
     }
-#elif defined(__aarch64__) && defined(__linux__)
-    const unsigned long hw = getauxval(AT_HWCAP);
-    switch (isa) {
-    case Isa::Neon: return hw & HWCAP_ASIMD;
-    case Isa::NeonDot: return (hw & HWCAP_ASIMD) && (hw & HWCAP_ASIMDDP);
-    default: return false;
-    }
-#elif defined(__aarch64__)
-    return isa == Isa::Neon;  // ASIMD is part of every aarch64 CPU; without getauxval, no DotProd
-#else
     return false;
-#endif
 }
 
 const KernelTable *select() {

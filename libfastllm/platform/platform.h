@@ -1,6 +1,6 @@
 // platform.h — what the core needs from the operating system, one file per system
-// (platform_posix.cpp, platform_win32.cpp; CMake compiles one). No other core file includes an OS
-// header. Paths are UTF-8 everywhere (on Windows converted to the wide-character APIs).
+// (platform_posix.cpp, platform_win32.cpp; CMake compiles one), and the CPU's features
+// (cpu_features.cpp). No other core file includes an OS header. Paths are UTF-8 everywhere (on Windows converted to the wide-character APIs).
 #pragma once
 
 #include <cstddef>
@@ -31,5 +31,13 @@ FILE *fopen_utf8(const char *path, const char *mode);
 // Renames `from` to `to`, replacing `to` if it exists (one step where the system allows it).
 bool replace_file(const char *from, const char *to);
 bool remove_file(const char *path);
+
+// The instruction-set levels the kernels use (cpu/kernels.h) that this CPU and system run: avx2
+// includes FMA and F16C, avx512 F + BW + VL + VNNI; neon_dotprod is ARMv8.2's SDOT/UDOT. Asked
+// once per process (platform/cpu_features.cpp).
+struct CpuFeatures {
+    bool avx2 = false, avx512 = false, neon = false, neon_dotprod = false;
+};
+const CpuFeatures &cpu_features();
 
 }  // namespace fastllm::platform
