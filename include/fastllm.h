@@ -57,7 +57,7 @@ extern "C" {
 #define FASTLLM_VERSION_MAJOR 0
 #define FASTLLM_VERSION_MINOR 5
 #define FASTLLM_VERSION_PATCH 0
-#define FASTLLM_ABI_VERSION 5
+#define FASTLLM_ABI_VERSION 6
 
 typedef enum fastllm_status {
     FASTLLM_OK = 0,
@@ -456,6 +456,35 @@ FASTLLM_API fastllm_status fastllm_session_cancel_generation(fastllm_session *se
  * token. FASTLLM_ERR_INVALID_ARGUMENT when the session is neither evaluating nor generating (then
  * nothing is left pending for a later call). */
 FASTLLM_API fastllm_status fastllm_session_cancel(fastllm_session *session);
+
+/* ------------------------------------------------------------------------------------------ */
+/* Speculative decoding                                                                        */
+
+/* Each generation step drafts up to n_draft tokens after the sampled one, evaluates them in the
+ * same pass and keeps those the model would have produced itself: a draft is kept with the
+ * probability the sampling params give it (greedy: when it is the argmax), and after a rejection
+ * the next token is drawn from the rest. Greedy output is identical to decoding without drafts, and
+ * sampled output has the same distribution (not the same tokens for a seed). The drafts come from
+ * a draft model (a smaller model of the same vocabulary, greedy, in a session of its own), or
+ * without one from the context itself (prompt lookup: the tokens that followed the latest earlier
+ * occurrence of the context's last ngram_max .. ngram_min tokens). After a step whose drafts all
+ * failed, the next 2, 4, .. 32 steps draft nothing. Works with stop strings, grammars,
+ * fastllm_generate_step and fastllm_session_generate. docs/api.md "Speculative decoding". */
+typedef struct fastllm_speculative_params {
+    const fastllm_model *draft_model; /* NULL (default): prompt lookup; else must outlive the session */
+    int32_t n_draft;                  /* most tokens drafted a step, 1 to 16 (default 5) */
+    int32_t ngram_min, ngram_max;     /* prompt lookup: 1 <= min <= max <= 16 (default 1, 3) */
+} fastllm_speculative_params;
+
+FASTLLM_API fastllm_speculative_params fastllm_speculative_default_params(void);
+/* Turns speculative decoding on for the session's next generations (params NULL: off). Errors:
+ * FASTLLM_ERR_INVALID_ARGUMENT for n_draft or n-grams out of range, a draft model of another
+ * vocabulary or tokenizer, the session's own model, or a draft context shorter than n_ctx. */
+FASTLLM_API fastllm_status fastllm_session_set_speculative(fastllm_session *session,
+                                                           const fastllm_speculative_params *params);
+/* Of the current or last generation: tokens drafted and those kept (either may be NULL). */
+FASTLLM_API fastllm_status fastllm_session_speculative_stats(const fastllm_session *session, int64_t *n_drafted,
+                                                             int64_t *n_accepted);
 
 /* ------------------------------------------------------------------------------------------ */
 /* Saved sessions                                                                              */

@@ -536,6 +536,36 @@ fastllm_status fastllm_session_cancel_generation(fastllm_session *session) {
     return guard([&] { session->impl.cancel_generation(); });
 }
 
+fastllm_speculative_params fastllm_speculative_default_params(void) {
+    const fastllm::SpeculativeOptions d;
+    fastllm_speculative_params p;
+    p.draft_model = nullptr;
+    p.n_draft = d.n_draft;
+    p.ngram_min = d.ngram_min;
+    p.ngram_max = d.ngram_max;
+    return p;
+}
+
+fastllm_status fastllm_session_set_speculative(fastllm_session *session, const fastllm_speculative_params *params) {
+    REQUIRE(session, "session");
+    return guard([&] {
+        if (!params) return session->impl.set_speculative(nullptr);
+        fastllm::SpeculativeOptions o;
+        o.draft_model = params->draft_model ? &params->draft_model->impl : nullptr;
+        o.n_draft = params->n_draft;
+        o.ngram_min = params->ngram_min;
+        o.ngram_max = params->ngram_max;
+        session->impl.set_speculative(&o);
+    });
+}
+
+fastllm_status fastllm_session_speculative_stats(const fastllm_session *session, int64_t *n_drafted, int64_t *n_accepted) {
+    REQUIRE(session, "session");
+    if (n_drafted) *n_drafted = session->impl.n_drafted();
+    if (n_accepted) *n_accepted = session->impl.n_accepted();
+    return FASTLLM_OK;
+}
+
 fastllm_status fastllm_session_cancel(fastllm_session *session) {
     REQUIRE(session, "session");
     // No guard(): it may run beside another thread's call on this session, and touches only atomics

@@ -18,7 +18,7 @@ float Sampler::uniform() {  // splitmix64: tiny, fast and well distributed
     return (float)((z >> 40) * (1.0 / 16777216.0));
 }
 
-int32_t Sampler::sample(float *logits, const int32_t *history, size_t n_history) {
+size_t Sampler::distribution(float *logits, const int32_t *history, size_t n_history, int32_t &argmax) {
     if (p_.repetition_penalty > 0 && p_.repetition_penalty != 1.0f) {
         size_t from = (p_.repeat_last_n > 0 && n_history > (size_t)p_.repeat_last_n) ? n_history - p_.repeat_last_n : 0;
         // Each distinct token is penalised once, as in HF's RepetitionPenaltyLogitsProcessor.
@@ -31,12 +31,13 @@ int32_t Sampler::sample(float *logits, const int32_t *history, size_t n_history)
             l = l > 0 ? l / p_.repetition_penalty : l * p_.repetition_penalty;
         }
     }
-    if (p_.temperature <= 0) return (int32_t)(std::max_element(logits, logits + vocab_size_) - logits);
+    argmax = (int32_t)(std::max_element(logits, logits + vocab_size_) - logits);
+    if (p_.temperature <= 0) return 0;
 
     candidates_.clear();
     for (int i = 0; i < vocab_size_; i++)  // a token masked out by a grammar (-inf) is no candidate
         if (logits[i] != -INFINITY) candidates_.emplace_back(logits[i] / p_.temperature, i);
-    if (candidates_.empty()) return (int32_t)(std::max_element(logits, logits + vocab_size_) - logits);
+    if (candidates_.empty()) return 0;
     auto by_logit = [](const std::pair<float, int32_t> &a, const std::pair<float, int32_t> &b) {
         return a.first != b.first ? a.first > b.first : a.second < b.second;
     };
@@ -68,14 +69,37 @@ int32_t Sampler::sample(float *logits, const int32_t *history, size_t n_history)
         while (keep < n && candidates_[keep].first >= threshold) keep++;
         n = keep;
     }
+    return n;
+}
+
+int32_t Sampler::sample(float *logits, const int32_t *history, size_t n_history, int32_t exclude) {
+    int32_t argmax;
+    const size_t n = distribution(logits, history, n_history, argmax);
     double total = 0;
-    for (size_t i = 0; i < n; i++) total += candidates_[i].first;
+    for (size_t i = 0; i < n; i++)
+        if (candidates_[i].second != exclude) total += candidates_[i].first;
+    if (total <= 0) return argmax;  // greedy, or nothing left to draw from
     double r = uniform() * total, cum = 0;
+    int32_t last = argmax;
     for (size_t i = 0; i < n; i++) {
+        if (candidates_[i].second == exclude) continue;
         cum += candidates_[i].first;
-        if (r < cum) return candidates_[i].second;
+        last = candidates_[i].second;
+        if (r < cum) return last;
     }
-    return candidates_[n - 1].second;
+    return last;
+}
+
+bool Sampler::accept(float *logits, const int32_t *history, size_t n_history, int32_t token) {
+    int32_t argmax;
+    const size_t n = distribution(logits, history, n_history, argmax);
+    double total = 0, p = 0;
+    for (size_t i = 0; i < n; i++) {
+        total += candidates_[i].first;
+        if (candidates_[i].second == token) p = candidates_[i].first;
+    }
+    if (total <= 0) return token == argmax;
+    return uniform() < p / total;
 }
 
 }  // namespace fastllm

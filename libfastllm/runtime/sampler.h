@@ -15,13 +15,22 @@ public:
     Sampler(const SamplingOptions &params, int vocab_size);
 
     // logits (vocab_size floats) are modified in place. history: the context so far, oldest first.
-    int32_t sample(float *logits, const int32_t *history, size_t n_history);
+    // exclude: a token drawn from the others only (a rejected draft's residual; ignored by greedy,
+    // whose pick a rejected draft never is).
+    int32_t sample(float *logits, const int32_t *history, size_t n_history, int32_t exclude = -1);
+    // Speculative decoding's check of a drafted token: true with the probability sample() would
+    // draw it (greedy: when it is the argmax). A rejection followed by sample(..., exclude = token)
+    // on the same logits draws from exactly the distribution sample() alone would.
+    bool accept(float *logits, const int32_t *history, size_t n_history, int32_t token);
     // The random state, for saving a generation in progress.
     uint64_t rng_state() const { return state_; }
     void set_rng_state(uint64_t s) { state_ = s; }
 
 private:
     float uniform();  // [0, 1)
+    // The penalty and truncations: the survivors, with their probabilities (not renormalised after
+    // top-p / min-p), are candidates_[0, returned count); greedy returns 0. argmax: of the penalised logits.
+    size_t distribution(float *logits, const int32_t *history, size_t n_history, int32_t &argmax);
 
     SamplingOptions p_;
     int vocab_size_;

@@ -220,6 +220,7 @@ void Session::begin_generation(const int32_t *prompt, size_t n_prompt, const Sam
 
     result_ = GenerationResult{};
     result_.n_prompt_tokens = (int)n_prompt;
+    if (spec_) spec_->drafted = spec_->accepted = spec_->misses = spec_->skip = 0;
     gen_.reset();
     has_gen_ = false;
     auto t0 = std::chrono::steady_clock::now();
@@ -276,7 +277,6 @@ bool Session::sample_next() {
         }
         make_room(1);
     }
-    const Tokenizer &tok = model_.tokenizer();
     GrammarMatcher *grammar = gen_->grammar.get();
     // Masking before the sampler (penalty, truncations, draw) samples exactly from the allowed tokens.
     if (grammar && grammar->mask(model_.token_trie(), logits_.data(), (size_t)model_.config().vocab_size,
@@ -284,7 +284,14 @@ bool Session::sample_next() {
         finish_generation(FASTLLM_STOP_GRAMMAR);  // a dead end: no token of the vocabulary continues the text
         return false;
     }
-    int32_t next = gen_->sampler.sample(logits_.data(), tokens_.data(), tokens_.size());
+    const int32_t next = gen_->sampler.sample(logits_.data(), tokens_.data(), tokens_.size(), gen_->exclude);
+    gen_->exclude = -1;
+    return emit(next);
+}
+
+bool Session::emit(int32_t next) {
+    const Tokenizer &tok = model_.tokenizer();
+    GrammarMatcher *grammar = gen_->grammar.get();
     tokens_.push_back(next);  // pending: evaluated when the next token's logits are needed
     result_.n_generated_tokens++;
     if (!gen_->params.ignore_eos && tok.is_eos(next)) {
@@ -306,6 +313,76 @@ bool Session::sample_next() {
         return false;
     }
     return true;
+}
+
+void Session::set_speculative(const SpeculativeOptions *o) {
+    if (!o) {
+        spec_.reset();
+        return;
+    }
+    auto s = std::make_unique<Speculation>();
+    s->opt = *o;
+    s->drafter = make_drafter(model_, opt_, *o);
+    s->logits.resize((size_t)(o->n_draft + 1) * (size_t)model_.config().vocab_size);
+    s->draft.resize((size_t)o->n_draft);
+    spec_ = std::move(s);
+}
+
+// Drafts only where they fit: inside n_ctx without a shift and max_new_tokens. After a step whose
+// drafts all failed, the next 2, 4, ... 32 steps draft nothing, so that text the drafter cannot
+// guess costs (almost) nothing.
+int Session::draft() {
+    if (!spec_ || !gen_) return 0;
+    Speculation &sp = *spec_;
+    sp.n = 0;
+    if (sp.skip > 0) {
+        sp.skip--;
+        return 0;
+    }
+    const int room = std::min<int>(opt_.n_ctx - (int)tokens_.size(), gen_->params.max_new_tokens - result_.n_generated_tokens);
+    const int k = std::min(sp.opt.n_draft, room);
+    if (k <= 0) return 0;
+    sp.n = sp.drafter->propose(tokens_.data(), tokens_.size(), k, sp.draft.data());
+    if (sp.n > 0) {
+        try {  // out of memory for the drafts' cache rows: no drafts, nothing else changes
+            cache_.prepare((int)tokens_.size(), (int)tokens_.size() + sp.n);
+        } catch (const Error &e) {
+            if (e.status() != FASTLLM_ERR_OUT_OF_MEMORY) throw;
+            sp.n = 0;
+        } catch (const std::bad_alloc &) {
+            sp.n = 0;
+        }
+    }
+    return sp.n;
+}
+
+void Session::verify() {
+    Speculation &sp = *spec_;
+    const size_t V = (size_t)model_.config().vocab_size;
+    const size_t first = n_evaluated_;  // the drafts' positions begin here
+    int kept = 0;
+    sp.drafted += sp.n;
+    for (int i = 0; i < sp.n; i++) {
+        float *row = sp.logits.data() + (size_t)i * V;  // after the sampled token and drafts [0, i)
+        std::memcpy(logits_.data(), row, V * sizeof(float));  // what the next token is drawn from if draft i fails
+        GrammarMatcher *grammar = gen_->grammar.get();
+        const bool ok = (!grammar || grammar->mask(model_.token_trie(), row, V, !gen_->params.ignore_eos) > 0) &&
+                        gen_->sampler.accept(row, tokens_.data(), tokens_.size(), sp.draft[i]);
+        if (!ok) {
+            gen_->exclude = sp.draft[i];
+            break;
+        }
+        kept++;
+        const bool going = emit(sp.draft[i]);
+        n_evaluated_++;  // its row is in the cache already
+        if (!going) break;
+    }
+    if (kept == sp.n && gen_) std::memcpy(logits_.data(), sp.logits.data() + (size_t)sp.n * V, V * sizeof(float));
+    sp.accepted += kept;
+    if (kept == 0) sp.skip = std::min(1 << std::min(++sp.misses, 5), 32);
+    else sp.misses = 0;
+    if (n_evaluated_ < first + (size_t)sp.n) cache_.release_from((int)n_evaluated_);
+    sp.n = 0;
 }
 
 void Session::step(Session *const *sessions, size_t n, int32_t *done) {
@@ -351,14 +428,27 @@ void Session::step(Session *const *sessions, size_t n, int32_t *done) {
         done[i] = s.sample_next() ? 0 : 1;
         if (done[i]) continue;
         s.cache_.prepare((int)s.n_evaluated_, (int)s.n_evaluated_ + 1);  // a shift may have moved it
-        c.rows[n_rows] = ForwardRow{&s.cache_, (int)s.n_evaluated_, s.logits_.data()};
-        c.tokens[n_rows] = s.tokens_.back();
+        // The sampled token, then its drafts (speculative decoding), each row with its own logits.
+        const int n_draft = s.draft();
+        const size_t V = (size_t)s.model_.config().vocab_size;
+        for (int r = 0; r <= n_draft; r++) {
+            float *logits = n_draft ? s.spec_->logits.data() + (size_t)r * V : s.logits_.data();
+            c.rows[n_rows] = ForwardRow{&s.cache_, (int)s.n_evaluated_ + r, logits};
+            c.tokens[n_rows] = r == 0 ? s.tokens_.back() : s.spec_->draft[r - 1];
+            if (++n_rows == (size_t)c.work.max_batch) flush();
+        }
         s.n_evaluated_++;
-        if (++n_rows == (size_t)c.work.max_batch) flush();
     }
     if (n_rows) flush();
-    for (size_t i = 0; i < n; i++)
-        if (!done[i]) sessions[i]->cache_.forget((int)sessions[i]->n_evaluated_);
+    for (size_t i = 0; i < n; i++) {
+        if (done[i]) continue;
+        Session &s = *sessions[i];
+        if (s.spec_ && s.spec_->n) {
+            s.verify();
+            if (!s.gen_) done[i] = 1;  // it ended inside the drafts
+        }
+        s.cache_.forget((int)s.n_evaluated_);
+    }
 }
 
 void Session::generate(const int32_t *prompt, size_t n_prompt, const SamplingOptions &p,

@@ -16,6 +16,7 @@
 #include "fastllm.h"
 #include "runtime/model.h"
 #include "runtime/sampler.h"
+#include "runtime/speculative.h"
 #include "text/grammar.h"
 #include "text/text_stream.h"
 
@@ -68,6 +69,12 @@ public:
     // in the same state.
     const GrammarMatcher *grammar_matcher() const { return gen_ ? gen_->grammar.get() : nullptr; }
 
+    // Speculative decoding for the generations that follow (nullptr: off); see fastllm_session_set_speculative.
+    void set_speculative(const SpeculativeOptions *o);
+    // Of the current or last generation: tokens drafted, and those of them kept.
+    int64_t n_drafted() const { return spec_ ? spec_->drafted : 0; }
+    int64_t n_accepted() const { return spec_ ? spec_->accepted : 0; }
+
     // From any thread: asks the evaluation or generation in progress to stop (see
     // fastllm_session_cancel). False when there is none.
     bool request_cancel();
@@ -84,6 +91,7 @@ private:
         TextStream stream;
         std::unique_ptr<GrammarMatcher> grammar;  // of params.grammar, when it has one
         std::chrono::steady_clock::time_point start;
+        int32_t exclude = -1;  // a draft rejected at the next position: the next token is drawn from the others
         // matcher: params.grammar's, made beforehand; nullptr: made here when there is a grammar.
         Generation(const SamplingOptions &p, int vocab, fastllm_stream_callback cb, void *user,
                    std::unique_ptr<GrammarMatcher> matcher = nullptr)
@@ -108,6 +116,24 @@ private:
     KvCache make_cache() const;
     // Samples this session's next token; returns false when its generation has ended.
     bool sample_next();
+    // The sampled (or accepted) token into the context, the text stream and the grammar; false
+    // when the generation ends with it.
+    bool emit(int32_t token);
+    // This step's drafts after the token just sampled (0 without speculation, or when backing off).
+    int draft();
+    // Keeps the drafts the model agrees with (their rows are in spec_->logits) and drops the rest.
+    void verify();
+
+    // Speculative decoding's state: options, drafter, the logits of a step's rows (the sampled
+    // token's, then each draft's), this step's drafts, the back-off after drafts that all failed.
+    struct Speculation {
+        SpeculativeOptions opt;
+        std::unique_ptr<Drafter> drafter;
+        std::vector<float> logits;
+        std::vector<int32_t> draft;
+        int n = 0, misses = 0, skip = 0;
+        int64_t drafted = 0, accepted = 0;
+    };
     void finish_generation(fastllm_stop_reason reason);
 
     // Counts a call that computes with the session, so that request_cancel knows one is running.
@@ -125,6 +151,7 @@ private:
     size_t n_evaluated_ = 0;
     std::vector<float> logits_;    // last-token logits for generation
     std::unique_ptr<Generation> gen_;
+    std::unique_ptr<Speculation> spec_;
     GenerationResult result_;
     std::atomic<int> busy_{0};
     std::atomic<bool> cancel_{false}, has_gen_{false};

@@ -8,11 +8,11 @@ from __future__ import annotations
 import ctypes
 import os
 import sys
-from ctypes import (CFUNCTYPE, POINTER, Structure, c_char, c_char_p, c_double, c_float, c_int, c_int32, c_size_t,
+from ctypes import (CFUNCTYPE, POINTER, Structure, c_char, c_char_p, c_double, c_float, c_int, c_int32, c_int64, c_size_t,
                     c_uint64, c_void_p)
 from pathlib import Path
 
-FASTLLM_ABI_VERSION = 5
+FASTLLM_ABI_VERSION = 6
 
 # fastllm_status
 OK = 0
@@ -60,6 +60,10 @@ class SessionParams(Structure):
 class SessionMemoryInfo(Structure):
     _fields_ = [("kv_bytes", c_uint64), ("kv_shared_bytes", c_uint64), ("kv_bytes_per_token", c_uint64),
                 ("kv_capacity_bytes", c_uint64), ("session_bytes", c_uint64), ("compute_bytes", c_uint64)]
+
+
+class SpeculativeParams(Structure):
+    _fields_ = [("draft_model", c_void_p), ("n_draft", c_int32), ("ngram_min", c_int32), ("ngram_max", c_int32)]
 
 
 class SamplingParams(Structure):
@@ -142,6 +146,9 @@ _PROTOTYPES = {
     # fastllm_status fastllm_grammar_check(const char *grammar)
     "fastllm_grammar_check": (c_int, [c_char_p]),
     "fastllm_session_cancel": (c_int, [c_void_p]),
+    "fastllm_speculative_default_params": (SpeculativeParams, []),
+    "fastllm_session_set_speculative": (c_int, [c_void_p, POINTER(SpeculativeParams)]),
+    "fastllm_session_speculative_stats": (c_int, [c_void_p, POINTER(c_int64), POINTER(c_int64)]),
     "fastllm_session_fork": (c_int, [c_void_p, c_int32, POINTER(SessionParams), POINTER(c_void_p)]),
     "fastllm_session_memory": (c_int, [c_void_p, POINTER(SessionMemoryInfo)]),
     "fastllm_session_save_state": (c_int, [c_void_p, c_void_p, c_size_t, POINTER(c_size_t)]),

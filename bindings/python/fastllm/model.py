@@ -400,6 +400,29 @@ class Session(_Handle):
         with ERR_CANCELLED; a generation ends with stop reason "cancelled"). False if none was."""
         return lib.fastllm_session_cancel(self.handle) == raw.OK
 
+    def speculative(self, draft: "Model | None" = None, n_draft: int = 5, ngram: tuple[int, int] = (1, 3)) -> None:
+        """Speculative decoding for the generations that follow: each step drafts up to n_draft
+        tokens with the draft model (same vocabulary, smaller), or without one from the context
+        (prompt lookup of its last ngram[1] .. ngram[0] tokens), and keeps those this model would
+        have produced. Greedy text is identical; sampled text has the same distribution.
+        speculative_stats() tells how many were drafted and kept. Off: speculative_off()."""
+        params = lib.fastllm_speculative_default_params()
+        params.draft_model = draft.handle if draft is not None else None
+        params.n_draft = n_draft
+        params.ngram_min, params.ngram_max = ngram
+        _check(lib.fastllm_session_set_speculative(self.handle, ctypes.byref(params)))
+        self._draft = draft  # kept alive while this session may draft with it
+
+    def speculative_off(self) -> None:
+        _check(lib.fastllm_session_set_speculative(self.handle, None))
+        self._draft = None
+
+    def speculative_stats(self) -> dict:
+        """Of the current or last generation: {"drafted": n, "accepted": m}."""
+        drafted, accepted = ctypes.c_int64(), ctypes.c_int64()
+        _check(lib.fastllm_session_speculative_stats(self.handle, ctypes.byref(drafted), ctypes.byref(accepted)))
+        return {"drafted": drafted.value, "accepted": accepted.value}
+
     def reset(self) -> None:
         """Forgets the context (and the chat conversation)."""
         _check(lib.fastllm_session_reset(self.handle))
