@@ -2,6 +2,7 @@
 //
 //   fastllm-server MODEL.flm [--host 127.0.0.1] [--port 8080] [--threads N] [--max-sessions N]
 //                  [--max-queue N] [--n-ctx N] [--api-key KEY] [--model-name NAME]
+//                  [--draft-model PATH] [--speculative off|lookup|draft] [--n-draft N]
 //
 // main wires the pieces together: the model (engine), the batching scheduler, the HTTP routes,
 // and the signal handling for a graceful shutdown on SIGINT / SIGTERM.
@@ -17,6 +18,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <memory>
 #include <mutex>
 #include <string>
 #include <thread>
@@ -56,6 +58,10 @@ const char *const kUsage =
     "  --api-key KEY        demand 'Authorization: Bearer KEY' (also $FASTLLM_API_KEY); /health is exempt\n"
     "  --model-name NAME    the model id clients use (default: the file name without .flm)\n"
     "  --max-body-bytes N   largest request body (default 1048576); larger ones get 413\n"
+    "  --draft-model PATH   a smaller model of the same vocabulary drafting for speculative decoding\n"
+    "  --speculative MODE   requests' default: off, lookup (prompt lookup) or draft (default: draft\n"
+    "                       with --draft-model, else off); a request's \"speculative\" field overrides it\n"
+    "  --n-draft N          most tokens drafted a step (1 to 16, default 5; a request's \"n_draft\")\n"
     "  -h, --help           this text\n";
 
 struct Options {
@@ -69,6 +75,9 @@ struct Options {
     std::string api_key;
     std::string model_name;
     size_t max_body_bytes = 1 << 20;
+    std::string draft_model_path;
+    std::string speculative;  // "" = draft with a draft model, else off
+    int n_draft = 5;
 };
 
 [[noreturn]] void usage_error(const std::string &message) {
@@ -119,9 +128,18 @@ Options parse_options(int argc, char **argv) {
         else if (a == "--api-key") o.api_key = value;
         else if (a == "--model-name") o.model_name = value;
         else if (a == "--max-body-bytes") o.max_body_bytes = (size_t)parse_int(a, v, 1024, 1L << 30);
+        else if (a == "--draft-model") o.draft_model_path = value;
+        else if (a == "--speculative") {
+            if (value != "off" && value != "lookup" && value != "draft")
+                usage_error("--speculative needs off, lookup or draft, not '" + value + "'");
+            o.speculative = value;
+        }
+        else if (a == "--n-draft") o.n_draft = (int)parse_int(a, v, 1, 16);
         else usage_error("unknown option " + a);
     }
     if (o.model_path.empty()) usage_error("no model given");
+    if (o.speculative.empty()) o.speculative = o.draft_model_path.empty() ? "off" : "draft";
+    if (o.speculative == "draft" && o.draft_model_path.empty()) usage_error("--speculative draft needs --draft-model");
     if (o.model_name.empty()) {
         std::string base = o.model_path.substr(o.model_path.find_last_of('/') + 1);
         if (base.size() > 4 && base.compare(base.size() - 4, 4, ".flm") == 0) base.resize(base.size() - 4);
@@ -154,6 +172,23 @@ int main(int argc, char **argv) {
         std::fprintf(stderr, "fastllm-server: cannot load %s: %s\n", opt.model_path.c_str(), error.c_str());
         return 1;
     }
+    // The draft model, checked against the model (same vocabulary) before anything starts.
+    fastllm_model *draft = nullptr;
+    if (!opt.draft_model_path.empty()) {
+        fastllm_model_params mp = fastllm_model_default_params();
+        mp.n_threads = opt.threads;
+        fastllm_session *probe = nullptr;
+        fastllm_speculative_params sp = fastllm_speculative_default_params();
+        if (fastllm_model_load(opt.draft_model_path.c_str(), &mp, &draft) != FASTLLM_OK ||
+            fastllm_session_create(engine->model(), nullptr, &probe) != FASTLLM_OK ||
+            (sp.draft_model = draft, fastllm_session_set_speculative(probe, &sp)) != FASTLLM_OK) {
+            std::fprintf(stderr, "fastllm-server: draft model %s: %s\n", opt.draft_model_path.c_str(), fastllm_last_error());
+            return 1;
+        }
+        fastllm_session_free(probe);
+    }
+    // Freed after the scheduler (declared later, destroyed first), whose sessions draft with it.
+    std::unique_ptr<fastllm_model, void (*)(fastllm_model *)> draft_owner(draft, fastllm_model_free);
     Metrics metrics;
     SchedulerOptions so;
     so.max_sessions = opt.max_sessions;
@@ -180,6 +215,9 @@ int main(int argc, char **argv) {
     config.model_name = opt.model_name;
     config.api_key = opt.api_key;
     config.max_body_bytes = opt.max_body_bytes;
+    config.speculative = opt.speculative;
+    config.draft_model = draft;
+    config.n_draft = opt.n_draft;
     Routes routes(*engine, scheduler, metrics, config, stopping);
     routes.install(svr);
 

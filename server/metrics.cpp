@@ -33,6 +33,12 @@ void Metrics::add_prompt_tokens(int64_t n) {
     prompt_tokens_ += (uint64_t)n;
 }
 
+void Metrics::add_drafts(int64_t drafted, int64_t accepted) {
+    std::lock_guard<std::mutex> lock(mu_);
+    drafted_ += (uint64_t)drafted;
+    draft_accepted_ += (uint64_t)accepted;
+}
+
 void Metrics::add_generated_tokens(int64_t n) {
     if (n <= 0) return;
     std::lock_guard<std::mutex> lock(mu_);
@@ -84,6 +90,10 @@ std::string Metrics::render(const Gauges &g) const {
         out << "fastllm_requests_total{endpoint=\"" << key.first << "\",status=\"" << key.second << "\"} " << n << '\n';
     header(out, "fastllm_prompt_tokens_total", "counter", "Prompt tokens evaluated for generation requests.");
     out << "fastllm_prompt_tokens_total " << prompt_tokens_ << '\n';
+    header(out, "fastllm_draft_tokens_total", "counter", "Tokens drafted by speculative decoding.");
+    out << "fastllm_draft_tokens_total " << drafted_ << '\n';
+    header(out, "fastllm_draft_tokens_accepted_total", "counter", "Drafted tokens the model kept.");
+    out << "fastllm_draft_tokens_accepted_total " << draft_accepted_ << '\n';
     header(out, "fastllm_generated_tokens_total", "counter", "Tokens generated.");
     out << "fastllm_generated_tokens_total " << generated_tokens_ << '\n';
     header(out, "fastllm_tokens_per_second", "gauge", "Generated tokens per second over the last 10 seconds.");

@@ -19,6 +19,7 @@ public:
 
     void count_request(const std::string &endpoint, int status);
     void add_prompt_tokens(int64_t n);
+    void add_drafts(int64_t drafted, int64_t accepted);  // speculative decoding
     void add_generated_tokens(int64_t n);  // also feeds the recent tokens/s gauge
     void count_step(size_t batch_size);    // one fastllm_generate_step over batch_size sessions
     void observe_time_to_first_token(double seconds);
@@ -42,7 +43,7 @@ private:
     mutable std::mutex mu_;
     clock::time_point start_;
     std::map<std::pair<std::string, int>, uint64_t> requests_;
-    uint64_t prompt_tokens_ = 0, generated_tokens_ = 0;
+    uint64_t prompt_tokens_ = 0, generated_tokens_ = 0, drafted_ = 0, draft_accepted_ = 0;
     uint64_t steps_ = 0, step_sessions_ = 0;
     double ttft_sum_ = 0, request_sum_ = 0;
     uint64_t ttft_count_ = 0, request_count_ = 0;

@@ -205,6 +205,18 @@ void parse_common(const json &body, GenerationRequest &r) {
         }
     }
     if (const json *v = field(body, "ignore_eos")) r.ignore_eos = as_bool("ignore_eos", *v);
+    if (const json *v = field(body, "speculative")) {
+        r.speculative = as_string("speculative", *v);
+        if (r.speculative != "off" && r.speculative != "lookup" && r.speculative != "draft")
+            throw bad_request("'speculative' must be \"off\", \"lookup\" or \"draft\", not '" + r.speculative + "'",
+                              "speculative", "invalid_value");
+    }
+    if (const json *v = field(body, "n_draft")) {
+        if (!v->is_number_integer()) throw wrong_type("n_draft", "an integer", *v);
+        const int64_t n = v->get<int64_t>();
+        if (n < 1 || n > 16) throw out_of_range("n_draft", "between 1 and 16");
+        r.n_draft = (int32_t)n;
+    }
     if (const json *v = field(body, "stream")) r.stream = as_bool("stream", *v);
     if (const json *v = field(body, "stream_options")) {
         if (!v->is_object()) throw wrong_type("stream_options", "an object", *v);

@@ -57,6 +57,10 @@ struct GenerationRequest {
     bool ignore_eos = false;            // extension
     bool stream = false;
     bool include_usage = false;         // stream_options.include_usage
+    // Extensions: speculative decoding for this request, "off", "lookup" (prompt lookup) or "draft"
+    // (the server's --draft-model); "" = the server's --speculative. n_draft: 1 to 16.
+    std::string speculative;
+    std::optional<int32_t> n_draft;
 
     // Constrained output: response_format {"type": "json_object"} (any JSON object; llama.cpp's
     // server also reads a "schema" beside the type), {"type": "json_schema", "json_schema":

@@ -337,6 +337,16 @@ void Routes::generate(httplib::Response &res, const std::string &text, Endpoint 
     p.seed = r.seed ? *r.seed : random_seed();
     p.ignore_eos = r.ignore_eos ? 1 : 0;
     auto job = std::make_shared<Job>(std::move(prompt), p, std::move(r.stop), std::move(grammar));
+    const std::string mode = r.speculative.empty() ? config_.speculative : r.speculative;
+    if (mode == "draft" && !config_.draft_model)
+        throw bad_request("'speculative': \"draft\" needs a server started with --draft-model", "speculative",
+                          "invalid_value");
+    if (mode != "off") {
+        fastllm_speculative_params sp = fastllm_speculative_default_params();
+        sp.draft_model = mode == "draft" ? config_.draft_model : nullptr;
+        sp.n_draft = r.n_draft ? *r.n_draft : config_.n_draft;
+        job->set_speculative(sp);
+    }
 
     switch (scheduler_.submit(job)) {
     case Scheduler::Admission::Accepted: break;

@@ -22,6 +22,11 @@ struct ServerConfig {
     std::string model_name;
     std::string api_key;              // "" = no authentication
     size_t max_body_bytes = 1 << 20;  // larger bodies get 413
+    // Speculative decoding: the default of requests that name none ("off", "lookup" or "draft"),
+    // the draft model (nullptr: none; "draft" requests then get 400) and the default n_draft.
+    std::string speculative = "off";
+    const fastllm_model *draft_model = nullptr;
+    int n_draft = 5;
 };
 
 class Routes {

@@ -218,7 +218,14 @@ void Scheduler::begin(Slot &slot) {
     // cached_tokens: what the session holds of it (a sliding-window model may evaluate it again)
     slot.n_prompt = (int32_t)job.prompt_.size();
     slot.n_cached = (int32_t)std::min(reused, (size_t)fastllm_session_n_cached(slot.session));
-    fastllm_status s = fastllm_session_begin_generation(slot.session, job.prompt_.data() + reused,
+    fastllm_status s = fastllm_session_set_speculative(slot.session, job.has_speculative_ ? &job.speculative_ : nullptr);
+    if (s != FASTLLM_OK) {
+        JobResult r;
+        r.reason = FinishReason::Error;
+        r.error = library_error(s, "speculative");
+        return end(slot, r);
+    }
+    s = fastllm_session_begin_generation(slot.session, job.prompt_.data() + reused,
                                                         job.prompt_.size() - reused, &job.params_, on_text, &job);
     if (s != FASTLLM_OK) {
         JobResult r;
@@ -294,6 +301,9 @@ void Scheduler::end(Slot &slot, JobResult result) {
 void Scheduler::end_with_library_result(Slot &slot) {
     fastllm_generation_result g{};
     fastllm_session_generation_result(slot.session, &g);
+    int64_t drafted = 0, accepted = 0;
+    fastllm_session_speculative_stats(slot.session, &drafted, &accepted);
+    metrics_.add_drafts(drafted, accepted);
     JobResult r;
     r.n_prompt_tokens = slot.n_prompt;
     r.n_cached_tokens = slot.n_cached;

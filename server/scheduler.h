@@ -73,6 +73,8 @@ public:
 
     const std::vector<int32_t> &prompt() const { return prompt_; }
     const fastllm_sampling_params &params() const { return params_; }
+    // Speculative decoding for this job (without a call: none).
+    void set_speculative(const fastllm_speculative_params &p) { speculative_ = p, has_speculative_ = true; }
     clock::time_point arrived() const { return arrived_; }
 
 private:
@@ -82,6 +84,8 @@ private:
     std::vector<const char *> stop_ptrs_;  // into stops_, for params_.stop
     std::string grammar_;                  // params_.grammar points here
     fastllm_sampling_params params_;
+    fastllm_speculative_params speculative_{};
+    bool has_speculative_ = false;
     clock::time_point arrived_;
     std::atomic<bool> cancelled_{false};
 

@@ -145,3 +145,39 @@ def test_bad_options_are_refused(stories_model, smollm):
         assert s.generate("Once", 4, temperature=0.0)
         assert s.speculative_stats() == {"drafted": 0, "accepted": 0}
     assert lib.fastllm_session_set_speculative(None, None) == raw.ERR_INVALID_ARGUMENT
+
+
+# -- fastllm-server: "speculative" per server (--draft-model, --speculative) and per request ----------
+
+def test_server_speculative_greedy_equals_plain(stories_flm, smollm_flm, tmp_path):
+    import subprocess
+    from test_server import SERVER, Server
+    draft_path = convert(STORIES / "hf", tmp_path / "draft.flm", dtype="int8")
+    s = Server(stories_flm, "--max-sessions", 2, "--draft-model", draft_path)
+    try:
+        with s.client() as c:
+            def text(**extra):
+                r = c.completions.create(model="stories260K", prompt="Once upon a time", max_tokens=40, temperature=0,
+                                         extra_body=extra)
+                return r.choices[0].text
+            plain = text(speculative="off")
+            assert s.metrics()["fastllm_draft_tokens_total"] == 0
+            assert text() == plain  # the server's default here: draft
+            m = s.metrics()
+            assert 0 < m["fastllm_draft_tokens_accepted_total"] <= m["fastllm_draft_tokens_total"]
+            assert text(speculative="lookup", n_draft=3) == plain
+            assert text(speculative="draft", n_draft=16) == plain
+            import openai
+            for bad in ({"speculative": "maybe"}, {"n_draft": 0}, {"n_draft": 17}, {"speculative": 1}):
+                with pytest.raises(openai.BadRequestError):
+                    text(**bad)
+    finally:
+        assert s.stop() == 0
+    # options are validated before anything starts
+    r = subprocess.run([str(SERVER), str(stories_flm), "--draft-model", str(smollm_flm)], capture_output=True, text=True,
+                       timeout=60)
+    assert r.returncode == 1 and "vocabulary" in r.stderr
+    r = subprocess.run([str(SERVER), str(stories_flm), "--speculative", "draft"], capture_output=True, text=True, timeout=30)
+    assert r.returncode == 2 and "--draft-model" in r.stderr
+    r = subprocess.run([str(SERVER), str(stories_flm), "--n-draft", "40"], capture_output=True, text=True, timeout=30)
+    assert r.returncode == 2 and "--n-draft" in r.stderr
