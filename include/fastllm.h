@@ -467,13 +467,15 @@ FASTLLM_API fastllm_status fastllm_session_cancel(fastllm_session *session);
  * sampled output has the same distribution (not the same tokens for a seed). The drafts come from
  * a draft model (a smaller model of the same vocabulary, greedy, in a session of its own), or
  * without one from the context itself (prompt lookup: the tokens that followed the latest earlier
- * occurrence of the context's last ngram_max .. ngram_min tokens). After a step whose drafts all
- * failed, the next 2, 4, .. 32 steps draft nothing. Works with stop strings, grammars,
+ * occurrence of the context's last ngram_max .. ngram_min tokens). After a step whose drafting
+ * cost model passes for nothing, the next 2, 4, .. 128 steps draft nothing. Works with stop strings, grammars,
  * fastllm_generate_step and fastllm_session_generate. docs/api.md "Speculative decoding". */
 typedef struct fastllm_speculative_params {
     const fastllm_model *draft_model; /* NULL (default): prompt lookup; else must outlive the session */
     int32_t n_draft;                  /* most tokens drafted a step, 1 to 16 (default 5) */
     int32_t ngram_min, ngram_max;     /* prompt lookup: 1 <= min <= max <= 16 (default 1, 3) */
+    float p_min;                      /* draft model: drafting stops at a token it gives a probability
+                                         below this, 0 to 1 (default 0.6) */
 } fastllm_speculative_params;
 
 FASTLLM_API fastllm_speculative_params fastllm_speculative_default_params(void);

@@ -129,7 +129,7 @@ def test_sampled_tokens_have_the_same_distribution(stories_model, draft_model):
     assert share < 0.9, share
 
 
-def test_bad_options_are_refused(stories_model, smollm):
+def test_bad_options_are_refused(stories_model, draft_model, smollm):
     with stories_model.session() as s:
         for n_draft in (0, 17, -1):
             with pytest.raises(fastllm.FastLLMError, match="n_draft"):
@@ -141,6 +141,8 @@ def test_bad_options_are_refused(stories_model, smollm):
             s.speculative(smollm)
         with pytest.raises(fastllm.FastLLMError, match="own model"):
             s.speculative(stories_model)
+        with pytest.raises(fastllm.FastLLMError, match="p_min"):
+            s.speculative(draft_model, p_min=1.5)
         # still usable, without drafts
         assert s.generate("Once", 4, temperature=0.0)
         assert s.speculative_stats() == {"drafted": 0, "accepted": 0}

@@ -543,6 +543,7 @@ fastllm_speculative_params fastllm_speculative_default_params(void) {
     p.n_draft = d.n_draft;
     p.ngram_min = d.ngram_min;
     p.ngram_max = d.ngram_max;
+    p.p_min = d.p_min;
     return p;
 }
 
@@ -555,6 +556,7 @@ fastllm_status fastllm_session_set_speculative(fastllm_session *session, const f
         o.n_draft = params->n_draft;
         o.ngram_min = params->ngram_min;
         o.ngram_max = params->ngram_max;
+        o.p_min = params->p_min;
         session->impl.set_speculative(&o);
     });
 }

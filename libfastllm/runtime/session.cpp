@@ -220,7 +220,7 @@ void Session::begin_generation(const int32_t *prompt, size_t n_prompt, const Sam
 
     result_ = GenerationResult{};
     result_.n_prompt_tokens = (int)n_prompt;
-    if (spec_) spec_->drafted = spec_->accepted = spec_->misses = spec_->skip = 0;
+    if (spec_) spec_->drafted = spec_->accepted = 0;
     gen_.reset();
     has_gen_ = false;
     auto t0 = std::chrono::steady_clock::now();
@@ -328,9 +328,7 @@ void Session::set_speculative(const SpeculativeOptions *o) {
     spec_ = std::move(s);
 }
 
-// Drafts only where they fit: inside n_ctx without a shift and max_new_tokens. After a step whose
-// drafts all failed, the next 2, 4, ... 32 steps draft nothing, so that text the drafter cannot
-// guess costs (almost) nothing.
+// Drafts only where they fit: inside n_ctx without a shift and max_new_tokens.
 int Session::draft() {
     if (!spec_ || !gen_) return 0;
     Speculation &sp = *spec_;
@@ -343,6 +341,7 @@ int Session::draft() {
     const int k = std::min(sp.opt.n_draft, room);
     if (k <= 0) return 0;
     sp.n = sp.drafter->propose(tokens_.data(), tokens_.size(), k, sp.draft.data());
+    if (sp.n == 0 && sp.drafter->costly()) sp.back_off();
     if (sp.n > 0) {
         try {  // out of memory for the drafts' cache rows: no drafts, nothing else changes
             cache_.prepare((int)tokens_.size(), (int)tokens_.size() + sp.n);
@@ -379,7 +378,7 @@ void Session::verify() {
     }
     if (kept == sp.n && gen_) std::memcpy(logits_.data(), sp.logits.data() + (size_t)sp.n * V, V * sizeof(float));
     sp.accepted += kept;
-    if (kept == 0) sp.skip = std::min(1 << std::min(++sp.misses, 5), 32);
+    if (kept == 0) sp.back_off();
     else sp.misses = 0;
     if (n_evaluated_ < first + (size_t)sp.n) cache_.release_from((int)n_evaluated_);
     sp.n = 0;

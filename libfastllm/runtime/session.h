@@ -4,6 +4,7 @@
 // the model's (compute.h).
 #pragma once
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <memory>
@@ -133,6 +134,11 @@ private:
         std::vector<int32_t> draft;
         int n = 0, misses = 0, skip = 0;
         int64_t drafted = 0, accepted = 0;
+        // After a step whose drafting cost a model's passes for nothing (every draft failed, or a
+        // draft model too unsure to guess), the next 2, 4, ... 128 steps draft nothing, so that text
+        // the drafter cannot guess costs little (bench/bench_speculative.py, case "rejected"). The
+        // count goes on across generations.
+        void back_off() { skip = 1 << std::min(++misses, 7); }
     };
     void finish_generation(fastllm_stop_reason reason);
 

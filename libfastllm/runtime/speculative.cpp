@@ -1,6 +1,7 @@
 #include "runtime/speculative.h"
 
 #include <algorithm>
+#include <cmath>
 
 #include "api/error.h"
 #include "runtime/model.h"
@@ -28,17 +29,21 @@ public:
         }
         return 0;
     }
+    bool costly() const override { return false; }
 
 private:
     int min_, max_;
 };
 
 // A smaller model of the same vocabulary, greedy, in its own session that follows the target's
-// context: the common prefix is kept, the rest evaluated, then k - 1 single-token passes.
+// context: the common prefix is kept, the rest evaluated, then up to k - 1 single-token passes,
+// stopping at a token the draft model itself gives less than p_min (a guess it is unsure of is
+// seldom kept, and its pass is wasted).
 class DraftModel : public Drafter {
 public:
-    DraftModel(const Model &draft, const SessionOptions &target) : session_(draft, options(target)),
-                                                                   logits_((size_t)draft.config().vocab_size) {}
+    DraftModel(const Model &draft, const SessionOptions &target, float p_min)
+        : session_(draft, options(target)), logits_((size_t)draft.config().vocab_size), p_min_(p_min) {}
+    bool costly() const override { return true; }
     int propose(const int32_t *ctx, size_t n, int k, int32_t *out) override {
         try {
             const std::vector<int32_t> &have = session_.tokens();
@@ -48,7 +53,11 @@ public:
             session_.eval(ctx + common, n - common, FASTLLM_LOGITS_LAST, logits_.data());
             int got = 0;
             while (got < k) {
-                out[got] = (int32_t)(std::max_element(logits_.begin(), logits_.end()) - logits_.begin());
+                const auto top = std::max_element(logits_.begin(), logits_.end());
+                double sum = 0;  // softmax probability of the top token
+                for (float l : logits_) sum += std::exp((double)(l - *top));
+                if (1.0 / sum < p_min_) break;
+                out[got] = (int32_t)(top - logits_.begin());
                 if (++got == k) break;
                 session_.eval(out + got - 1, 1, FASTLLM_LOGITS_LAST, logits_.data());
             }
@@ -68,6 +77,7 @@ private:
     }
     Session session_;
     std::vector<float> logits_;
+    float p_min_;
 };
 
 }  // namespace
@@ -93,7 +103,8 @@ std::unique_ptr<Drafter> make_drafter(const Model &target, const SessionOptions 
     if (d.config().context_length < session.n_ctx)
         fail(FASTLLM_ERR_INVALID_ARGUMENT, "the draft model's context length %d is shorter than the session's n_ctx %d",
              d.config().context_length, session.n_ctx);
-    return std::make_unique<DraftModel>(d, session);
+    if (!(o.p_min >= 0.0f && o.p_min <= 1.0f)) fail(FASTLLM_ERR_INVALID_ARGUMENT, "p_min %g is not in [0, 1]", (double)o.p_min);
+    return std::make_unique<DraftModel>(d, session, o.p_min);
 }
 
 }  // namespace fastllm

@@ -19,6 +19,7 @@ struct SpeculativeOptions {
     const Model *draft_model = nullptr;  // nullptr: prompt lookup
     int n_draft = 5;                     // most tokens drafted a step
     int ngram_min = 1, ngram_max = 3;    // prompt lookup: the context's last n tokens matched, n from max down
+    float p_min = 0.6f;                  // draft model: drafting stops at a token it gives less
     static constexpr int kMaxDraft = 16;
 };
 
@@ -27,6 +28,8 @@ public:
     virtual ~Drafter() = default;
     // Up to k guesses of what follows context[0, n) into out; returns how many (0: no guess).
     virtual int propose(const int32_t *context, size_t n, int k, int32_t *out) = 0;
+    // Whether proposing costs passes of a model (so that a step without drafts is a miss too).
+    virtual bool costly() const = 0;
 };
 
 // Validates the options (n_draft, n-gram bounds; a draft model of the same vocabulary as `target`,

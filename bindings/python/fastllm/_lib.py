@@ -63,7 +63,8 @@ class SessionMemoryInfo(Structure):
 
 
 class SpeculativeParams(Structure):
-    _fields_ = [("draft_model", c_void_p), ("n_draft", c_int32), ("ngram_min", c_int32), ("ngram_max", c_int32)]
+    _fields_ = [("draft_model", c_void_p), ("n_draft", c_int32), ("ngram_min", c_int32), ("ngram_max", c_int32),
+                ("p_min", c_float)]
 
 
 class SamplingParams(Structure):

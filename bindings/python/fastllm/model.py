@@ -400,16 +400,19 @@ class Session(_Handle):
         with ERR_CANCELLED; a generation ends with stop reason "cancelled"). False if none was."""
         return lib.fastllm_session_cancel(self.handle) == raw.OK
 
-    def speculative(self, draft: "Model | None" = None, n_draft: int = 5, ngram: tuple[int, int] = (1, 3)) -> None:
+    def speculative(self, draft: "Model | None" = None, n_draft: int = 5, ngram: tuple[int, int] = (1, 3),
+                    p_min: float = 0.6) -> None:
         """Speculative decoding for the generations that follow: each step drafts up to n_draft
         tokens with the draft model (same vocabulary, smaller), or without one from the context
-        (prompt lookup of its last ngram[1] .. ngram[0] tokens), and keeps those this model would
+        (prompt lookup of its last ngram[1] .. ngram[0] tokens; a draft model stops at a token it
+        gives less than p_min), and keeps those this model would
         have produced. Greedy text is identical; sampled text has the same distribution.
         speculative_stats() tells how many were drafted and kept. Off: speculative_off()."""
         params = lib.fastllm_speculative_default_params()
         params.draft_model = draft.handle if draft is not None else None
         params.n_draft = n_draft
         params.ngram_min, params.ngram_max = ngram
+        params.p_min = p_min
         _check(lib.fastllm_session_set_speculative(self.handle, ctypes.byref(params)))
         self._draft = draft  # kept alive while this session may draft with it
 
