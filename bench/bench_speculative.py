@@ -42,7 +42,7 @@ def converted(src: Path, work: Path, name: str, dtype: str) -> Path:
 
 
 def one(model, prompt_ids, n_gen, threads, draft=None, lookup=False, n_draft=5):
-    with model.session(threads=threads) as s:
+    with model.session(n_ctx=1024, threads=threads) as s:  # the 110M draft's context
         if draft is not None or lookup:
             s.speculative(draft, n_draft=n_draft)
         s.generate(prompt_ids, n_gen, temperature=0.0, ignore_eos=True)

@@ -475,7 +475,7 @@ typedef struct fastllm_speculative_params {
     int32_t n_draft;                  /* most tokens drafted a step, 1 to 16 (default 5) */
     int32_t ngram_min, ngram_max;     /* prompt lookup: 1 <= min <= max <= 16 (default 1, 3) */
     float p_min;                      /* draft model: drafting stops at a token it gives a probability
-                                         below this, 0 to 1 (default 0.6) */
+                                         below this, 0 to 1 (default 0: never) */
 } fastllm_speculative_params;
 
 FASTLLM_API fastllm_speculative_params fastllm_speculative_default_params(void);

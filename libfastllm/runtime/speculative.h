@@ -19,7 +19,7 @@ struct SpeculativeOptions {
     const Model *draft_model = nullptr;  // nullptr: prompt lookup
     int n_draft = 5;                     // most tokens drafted a step
     int ngram_min = 1, ngram_max = 3;    // prompt lookup: the context's last n tokens matched, n from max down
-    float p_min = 0.6f;                  // draft model: drafting stops at a token it gives less
+    float p_min = 0.0f;                  // draft model: drafting stops at a token it gives less (0: never)
     static constexpr int kMaxDraft = 16;
 };
 

@@ -401,7 +401,7 @@ class Session(_Handle):
         return lib.fastllm_session_cancel(self.handle) == raw.OK
 
     def speculative(self, draft: "Model | None" = None, n_draft: int = 5, ngram: tuple[int, int] = (1, 3),
-                    p_min: float = 0.6) -> None:
+                    p_min: float = 0.0) -> None:
         """Speculative decoding for the generations that follow: each step drafts up to n_draft
         tokens with the draft model (same vocabulary, smaller), or without one from the context
         (prompt lookup of its last ngram[1] .. ngram[0] tokens; a draft model stops at a token it
