@@ -62,7 +62,7 @@ public:
                 session_.eval(out + got - 1, 1, FASTLLM_LOGITS_LAST, logits_.data());
             }
             return got;
-        } catch (const Error &e) {  // its context full, out of memory: no draft this step
+        } catch (const Error &) {  // its context full, out of memory: no draft this step
             session_.truncate(0);
             return 0;
         }
