@@ -57,7 +57,7 @@ extern "C" {
 #define FASTLLM_VERSION_MAJOR 0
 #define FASTLLM_VERSION_MINOR 5
 #define FASTLLM_VERSION_PATCH 0
-#define FASTLLM_ABI_VERSION 6
+#define FASTLLM_ABI_VERSION 7
 
 typedef enum fastllm_status {
     FASTLLM_OK = 0,
@@ -419,6 +419,28 @@ FASTLLM_API fastllm_status fastllm_session_begin_generation(fastllm_session *ses
  * do not step it again before beginning a new one. */
 FASTLLM_API fastllm_status fastllm_generate_step(fastllm_session *const *sessions, size_t n_sessions,
                                                  int32_t *out_done);
+/* Batched prompt admission. As fastllm_session_begin_generation, but the prompt is only checked and
+ * queued (out of memory and a full context fail here): the following steps evaluate it, a chunk
+ * at a time, in the same passes as the other sessions' new tokens, so that a long prompt does not
+ * stall them. Its first token comes from the step after its last chunk (until then a step reports
+ * it not done and produces no token for it). While the prompt is queued, fastllm_session_eval and
+ * fastllm_session_save_state refuse (FASTLLM_ERR_INVALID_ARGUMENT); a cancel keeps the part
+ * evaluated. docs/api.md "Batched prompt admission". */
+FASTLLM_API fastllm_status fastllm_session_begin_generation_deferred(fastllm_session *session,
+                                                                     const int32_t *prompt_tokens,
+                                                                     size_t n_prompt_tokens,
+                                                                     const fastllm_sampling_params *params,
+                                                                     fastllm_stream_callback callback,
+                                                                     void *user_data);
+typedef struct fastllm_step_params {
+    /* Most tokens of deferred prompts one step evaluates, over all its sessions, given out in the
+     * order listed (default 256; at least 1). fastllm_generate_step uses the default. */
+    int32_t max_prompt_tokens;
+} fastllm_step_params;
+FASTLLM_API fastllm_step_params fastllm_step_default_params(void);
+/* fastllm_generate_step with params (NULL: the defaults). */
+FASTLLM_API fastllm_status fastllm_generate_step_ex(fastllm_session *const *sessions, size_t n_sessions,
+                                                    const fastllm_step_params *params, int32_t *out_done);
 /* 1 while the session has a generation in progress, else 0. */
 FASTLLM_API int fastllm_session_is_generating(const fastllm_session *session);
 /* The session's last generation's result (final once it has ended). */

@@ -511,15 +511,39 @@ fastllm_status fastllm_session_begin_generation(fastllm_session *session, const 
     });
 }
 
-fastllm_status fastllm_generate_step(fastllm_session *const *sessions, size_t n_sessions, int32_t *out_done) {
+fastllm_status fastllm_session_begin_generation_deferred(fastllm_session *session, const int32_t *prompt_tokens,
+                                                         size_t n_prompt_tokens, const fastllm_sampling_params *params,
+                                                         fastllm_stream_callback callback, void *user_data) {
+    REQUIRE(session, "session");
+    return guard([&] {
+        session->impl.begin_generation(prompt_tokens, n_prompt_tokens, sampling_options(params), callback, user_data,
+                                       true);
+    });
+}
+
+fastllm_step_params fastllm_step_default_params(void) {
+    fastllm_step_params p;
+    // 256 prompt tokens add about one 256-token prompt pass to a step (SmolLM2-135M on 2 cores:
+    // ~0.2 s), the stall a running stream sees while a long prompt is admitted.
+    p.max_prompt_tokens = 256;
+    return p;
+}
+
+fastllm_status fastllm_generate_step_ex(fastllm_session *const *sessions, size_t n_sessions,
+                                        const fastllm_step_params *params, int32_t *out_done) {
     REQUIRE(sessions || n_sessions == 0, "sessions");
     REQUIRE(out_done || n_sessions == 0, "out_done");
+    const fastllm_step_params p = params ? *params : fastllm_step_default_params();
     return guard([&] {
         // fastllm_session wraps Session as its only member, so the impl pointers are looked up once.
         std::vector<fastllm::Session *> impls(n_sessions);
         for (size_t i = 0; i < n_sessions; i++) impls[i] = sessions[i] ? &sessions[i]->impl : nullptr;
-        fastllm::Session::step(impls.data(), n_sessions, out_done);
+        fastllm::Session::step(impls.data(), n_sessions, out_done, p.max_prompt_tokens);
     });
+}
+
+fastllm_status fastllm_generate_step(fastllm_session *const *sessions, size_t n_sessions, int32_t *out_done) {
+    return fastllm_generate_step_ex(sessions, n_sessions, nullptr, out_done);
 }
 
 int fastllm_session_is_generating(const fastllm_session *session) { return session && session->impl.generating(); }

@@ -191,6 +191,9 @@ void Session::eval(const int32_t *tokens, size_t n, fastllm_logits_mode mode, fl
     cancel_ = false;
     if (mode != FASTLLM_LOGITS_NONE && !out_logits) fail(FASTLLM_ERR_INVALID_ARGUMENT, "out_logits is NULL");
     if (n == 0) fail(FASTLLM_ERR_INVALID_ARGUMENT, "no tokens to evaluate");
+    if (gen_ && gen_->prefill)
+        fail(FASTLLM_ERR_INVALID_ARGUMENT, "the session's generation has a deferred prompt that the steps evaluate; "
+             "cancel the generation first");
     check_tokens(tokens, n);
     run_pending(FASTLLM_LOGITS_NONE, nullptr);  // a token sampled last by generate() is still pending
     make_room(n);
@@ -209,7 +212,7 @@ void Session::eval(const int32_t *tokens, size_t n, fastllm_logits_mode mode, fl
 }
 
 void Session::begin_generation(const int32_t *prompt, size_t n_prompt, const SamplingOptions &p,
-                               fastllm_stream_callback callback, void *user_data) {
+                               fastllm_stream_callback callback, void *user_data, bool deferred) {
     Busy busy(*this);
     cancel_ = false;
     if (p.max_new_tokens < 0) fail(FASTLLM_ERR_INVALID_ARGUMENT, "max_new_tokens must not be negative");
@@ -225,8 +228,22 @@ void Session::begin_generation(const int32_t *prompt, size_t n_prompt, const Sam
     has_gen_ = false;
     auto t0 = std::chrono::steady_clock::now();
     make_room(n_prompt);
+    const size_t from = tokens_.size(), end = from + n_prompt;
+    if (deferred) {
+        // Out of memory here rather than in a step: the layers without a window get the prompt's
+        // blocks now (as run_pending does before its first pass).
+        cache_.prepare((int)std::min(n_evaluated_, end - 1), (int)end, false);
+    }
     tokens_.insert(tokens_.end(), prompt, prompt + n_prompt);
     if (n_evaluated_ == tokens_.size()) n_evaluated_--;  // re-run the last token to get its logits
+    if (deferred) {
+        gen_ = std::make_unique<Generation>(p, model_.config().vocab_size, callback, user_data, std::move(grammar));
+        gen_->prefill = true;
+        gen_->prompt_from = from;
+        gen_->start = t0;  // until the prompt is evaluated: when it began
+        has_gen_ = true;
+        return;
+    }
     try {
         run_pending(FASTLLM_LOGITS_LAST, logits_.data());
     } catch (const Error &e) {
@@ -240,8 +257,29 @@ void Session::begin_generation(const int32_t *prompt, size_t n_prompt, const Sam
     gen_ = std::make_unique<Generation>(p, model_.config().vocab_size, callback, user_data, std::move(grammar));
     gen_->start = std::chrono::steady_clock::now();
     has_gen_ = true;
-    if (p.max_new_tokens == 0) finish_generation(FASTLLM_STOP_MAX_TOKENS);
+    sampling_starts();
+}
+
+bool Session::sampling_starts() {
+    if (gen_->params.max_new_tokens == 0) finish_generation(FASTLLM_STOP_MAX_TOKENS);
     else if (gen_->grammar && gen_->grammar->finished()) finish_generation(FASTLLM_STOP_GRAMMAR);  // it matches only ""
+    return gen_ != nullptr;
+}
+
+void Session::prompt_evaluated() {
+    result_.prompt_ms = ms_since(gen_->start);
+    gen_->start = std::chrono::steady_clock::now();
+    gen_->prefill = false;
+}
+
+void Session::cancel_generation() {
+    if (!gen_) return;
+    if (gen_->prefill) {  // as a cancelled evaluation: the evaluated part of the prompt stays
+        tokens_.resize(std::max(n_evaluated_, gen_->prompt_from));
+        cache_.release_from((int)n_evaluated_);
+        prompt_evaluated();
+    }
+    finish_generation(FASTLLM_STOP_CANCELLED);
 }
 
 void Session::finish_generation(fastllm_stop_reason reason) {
@@ -384,9 +422,11 @@ void Session::verify() {
     sp.n = 0;
 }
 
-void Session::step(Session *const *sessions, size_t n, int32_t *done) {
+void Session::step(Session *const *sessions, size_t n, int32_t *done, int max_prompt_tokens) {
     if (n == 0) return;
     if (!sessions || !done) fail(FASTLLM_ERR_INVALID_ARGUMENT, "sessions or done is NULL");
+    if (max_prompt_tokens < 1)
+        fail(FASTLLM_ERR_INVALID_ARGUMENT, "max_prompt_tokens must be at least 1, not %d", max_prompt_tokens);
     for (size_t i = 0; i < n; i++) {
         if (!sessions[i]) fail(FASTLLM_ERR_INVALID_ARGUMENT, "session %zu is NULL", i);
         if (&sessions[i]->model_ != &sessions[0]->model_)
@@ -405,10 +445,18 @@ void Session::step(Session *const *sessions, size_t n, int32_t *done) {
             for (size_t i = 0; i < n; i++) s[i]->busy_.fetch_sub(1);
         }
     } busy(sessions, n);
-    // The cache block of each session's next position first: running out of memory then leaves
-    // every session as it was.
+    // The cache blocks of each session's next position (or prompt chunk) first: running out of
+    // memory then leaves every session as it was. Deferred prompts share the step's prompt budget
+    // in the order listed.
+    int budget = max_prompt_tokens;
     for (size_t i = 0; i < n; i++) {
         Session &s = *sessions[i];
+        if (s.gen_->prefill) {
+            s.gen_->chunk = (int)std::min<size_t>((size_t)budget, s.tokens_.size() - s.n_evaluated_);
+            budget -= s.gen_->chunk;
+            s.cache_.prepare((int)s.n_evaluated_, (int)s.n_evaluated_ + s.gen_->chunk);
+            continue;
+        }
         const int pos = (int)s.tokens_.size();
         if (pos < s.opt_.n_ctx) s.cache_.prepare(pos, pos + 1);
     }
@@ -424,6 +472,22 @@ void Session::step(Session *const *sessions, size_t n, int32_t *done) {
     };
     for (size_t i = 0; i < n; i++) {
         Session &s = *sessions[i];
+        if (s.gen_->prefill) {  // a chunk of the prompt; the logits of its last token only
+            done[i] = 0;
+            if (s.cancel_.load()) {
+                s.cancel_generation();
+                done[i] = 1;
+                continue;
+            }
+            for (int t = 0; t < s.gen_->chunk; t++) {
+                const size_t p = s.n_evaluated_ + t;
+                c.rows[n_rows] = ForwardRow{&s.cache_, (int)p, p + 1 == s.tokens_.size() ? s.logits_.data() : nullptr};
+                c.tokens[n_rows] = s.tokens_[p];
+                if (++n_rows == (size_t)c.work.max_batch) flush();
+            }
+            s.n_evaluated_ += s.gen_->chunk;
+            continue;
+        }
         done[i] = s.sample_next() ? 0 : 1;
         if (done[i]) continue;
         s.cache_.prepare((int)s.n_evaluated_, (int)s.n_evaluated_ + 1);  // a shift may have moved it
@@ -442,7 +506,12 @@ void Session::step(Session *const *sessions, size_t n, int32_t *done) {
     for (size_t i = 0; i < n; i++) {
         if (done[i]) continue;
         Session &s = *sessions[i];
-        if (s.spec_ && s.spec_->n) {
+        if (s.gen_->prefill) {
+            if (s.n_evaluated_ == s.tokens_.size()) {
+                s.prompt_evaluated();
+                if (!s.sampling_starts()) done[i] = 1;
+            }
+        } else if (s.spec_ && s.spec_->n) {
             s.verify();
             if (!s.gen_) done[i] = 1;  // it ended inside the drafts
         }
@@ -455,7 +524,7 @@ void Session::generate(const int32_t *prompt, size_t n_prompt, const SamplingOpt
     begin_generation(prompt, n_prompt, p, callback, user_data);
     Session *self = this;
     int32_t done = gen_ ? 0 : 1;
-    while (!done) step(&self, 1, &done);
+    while (!done) step(&self, 1, &done, 1);  // its prompt is evaluated already
     result = result_;
 }
 

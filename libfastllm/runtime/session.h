@@ -49,17 +49,17 @@ public:
     void eval(const int32_t *tokens, size_t n, fastllm_logits_mode mode, float *out_logits);
 
     // Generation, one token at a time, so that several sessions can advance together:
-    // begin_generation evaluates the prompt; step() then samples one token for each session and
-    // evaluates all the new tokens in one pass over the weights.
+    // begin_generation evaluates the prompt (deferred: leaves it to the steps); step() then samples
+    // one token for each session and evaluates all the new tokens in one pass over the weights.
     void begin_generation(const int32_t *prompt, size_t n_prompt, const SamplingOptions &params,
-                          fastllm_stream_callback callback, void *user_data);
+                          fastllm_stream_callback callback, void *user_data, bool deferred = false);
     bool generating() const { return gen_ != nullptr; }
-    void cancel_generation() {
-        if (gen_) finish_generation(FASTLLM_STOP_CANCELLED);
-    }
+    void cancel_generation();
     const GenerationResult &generation_result() const { return result_; }
-    // Advances each session by one token; sets done[i] when session i's generation ended.
-    static void step(Session *const *sessions, size_t n, int32_t *done);
+    // Advances each session by one token, or, while its prompt is deferred, by a chunk of the prompt:
+    // up to max_prompt_tokens of them over all sessions, in the order listed, in the same passes.
+    // Sets done[i] when session i's generation ended.
+    static void step(Session *const *sessions, size_t n, int32_t *done, int max_prompt_tokens);
 
     // begin_generation + step until done (see fastllm_session_generate).
     void generate(const int32_t *prompt, size_t n_prompt, const SamplingOptions &params,
@@ -93,6 +93,11 @@ private:
         std::unique_ptr<GrammarMatcher> grammar;  // of params.grammar, when it has one
         std::chrono::steady_clock::time_point start;
         int32_t exclude = -1;  // a draft rejected at the next position: the next token is drawn from the others
+        // A deferred prompt: steps evaluate tokens_[n_evaluated_..] (`chunk` of them this step) before
+        // sampling starts; on a cancel the context keeps tokens_[..prompt_from] at least.
+        bool prefill = false;
+        size_t prompt_from = 0;
+        int chunk = 0;
         // matcher: params.grammar's, made beforehand; nullptr: made here when there is a grammar.
         Generation(const SamplingOptions &p, int vocab, fastllm_stream_callback cb, void *user,
                    std::unique_ptr<GrammarMatcher> matcher = nullptr)
@@ -115,6 +120,11 @@ private:
     void keep_or_recompute();
     // An empty KV cache of this session's shape, types and windows.
     KvCache make_cache() const;
+    // After the prompt: ends a generation that has nothing to sample (max_new_tokens 0, a grammar
+    // matching only ""); returns false then.
+    bool sampling_starts();
+    // The deferred prompt is evaluated (or cancelled): its time is prompt_ms, generation time starts.
+    void prompt_evaluated();
     // Samples this session's next token; returns false when its generation has ended.
     bool sample_next();
     // The sampled (or accepted) token into the context, the text stream and the grammar; false

@@ -93,6 +93,9 @@ SamplingOptions get_options(Reader &r) {
 }  // namespace
 
 std::vector<uint8_t> Session::save_state() const {
+    if (gen_ && gen_->prefill)
+        fail(FASTLLM_ERR_INVALID_ARGUMENT, "the session's generation has a deferred prompt not yet evaluated; "
+             "step until its first token, or cancel the generation");
     Writer w;
     w.bytes(kMagic, sizeof kMagic);
     w.put(kStateVersion);

@@ -12,7 +12,7 @@ from ctypes import (CFUNCTYPE, POINTER, Structure, c_char, c_char_p, c_double, c
                     c_uint64, c_void_p)
 from pathlib import Path
 
-FASTLLM_ABI_VERSION = 6
+FASTLLM_ABI_VERSION = 7
 
 # fastllm_status
 OK = 0
@@ -97,6 +97,10 @@ class ChatParams(Structure):
 
 
 StreamCallback = CFUNCTYPE(c_int, POINTER(c_char), c_size_t, c_void_p)
+class StepParams(Structure):
+    _fields_ = [("max_prompt_tokens", c_int32)]
+
+
 LogCallback = CFUNCTYPE(None, c_int, c_char_p, c_void_p)
 
 # fastllm_log_level
@@ -139,6 +143,10 @@ _PROTOTYPES = {
     "fastllm_session_begin_generation": (c_int, [c_void_p, POINTER(c_int32), c_size_t, POINTER(SamplingParams),
                                                  StreamCallback, c_void_p]),
     "fastllm_generate_step": (c_int, [POINTER(c_void_p), c_size_t, POINTER(c_int32)]),
+    "fastllm_session_begin_generation_deferred": (c_int, [c_void_p, POINTER(c_int32), c_size_t,
+                                                          POINTER(SamplingParams), StreamCallback, c_void_p]),
+    "fastllm_step_default_params": (StepParams, []),
+    "fastllm_generate_step_ex": (c_int, [POINTER(c_void_p), c_size_t, POINTER(StepParams), POINTER(c_int32)]),
     "fastllm_session_is_generating": (c_int, [c_void_p]),
     "fastllm_session_generation_result": (c_int, [c_void_p, POINTER(GenerationResult)]),
     "fastllm_session_cancel_generation": (c_int, [c_void_p]),
