@@ -2,7 +2,7 @@
 //
 //   fastllm-server MODEL.flm [--host 127.0.0.1] [--port 8080] [--threads N] [--max-sessions N]
 //                  [--max-queue N] [--n-ctx N] [--api-key KEY] [--model-name NAME]
-//                  [--draft-model PATH] [--speculative off|lookup|draft] [--n-draft N]
+//                  [--draft-model PATH] [--speculative off|lookup|draft] [--n-draft N] [--prefill-chunk N]
 //
 // main wires the pieces together: the model (engine), the batching scheduler, the HTTP routes,
 // and the signal handling for a graceful shutdown on SIGINT / SIGTERM.
@@ -62,6 +62,8 @@ const char *const kUsage =
     "  --speculative MODE   requests' default: off, lookup (prompt lookup) or draft (default: draft\n"
     "                       with --draft-model, else off); a request's \"speculative\" field overrides it\n"
     "  --n-draft N          most tokens drafted a step (1 to 16, default 5; a request's \"n_draft\")\n"
+    "  --prefill-chunk N    new requests' prompt tokens evaluated a step, in the same pass as the running\n"
+    "                       requests' next tokens (default 256); 0 = each prompt whole, on admission\n"
     "  -h, --help           this text\n";
 
 struct Options {
@@ -78,6 +80,7 @@ struct Options {
     std::string draft_model_path;
     std::string speculative;  // "" = draft with a draft model, else off
     int n_draft = 5;
+    int prefill_chunk = 256;
 };
 
 [[noreturn]] void usage_error(const std::string &message) {
@@ -135,6 +138,7 @@ Options parse_options(int argc, char **argv) {
             o.speculative = value;
         }
         else if (a == "--n-draft") o.n_draft = (int)parse_int(a, v, 1, 16);
+        else if (a == "--prefill-chunk") o.prefill_chunk = (int)parse_int(a, v, 0, 1 << 20);
         else usage_error("unknown option " + a);
     }
     if (o.model_path.empty()) usage_error("no model given");
@@ -194,6 +198,7 @@ int main(int argc, char **argv) {
     so.max_sessions = opt.max_sessions;
     so.max_queue = opt.max_queue;
     so.n_ctx = opt.n_ctx;
+    so.prefill_chunk = opt.prefill_chunk;
     Scheduler scheduler(engine->model(), so, metrics);
     if (!scheduler.start(error)) {
         std::fprintf(stderr, "fastllm-server: %s\n", error.c_str());

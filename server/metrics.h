@@ -21,7 +21,7 @@ public:
     void add_prompt_tokens(int64_t n);
     void add_drafts(int64_t drafted, int64_t accepted);  // speculative decoding
     void add_generated_tokens(int64_t n);  // also feeds the recent tokens/s gauge
-    void count_step(size_t batch_size);    // one fastllm_generate_step over batch_size sessions
+    void count_step(size_t batch_size);    // one step giving batch_size sessions a token (not counting prompt chunks)
     void observe_time_to_first_token(double seconds);
     void observe_request_duration(double seconds);
 

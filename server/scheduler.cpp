@@ -225,15 +225,15 @@ void Scheduler::begin(Slot &slot) {
         r.error = library_error(s, "speculative");
         return end(slot, r);
     }
-    s = fastllm_session_begin_generation(slot.session, job.prompt_.data() + reused,
-                                                        job.prompt_.size() - reused, &job.params_, on_text, &job);
+    auto begin = options_.prefill_chunk > 0 ? fastllm_session_begin_generation_deferred : fastllm_session_begin_generation;
+    s = begin(slot.session, job.prompt_.data() + reused, job.prompt_.size() - reused, &job.params_, on_text, &job);
     if (s != FASTLLM_OK) {
         JobResult r;
         r.reason = FinishReason::Error;
         r.error = library_error(s, "prompt");
         return end(slot, r);
     }
-    slot.timings.prompt_ms = ms_since(job.arrived()) - slot.timings.queued_ms;
+    if (options_.prefill_chunk == 0) slot.timings.prompt_ms = ms_since(job.arrived()) - slot.timings.queued_ms;
     metrics_.add_prompt_tokens((int64_t)job.prompt_.size());
     if (!fastllm_session_is_generating(slot.session)) end_with_library_result(slot);
 }
@@ -304,6 +304,7 @@ void Scheduler::end_with_library_result(Slot &slot) {
     int64_t drafted = 0, accepted = 0;
     fastllm_session_speculative_stats(slot.session, &drafted, &accepted);
     metrics_.add_drafts(drafted, accepted);
+    if (slot.timings.prompt_ms < 0 && g.prompt_ms > 0) slot.timings.prompt_ms = g.prompt_ms;  // ended before a token
     JobResult r;
     r.n_prompt_tokens = slot.n_prompt;
     r.n_cached_tokens = slot.n_cached;
@@ -320,15 +321,22 @@ void Scheduler::end_with_library_result(Slot &slot) {
 void Scheduler::step() {
     std::vector<fastllm_session *> batch;
     std::vector<Slot *> owners;
-    for (auto &slot : slots_) {
-        if (!slot.job) continue;
-        batch.push_back(slot.session);
-        owners.push_back(&slot);
+    for (auto &slot : slots_)
+        if (slot.job) owners.push_back(&slot);
+    if (owners.empty()) return;
+    // Oldest first: the step's prompt budget goes to the jobs waiting longest.
+    std::stable_sort(owners.begin(), owners.end(),
+                     [](const Slot *a, const Slot *b) { return a->job->arrived() < b->job->arrived(); });
+    size_t decoding = 0;  // the others' prompts are still queued: this step gives them no token
+    for (Slot *slot : owners) {
+        batch.push_back(slot->session);
+        decoding += fastllm_session_n_cached(slot->session) == fastllm_session_n_tokens(slot->session);
     }
-    if (batch.empty()) return;
     std::vector<int32_t> done(batch.size(), 0);
-    fastllm_status s = fastllm_generate_step(batch.data(), batch.size(), done.data());
-    metrics_.count_step(batch.size());
+    fastllm_step_params sp = fastllm_step_default_params();
+    if (options_.prefill_chunk > 0) sp.max_prompt_tokens = options_.prefill_chunk;
+    fastllm_status s = fastllm_generate_step_ex(batch.data(), batch.size(), &sp, done.data());
+    if (decoding) metrics_.count_step(decoding);
     if (s != FASTLLM_OK) {  // a bug rather than bad input: every job in the step fails
         JobResult r;
         r.reason = FinishReason::Error;
@@ -347,6 +355,7 @@ void Scheduler::step() {
         fastllm_session_generation_result(slot.session, &g);
         if (g.n_generated_tokens > slot.n_generated) {
             if (slot.n_generated == 0) {
+                if (slot.timings.prompt_ms < 0) slot.timings.prompt_ms = g.prompt_ms;  // a deferred prompt's
                 slot.timings.first_token_ms = ms_since(slot.job->arrived());
                 metrics_.observe_time_to_first_token(slot.timings.first_token_ms / 1000.0);
             }

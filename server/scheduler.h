@@ -1,10 +1,11 @@
 // Continuous batching. One scheduler thread owns every session (the C API lets one thread at a
 // time use a session); HTTP threads hand it Jobs and read their text back through the Job.
 //
-// Loop: admit waiting jobs into free sessions (fastllm_session_reset, then
-// fastllm_session_begin_generation evaluates the prompt), drop cancelled ones
-// (fastllm_session_cancel_generation), then one fastllm_generate_step over ALL active sessions:
-// one new token each, in one pass over the weights. Jobs join and leave between steps.
+// Loop: admit waiting jobs into free sessions (a prefix reused, then
+// fastllm_session_begin_generation_deferred queues the rest of the prompt), drop cancelled ones
+// (fastllm_session_cancel_generation), then one fastllm_generate_step_ex over ALL active sessions:
+// one new token each, and up to prefill_chunk tokens of the new jobs' prompts (the oldest job's
+// first), in the same passes over the weights. Jobs join and leave between steps.
 #pragma once
 
 #include <atomic>
@@ -100,6 +101,9 @@ struct SchedulerOptions {
     int max_sessions = 4;
     int max_queue = 64;
     int n_ctx = 0;  // 0 = the model's context length
+    // Prompt tokens a step evaluates beside the running jobs' next tokens, so that a new long
+    // prompt delays them by at most one such chunk a step; 0: each prompt whole, on admission.
+    int prefill_chunk = 256;
 };
 
 class Scheduler {

@@ -342,6 +342,55 @@ def test_16_concurrent_clients_get_their_greedy_output(server, client, model):
     assert after["fastllm_active_sessions"] == 0 and after["fastllm_queue_depth"] == 0
 
 
+LONG = ("Once upon a time, there was a little girl named Lily. She loved to play outside in the sun. One day, "
+        "she saw a big red ball in the park. She ran to get it, but a dog took it first. Lily was sad. ")
+
+
+def stream_text(raw: bytes) -> str:
+    """The completion text of a raw chunked SSE response."""
+    out = []
+    for line in raw.split(b"\n"):
+        if line.startswith(b"data: {"):
+            out += [c["text"] for c in json.loads(line[6:])["choices"]]
+    return "".join(out)
+
+
+@pytest.mark.parametrize("chunk", [8, 0])
+def test_a_long_prompt_is_admitted_beside_a_running_stream(smollm_flm, chunk):
+    """SmolLM2-135M (steps of tens of ms, so that HTTP and client jitter do not matter). With
+    --prefill-chunk 8 a 400-token prompt takes 50 steps, each also decoding the stream already
+    running, which (24 tokens) ends before the new request's first token; with 0 (the whole prompt
+    on admission) the running stream waits, and the new request's first token comes within a step,
+    before it ends. Both get their greedy text. Raw sockets: the client reads each stream as it comes."""
+    import fastllm
+    with fastllm.Model(smollm_flm, threads=1) as model:
+        long_prompt = model.detokenize(model.tokenize(LONG * 8)[:400])
+        expected_a = model.generate("Tom had a big dog", 24, temperature=0.0, ignore_eos=True)
+        expected_b = model.generate(long_prompt, 8, temperature=0.0)
+    server = Server(smollm_flm, "--max-sessions", 2, "--prefill-chunk", chunk, "--model-name", "m")
+    try:
+        a_sock, a_got = open_stream(server, "/v1/completions", dict(
+            model="m", prompt="Tom had a big dog", max_tokens=24, temperature=0, stream=True, ignore_eos=True))
+        a = {}
+
+        def running():
+            a["raw"] = read_to_end(a_sock, a_got)
+            a["end"] = time.perf_counter()
+
+        t = threading.Thread(target=running)
+        t.start()
+        b_sock, b_got = open_stream(server, "/v1/completions", dict(
+            model="m", prompt=long_prompt, max_tokens=8, temperature=0, stream=True))
+        first = time.perf_counter()
+        b_raw = read_to_end(b_sock, b_got)
+        t.join(60)
+        assert stream_text(a["raw"]) == expected_a
+        assert stream_text(b_raw) == expected_b
+        assert (a["end"] < first) == (chunk == 8), a["end"] - first
+    finally:
+        assert server.stop() == 0
+
+
 def test_queue_full_gets_503_and_slots_come_back(chat_flm):
     s = Server(chat_flm, "--max-sessions", 1, "--max-queue", 1)
     try:
