@@ -1,11 +1,17 @@
 """Load test of fastllm-server: a bounded number of streamed completions at concurrency levels
 1, 2, 4, 8, 16 (asyncio; a minimal raw HTTP client, or the official openai one; loopback only). Reports requests/s, generated
-tokens/s, p50/p99 latency and time to first token per level, and the throughput ratio 8 vs 1.
+tokens/s, p50/p99 latency and p50/p95 time to first token per level, and the throughput ratio 8 vs 1.
 
     python3 bench/bench_server.py --model model.flm                 # starts a server on a free port
     python3 bench/bench_server.py --model_path ../shared/models/stories260K/hf
     python3 bench/bench_server.py --random 110m                      # random weights (bench_speed's shapes)
     python3 bench/bench_server.py --url http://127.0.0.1:8080        # a server that is already running
+
+Batched prompt admission, before (0: each prompt whole on admission) and after, alternating servers
+in the same run, with prompts of 200 tokens each from Tiny Shakespeare (none shares a prefix):
+
+    python3 bench/bench_server.py --model smollm2.flm --levels 1,8,32 --max_sessions 32 \
+        --prompt_tokens 200 --prefill_chunk 0,256 --repeat 3
 
 Every request streams exactly --max_tokens tokens (ignore_eos, greedy) from one of a few short
 prompts, so the levels do the same work per request. Latency is measured by the client; the time to
@@ -31,6 +37,7 @@ from urllib.parse import urlparse
 REPO = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(REPO / "bench"), str(REPO / "bindings" / "python"), str(REPO)]
 
+SHAKESPEARE = REPO.parent / "shared" / "models" / "corpora" / "tinyshakespeare.txt"
 PROMPTS = ["Once upon a time", "Tom had a big dog", "The sun was", "Lily and Ben went to the park", "One day",
            "The cat sat", "Mom said", "There was a bird"]
 
@@ -54,13 +61,28 @@ def model_file(args) -> Path:
     return flm
 
 
-def start_server(flm: Path, args) -> tuple[subprocess.Popen, str]:
+def long_prompts(flm: Path | None, n_tokens: int, count: int) -> list[str]:
+    """count prompts of n_tokens tokens (about, without a model file) from distinct places of the
+    corpus, so that no request finds another's prefix in the server's sessions."""
+    text = SHAKESPEARE.read_text()
+    step = len(text) // count
+    pieces = [text[i * step:i * step + n_tokens * 6] for i in range(count)]
+    if flm is None:
+        return [p[:n_tokens * 4] for p in pieces]
+    import fastllm
+    with fastllm.Model(str(flm), threads=1) as m:
+        return [m.detokenize(m.tokenize(p, add_bos=False)[:n_tokens]) for p in pieces]
+
+
+def start_server(flm: Path, args, prefill_chunk: int | None = None) -> tuple[subprocess.Popen, str]:
     binary = args.server or REPO / "build" / "fastllm-server"
     cmd = [str(binary), str(flm), "--host", "127.0.0.1", "--port", "0", "--threads", str(args.threads),
            "--max-sessions", str(args.max_sessions), "--max-queue", str(max(64, max(args.levels))),
            "--model-name", "bench"]
     if args.n_ctx:
         cmd += ["--n-ctx", str(args.n_ctx)]
+    if prefill_chunk is not None:
+        cmd += ["--prefill-chunk", str(prefill_chunk)]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True)
     line = proc.stdout.readline()
     m = re.search(r"http://[\d.]+:\d+", line)
@@ -125,8 +147,8 @@ async def one_request(client, i: int, max_tokens: int) -> tuple[float, float, in
     return time.perf_counter() - t0, ttft, n
 
 
-async def run_level(client, concurrency: int, n_requests: int, max_tokens: int) -> dict:
-    queue = list(range(n_requests))
+async def run_level(client, concurrency: int, n_requests: int, max_tokens: int, first: int = 0) -> dict:
+    queue = list(range(first, first + n_requests))
     results = []
 
     async def worker():
@@ -141,7 +163,7 @@ async def run_level(client, concurrency: int, n_requests: int, max_tokens: int) 
     ttft = [r[1] for r in results]
     return dict(concurrency=concurrency, requests=len(results), wall=wall, rps=len(results) / wall,
                 tps=sum(r[2] for r in results) / wall, p50=percentile(lat, 50), p99=percentile(lat, 99),
-                ttft50=percentile(ttft, 50), ttft99=percentile(ttft, 99))
+                ttft50=percentile(ttft, 50), ttft95=percentile(ttft, 95))
 
 
 async def bench(url: str, args) -> list[dict]:
@@ -153,15 +175,32 @@ async def bench(url: str, args) -> list[dict]:
         ctx = openai.AsyncOpenAI(base_url=url + "/v1", api_key=args.api_key or "none", max_retries=0,
                                  timeout=args.timeout)
     async with ctx as client:
-        await one_request(client, 0, args.max_tokens)  # warm-up
-        rows = []
+        await one_request(client, len(PROMPTS) - 1, args.max_tokens)  # warm-up
+        rows, first = [], 0
         for c in args.levels:
             n = max(args.requests, c)
-            r = await run_level(client, c, n, args.max_tokens)
+            r = await run_level(client, c, n, args.max_tokens, first)
+            first += n
             rows.append(r)
             print(f"{c:5d} {r['requests']:5d} {r['rps']:8.2f} {r['tps']:10.1f} {r['p50'] * 1000:9.0f} "
-                  f"{r['p99'] * 1000:9.0f} {r['ttft50'] * 1000:9.0f} {r['ttft99'] * 1000:9.0f}", flush=True)
+                  f"{r['p99'] * 1000:9.0f} {r['ttft50'] * 1000:9.0f} {r['ttft95'] * 1000:9.0f}", flush=True)
         return rows
+
+
+def print_comparison(results: dict, levels: list[int]) -> None:
+    """Medians over the repeats per --prefill_chunk value, and the last value against the first."""
+    import statistics
+    values = list(results)
+    print("\nmedians over the repeats (gen tok/s, time to first token p50 / p95 in ms)")
+    print(f"{'conc':>5} " + " ".join(f"{'chunk ' + str(v) + ': tok/s':>16} {'ttft50':>7} {'ttft95':>7}" for v in values)
+          + f" {'tok/s ratio':>11} {'ttft50 ratio':>12} {'ttft95 ratio':>12}")
+    for li, c in enumerate(levels):
+        med = {v: {k: statistics.median(run[li][k] for run in results[v]) for k in ("tps", "ttft50", "ttft95")}
+               for v in values}
+        a, b = med[values[0]], med[values[-1]]
+        print(f"{c:5d} " + " ".join(f"{m['tps']:16.1f} {m['ttft50'] * 1000:7.0f} {m['ttft95'] * 1000:7.0f}"
+                                    for m in med.values())
+              + f" {b['tps'] / a['tps']:10.2f}x {b['ttft50'] / a['ttft50']:11.2f}x {b['ttft95'] / a['ttft95']:11.2f}x")
 
 
 def main() -> int:
@@ -184,31 +223,51 @@ def main() -> int:
                     help="raw: a minimal asyncio HTTP client (default; cheap per event); openai: the official client")
     ap.add_argument("--timeout", type=float, default=600)
     ap.add_argument("--work_dir", type=Path, default=Path(tempfile.gettempdir()) / "fastllm-bench")
+    ap.add_argument("--prompt_tokens", type=int, default=0,
+                    help="prompts of this many tokens from Tiny Shakespeare, one per request (default: short ones)")
+    ap.add_argument("--prefill_chunk", help="comma list of the server's --prefill-chunk values, compared in one run")
+    ap.add_argument("--repeat", type=int, default=1, help="runs per --prefill_chunk value, alternating their order")
     args = ap.parse_args()
     args.levels = [int(x) for x in args.levels.split(",")]
+    if args.url and args.prefill_chunk:
+        raise SystemExit("--prefill_chunk starts its own servers: not with --url")
 
-    proc = None
+    flm = None if args.url else model_file(args)
+    if args.prompt_tokens:
+        PROMPTS[:] = long_prompts(flm, args.prompt_tokens, sum(max(args.requests, c) for c in args.levels) + 1)
+    print(f"{args.max_tokens} tokens per request, streamed, greedy; latency and TTFT in ms")
+    header = (f"{'conc':>5} {'reqs':>5} {'req/s':>8} {'gen tok/s':>10} {'p50':>9} {'p99':>9} {'ttft p50':>9} "
+              f"{'ttft p95':>9}")
     if args.url:
         host = urlparse(args.url).hostname or ""
         if host != "localhost" and not ipaddress.ip_address(host).is_loopback:
             raise SystemExit("--url must be a loopback address (127.0.0.0/8, ::1, localhost)")
-        url = args.url.rstrip("/")
-    else:
-        proc, url = start_server(model_file(args), args)
-    try:
-        print(f"{args.max_tokens} tokens per request, streamed, greedy; latency and TTFT in ms")
-        print(f"{'conc':>5} {'reqs':>5} {'req/s':>8} {'gen tok/s':>10} {'p50':>9} {'p99':>9} {'ttft p50':>9} "
-              f"{'ttft p99':>9}")
-        rows = asyncio.run(bench(url, args))
-        by_c = {r["concurrency"]: r for r in rows}
-        if 1 in by_c and 8 in by_c:
-            print(f"throughput 8 vs 1: {by_c[8]['tps'] / by_c[1]['tps']:.2f}x generated tokens/s, "
-                  f"{by_c[8]['rps'] / by_c[1]['rps']:.2f}x requests/s")
-    finally:
-        if proc:
-            proc.send_signal(signal.SIGTERM)
-            proc.wait(timeout=30)
+        print(header)
+        report(asyncio.run(bench(args.url.rstrip("/"), args)))
+        return 0
+    values = [int(v) for v in args.prefill_chunk.split(",")] if args.prefill_chunk else [None]
+    results = {v: [] for v in values}
+    for r in range(args.repeat):
+        for v in values if r % 2 == 0 else values[::-1]:
+            proc, url = start_server(flm, args, v)
+            try:
+                print(header)
+                rows = asyncio.run(bench(url, args))
+                report(rows)
+                results[v].append(rows)
+            finally:
+                proc.send_signal(signal.SIGTERM)
+                proc.wait(timeout=30)
+    if len(values) > 1 or args.repeat > 1:
+        print_comparison(results, args.levels)
     return 0
+
+
+def report(rows: list[dict]) -> None:
+    by_c = {r["concurrency"]: r for r in rows}
+    if 1 in by_c and 8 in by_c:
+        print(f"throughput 8 vs 1: {by_c[8]['tps'] / by_c[1]['tps']:.2f}x generated tokens/s, "
+              f"{by_c[8]['rps'] / by_c[1]['rps']:.2f}x requests/s")
 
 
 if __name__ == "__main__":

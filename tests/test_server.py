@@ -358,19 +358,19 @@ def stream_text(raw: bytes) -> str:
 @pytest.mark.parametrize("chunk", [8, 0])
 def test_a_long_prompt_is_admitted_beside_a_running_stream(smollm_flm, chunk):
     """SmolLM2-135M (steps of tens of ms, so that HTTP and client jitter do not matter). With
-    --prefill-chunk 8 a 400-token prompt takes 50 steps, each also decoding the stream already
-    running, which (24 tokens) ends before the new request's first token; with 0 (the whole prompt
+    --prefill-chunk 8 a 240-token prompt takes 30 steps, each also decoding the stream already
+    running, which (14 tokens) ends before the new request's first token; with 0 (the whole prompt
     on admission) the running stream waits, and the new request's first token comes within a step,
     before it ends. Both get their greedy text. Raw sockets: the client reads each stream as it comes."""
     import fastllm
     with fastllm.Model(smollm_flm, threads=1) as model:
-        long_prompt = model.detokenize(model.tokenize(LONG * 8)[:400])
-        expected_a = model.generate("Tom had a big dog", 24, temperature=0.0, ignore_eos=True)
+        long_prompt = model.detokenize(model.tokenize(LONG * 8)[:240])
+        expected_a = model.generate("Tom had a big dog", 14, temperature=0.0, ignore_eos=True)
         expected_b = model.generate(long_prompt, 8, temperature=0.0)
     server = Server(smollm_flm, "--max-sessions", 2, "--prefill-chunk", chunk, "--model-name", "m")
     try:
         a_sock, a_got = open_stream(server, "/v1/completions", dict(
-            model="m", prompt="Tom had a big dog", max_tokens=24, temperature=0, stream=True, ignore_eos=True))
+            model="m", prompt="Tom had a big dog", max_tokens=14, temperature=0, stream=True, ignore_eos=True))
         a = {}
 
         def running():
