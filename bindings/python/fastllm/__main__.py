@@ -167,21 +167,34 @@ def find_server() -> str | None:
     return None
 
 
+RAY_FLAGS = ("ray_address", "replicas", "min_replicas", "max_replicas", "target_ongoing_requests", "route_prefix_chars")
+
+
 def cmd_serve(args) -> int:
-    """Runs the C++ server in place of this process (signals reach it directly)."""
+    """Runs the C++ server in place of this process (signals reach it directly); with --ray, its
+    replicas on Ray Serve (fastllm.ray_serve)."""
     import os
+    if args.ray:
+        from .ray_serve import RayServeOptions, serve
+        fields = {k: v for k, v in vars(args).items() if k in RayServeOptions.__dataclass_fields__ and v is not None}
+        return serve(RayServeOptions(**fields))
+    given = [k for k in RAY_FLAGS if getattr(args, k) is not None]
+    if given:
+        print(f"error: --{given[0].replace('_', '-')} needs --ray", file=sys.stderr)
+        return 2
     binary = find_server()
     if binary is None:
         print("error: fastllm-server was not found next to the library or in build/; build it with cmake "
               "(it needs: apt install libcpp-httplib-dev nlohmann-json3-dev) or set FASTLLM_SERVER_BINARY",
               file=sys.stderr)
         return 1
-    argv = [binary, args.model, "--host", args.host, "--port", str(args.port), "--threads", str(args.threads),
-            "--max-sessions", str(args.max_sessions), "--max-queue", str(args.max_queue), "--n-ctx", str(args.n_ctx)]
-    if args.api_key:
-        argv += ["--api-key", args.api_key]
-    if args.model_name:
-        argv += ["--model-name", args.model_name]
+    argv = [binary, args.model, "--host", args.host, "--port", str(args.port), "--threads", str(args.threads or 0),
+            "--max-sessions", str(args.max_sessions), "--max-queue", str(args.max_queue), "--n-ctx", str(args.n_ctx),
+            "--max-body-bytes", str(args.max_body_bytes), "--n-draft", str(args.n_draft)]
+    for flag, value in (("--api-key", args.api_key), ("--model-name", args.model_name),
+                        ("--draft-model", args.draft_model), ("--speculative", args.speculative)):
+        if value:
+            argv += [flag, value]
     sys.stdout.flush()
     os.execv(binary, argv)
 
@@ -224,16 +237,30 @@ def main(argv=None) -> int:
     pp.add_argument("--n-ctx", type=int, default=None, help="window length (default: the model's context)")
     pp.add_argument("--threads", type=int, default=0)
     pp.set_defaults(func=cmd_perplexity)
-    sv = sub.add_parser("serve", help="OpenAI-compatible HTTP server (runs fastllm-server)")
+    sv = sub.add_parser("serve", help="OpenAI-compatible HTTP server (runs fastllm-server; --ray: replicas on Ray)")
     sv.add_argument("model", help=".flm file")
-    sv.add_argument("--host", default="127.0.0.1")
-    sv.add_argument("--port", type=int, default=8080, help="0 = any free port (printed at start)")
-    sv.add_argument("--threads", type=int, default=0, help="0 = all cores")
-    sv.add_argument("--max-sessions", type=int, default=4, help="requests decoding together")
+    sv.add_argument("--host", default="127.0.0.1", help="with --ray: of Ray's HTTP proxy")
+    sv.add_argument("--port", type=int, default=8080, help="0 = any free port (printed at start; not with --ray)")
+    sv.add_argument("--threads", type=int, help="0 = all cores (default); with --ray: per replica, default 1")
+    sv.add_argument("--max-sessions", type=int, default=4, help="requests decoding together (per replica)")
     sv.add_argument("--max-queue", type=int, default=64, help="requests that may wait; more get 503")
     sv.add_argument("--n-ctx", type=int, default=0, help="context length per session (0 = the model's)")
     sv.add_argument("--api-key", help="demand 'Authorization: Bearer KEY'")
     sv.add_argument("--model-name", help="model id for clients (default: the file name)")
+    sv.add_argument("--max-body-bytes", type=int, default=1 << 20, help="larger request bodies get 413")
+    sv.add_argument("--draft-model", help="a smaller model of the same vocabulary, for speculative decoding")
+    sv.add_argument("--speculative", help="requests' default: off, lookup or draft")
+    sv.add_argument("--n-draft", type=int, default=5, help="most tokens drafted a step (1 to 16)")
+    r = sv.add_argument_group("Ray Serve (pip install 'fastllm[serve]'; docs/serving.md)")
+    r.add_argument("--ray", action="store_true", help="serve replicas of fastllm-server on Ray Serve")
+    r.add_argument("--ray-address", help="join this cluster ('auto', HOST:PORT); default: start one here")
+    r.add_argument("--replicas", type=int, help="a fixed number of replicas (default 1)")
+    r.add_argument("--min-replicas", type=int, help="autoscaling: fewest replicas (with --max-replicas)")
+    r.add_argument("--max-replicas", type=int, help="autoscaling: most replicas")
+    r.add_argument("--target-ongoing-requests", type=float,
+                   help="autoscaling: requests per replica to aim for (default: --max-sessions)")
+    r.add_argument("--route-prefix-chars", type=int,
+                   help="prompt characters that choose the replica (default 256; 0 = least loaded)")
     sv.set_defaults(func=cmd_serve)
     b = sub.add_parser("bench", help="prompt and generation speed of a model (tokens/s, medians)")
     b.add_argument("model", help=".flm file")
