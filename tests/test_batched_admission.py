@@ -190,3 +190,19 @@ def test_speculative_sessions_admitted_in_steps(stories_model):
         assert j.s.tokens == alone(stories_model, j.ids, j.n_new)
         assert j.s.speculative_stats()["drafted"] > 0
         j.s.close()
+
+
+def test_prompt_chunks_leave_room_for_the_decode_rows_in_a_pass(stories_flm):
+    """Passes of 64 rows (every session's n_batch): with 5 sessions decoding, a 64-token budget
+    admits 59 prompt tokens, so that the step stays one pass; alone, the prompt gets all 64."""
+    with fastllm.Model(stories_flm) as m:
+        long = m.tokenize(TEXT * 3)
+        runners = [Job(m, m.tokenize(p), 10, deferred=False, n_batch=64) for p in ("One day", "Tom", "The sun was",
+                                                                                       "Lily", "Mom said")]
+        new, alone_ = Job(m, long, 4, join=1, n_batch=64), Job(m, long, 4, n_batch=64)
+        run(runners + [new], 64)
+        run([alone_], 64)
+        assert new.trace[0][0] == 59 and alone_.trace[0][0] == 64
+        for j in runners + [new, alone_]:
+            assert j.s.tokens == alone(m, j.ids, j.n_new)
+            j.s.close()

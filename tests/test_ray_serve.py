@@ -318,6 +318,7 @@ def test_a_replica_whose_process_is_killed_takes_its_server_along(client, app):
     (["--route-prefix-chars", -5], "route prefix chars must be"),
     (["--speculative", "fast"], "speculative must be one of off, lookup, draft"),
     (["--speculative", "draft"], "needs a draft model"),
+    (["--prefill-chunk", -1], "prefill chunk must be an integer in [0, 1048576], not -1"),
 ])
 def test_bad_options_exit_before_ray_starts(chat_flm, args, message):
     # Ray at an address where nothing listens: had it been contacted, the error would be another.

@@ -422,6 +422,22 @@ void Session::verify() {
     sp.n = 0;
 }
 
+// A pass holds max_batch rows. Prompt tokens that would push the step's decode rows (each decoding
+// session's token and its most drafts) into one more pass than the prompt tokens need alone wait
+// for the next step, unless that leaves them less than a quarter of the budget. SmolLM2-135M, 32
+// streams, 256-token passes: each admission step made a second pass for the 31 rows that spilled
+// (bench/bench_server.py --prefill_chunk 0,256).
+int Session::prompt_budget(Session *const *sessions, size_t n, int max_prompt_tokens, int max_batch) {
+    int decode = 0;
+    for (size_t i = 0; i < n; i++) {
+        const Session &s = *sessions[i];
+        if (!s.gen_->prefill) decode += 1 + (s.spec_ ? s.spec_->opt.n_draft : 0);
+    }
+    const int passes = (std::max(max_prompt_tokens, decode) + max_batch - 1) / max_batch;
+    const int room = passes * max_batch - decode;
+    return room >= max_prompt_tokens / 4 ? std::min(max_prompt_tokens, room) : max_prompt_tokens;
+}
+
 void Session::step(Session *const *sessions, size_t n, int32_t *done, int max_prompt_tokens) {
     if (n == 0) return;
     if (!sessions || !done) fail(FASTLLM_ERR_INVALID_ARGUMENT, "sessions or done is NULL");
@@ -445,10 +461,13 @@ void Session::step(Session *const *sessions, size_t n, int32_t *done, int max_pr
             for (size_t i = 0; i < n; i++) s[i]->busy_.fetch_sub(1);
         }
     } busy(sessions, n);
+    Compute &c = sessions[0]->compute_;  // the step's passes use the first session's compute
+    const Decoder &decoder = sessions[0]->model_.decoder();
+    std::lock_guard<std::mutex> lock(c.mutex);
     // The cache blocks of each session's next position (or prompt chunk) first: running out of
     // memory then leaves every session as it was. Deferred prompts share the step's prompt budget
     // in the order listed.
-    int budget = max_prompt_tokens;
+    int budget = prompt_budget(sessions, n, max_prompt_tokens, c.work.max_batch);
     for (size_t i = 0; i < n; i++) {
         Session &s = *sessions[i];
         if (s.gen_->prefill) {
@@ -460,11 +479,7 @@ void Session::step(Session *const *sessions, size_t n, int32_t *done, int max_pr
         const int pos = (int)s.tokens_.size();
         if (pos < s.opt_.n_ctx) s.cache_.prepare(pos, pos + 1);
     }
-    // Sample for everyone, then evaluate the new tokens of those still going in shared passes,
-    // with the first session's compute.
-    Compute &c = sessions[0]->compute_;
-    const Decoder &decoder = sessions[0]->model_.decoder();
-    std::lock_guard<std::mutex> lock(c.mutex);
+    // Sample for everyone, then evaluate the new tokens of those still going in shared passes.
     size_t n_rows = 0;
     auto flush = [&] {
         decoder.forward(c.backend, c.work, c.tokens.data(), c.rows.data(), (int)n_rows);

@@ -125,6 +125,9 @@ private:
     bool sampling_starts();
     // The deferred prompt is evaluated (or cancelled): its time is prompt_ms, generation time starts.
     void prompt_evaluated();
+    // The prompt tokens a step evaluates: max_prompt_tokens, less what would only spill the
+    // decode rows into one more pass.
+    static int prompt_budget(Session *const *sessions, size_t n, int max_prompt_tokens, int max_batch);
     // Samples this session's next token; returns false when its generation has ended.
     bool sample_next();
     // The sampled (or accepted) token into the context, the text stream and the grammar; false

@@ -190,7 +190,8 @@ def cmd_serve(args) -> int:
         return 1
     argv = [binary, args.model, "--host", args.host, "--port", str(args.port), "--threads", str(args.threads or 0),
             "--max-sessions", str(args.max_sessions), "--max-queue", str(args.max_queue), "--n-ctx", str(args.n_ctx),
-            "--max-body-bytes", str(args.max_body_bytes), "--n-draft", str(args.n_draft)]
+            "--max-body-bytes", str(args.max_body_bytes), "--n-draft", str(args.n_draft),
+            "--prefill-chunk", str(args.prefill_chunk)]
     for flag, value in (("--api-key", args.api_key), ("--model-name", args.model_name),
                         ("--draft-model", args.draft_model), ("--speculative", args.speculative)):
         if value:
@@ -251,6 +252,8 @@ def main(argv=None) -> int:
     sv.add_argument("--draft-model", help="a smaller model of the same vocabulary, for speculative decoding")
     sv.add_argument("--speculative", help="requests' default: off, lookup or draft")
     sv.add_argument("--n-draft", type=int, default=5, help="most tokens drafted a step (1 to 16)")
+    sv.add_argument("--prefill-chunk", type=int, default=256,
+                    help="new requests' prompt tokens evaluated a step beside the running ones (0 = whole, on admission)")
     r = sv.add_argument_group("Ray Serve (pip install 'fastllm[serve]'; docs/serving.md)")
     r.add_argument("--ray", action="store_true", help="serve replicas of fastllm-server on Ray Serve")
     r.add_argument("--ray-address", help="join this cluster ('auto', HOST:PORT); default: start one here")

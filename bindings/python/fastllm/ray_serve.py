@@ -40,6 +40,7 @@ class RayServeOptions:
     draft_model: str | None = None
     speculative: str | None = None
     n_draft: int = 5
+    prefill_chunk: int = 256
     route_prefix_chars: int = 256        # prompt characters that choose the replica; 0 = least loaded
     host: str = "127.0.0.1"              # Ray's HTTP proxy
     port: int = 8080
@@ -102,6 +103,7 @@ def check(o: RayServeOptions) -> list[str]:
     _range(problems, "n_ctx", o.n_ctx, 0, 1 << 24)
     _range(problems, "max body bytes", o.max_body_bytes, 1024, 1 << 30)
     _range(problems, "n_draft", o.n_draft, 1, 16)
+    _range(problems, "prefill chunk", o.prefill_chunk, 0, 1 << 20)
     _range(problems, "route prefix chars", o.route_prefix_chars, 0, 1 << 20)
     _range(problems, "port", o.port, 1, 65535)
     if o.speculative is not None and o.speculative not in SPECULATIVE_MODES:
@@ -128,7 +130,7 @@ def check(o: RayServeOptions) -> list[str]:
 def server_args(o: RayServeOptions) -> list[str]:
     """fastllm-server's options for each replica (model, host, port and API key aside)."""
     args = ["--threads", o.threads, "--max-sessions", o.max_sessions, "--max-queue", o.max_queue, "--n-ctx", o.n_ctx,
-            "--max-body-bytes", o.max_body_bytes, "--n-draft", o.n_draft]
+            "--max-body-bytes", o.max_body_bytes, "--n-draft", o.n_draft, "--prefill-chunk", o.prefill_chunk]
     if o.model_name:
         args += ["--model-name", o.model_name]
     if o.draft_model:
