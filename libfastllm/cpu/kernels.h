@@ -60,6 +60,12 @@ struct KernelTable {
     // One row of n values to and from f32 (q8 rounds half to even, as quantize_acts does).
     void (*kv_store[kNumKvTypes])(const float *x, int n, void *row);
     void (*kv_load[kNumKvTypes])(const void *row, float *x, int n);
+    // dot_rows for n_tok (<= kMultiTokens) tokens at once: y[t * ldy + r] = dot(row r of w, x + t * n),
+    // each weight loaded once for all of them (a step verifying speculative drafts: 2-8 rows). Plain
+    // dtypes; nullptr where the ISA has none (matmul then converts blocks of rows to f32 first).
+    static constexpr int kMultiTokens = 8;
+    void (*dot_rows_multi[3])(const void *w, size_t stride, int rows, const float *x, int n, int n_tok, float *y,
+                              size_t ldy);
 };
 
 // `plain` with dot_rows_quant of every quantized dtype set to the ISA's kernel for its code width

@@ -298,7 +298,8 @@ const KernelTable kPlain = {
     exp_shift_sum,
     quantize_acts,
     {},  // dot_rows_quant
-    {}, {}, {}, {}};  // KV kernels: set by the factory
+    {}, {}, {}, {},  // KV kernels: set by the factory
+    {}};             // dot_rows_multi: AVX2's, see avx512_kernels()
 
 }  // namespace
 
@@ -310,7 +311,7 @@ const KernelTable *avx512_kernels() {
         static KernelTable t = with_quant_kernels(kPlain, quant_for_bits);
         const KernelTable *avx2 = avx2_kernels();
         if (!avx2) return nullptr;  // not built: cannot happen where this file is
-        for (int d = 0; d < 3; d++) t.dot_rows[d] = avx2->dot_rows[d];
+        for (int d = 0; d < 3; d++) t.dot_rows[d] = avx2->dot_rows[d], t.dot_rows_multi[d] = avx2->dot_rows_multi[d];
         // KV reads: the scores (dot products of short rows) are AVX2's, as dot_rows above.
         for (int kv = 0; kv < kNumKvTypes; kv++) {
             t.kv_dot[kv] = avx2->kv_dot[kv], t.kv_store[kv] = avx2->kv_store[kv], t.kv_load[kv] = avx2->kv_load[kv];

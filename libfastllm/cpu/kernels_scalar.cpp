@@ -236,7 +236,8 @@ const KernelTable kPlain = {Isa::Scalar,
                             exp_shift_sum,
                             quantize_acts,
                             {},  // dot_rows_quant
-    {}, {}, {}, {}};  // KV kernels: set by the factory
+    {}, {}, {}, {},  // KV kernels: set by the factory
+    {}};             // dot_rows_multi: none, matmul converts blocks
 
 }  // namespace
 

@@ -92,6 +92,12 @@ void matmul(const KernelTable &k, const Tensor &W, const float *bias, const floa
             const int64_t r0 = first * kRowBlock, r1 = std::min(N, last * kRowBlock);
             k.dot_rows[dt](W.row(r0), W.row_bytes(), (int)(r1 - r0), x, (int)K, y + r0);
         });
+    } else if (T <= KernelTable::kMultiTokens && k.dot_rows_multi[dt]) {
+        // A few tokens (speculative drafts): as decoding, each weight read once for all of them.
+        pool.parallel_for(n_blocks, [&](int64_t first, int64_t last, int) {
+            const int64_t r0 = first * kRowBlock, r1 = std::min(N, last * kRowBlock);
+            k.dot_rows_multi[dt](W.row(r0), W.row_bytes(), (int)(r1 - r0), x, (int)K, T, y + r0, (size_t)N);
+        });
     }
 #ifdef FASTLLM_USE_BLAS
     else if (T >= kBlasMinTokens) {

@@ -360,6 +360,7 @@ void Session::set_speculative(const SpeculativeOptions *o) {
     }
     auto s = std::make_unique<Speculation>();
     s->opt = *o;
+    s->k = o->n_draft;
     s->drafter = make_drafter(model_, opt_, *o);
     s->logits.resize((size_t)(o->n_draft + 1) * (size_t)model_.config().vocab_size);
     s->draft.resize((size_t)o->n_draft);
@@ -376,7 +377,7 @@ int Session::draft() {
         return 0;
     }
     const int room = std::min<int>(opt_.n_ctx - (int)tokens_.size(), gen_->params.max_new_tokens - result_.n_generated_tokens);
-    const int k = std::min(sp.opt.n_draft, room);
+    const int k = std::min(sp.k, room);
     if (k <= 0) return 0;
     sp.n = sp.drafter->propose(tokens_.data(), tokens_.size(), k, sp.draft.data());
     if (sp.n == 0 && sp.drafter->costly()) sp.back_off();
@@ -416,6 +417,7 @@ void Session::verify() {
     }
     if (kept == sp.n && gen_) std::memcpy(logits_.data(), sp.logits.data() + (size_t)sp.n * V, V * sizeof(float));
     sp.accepted += kept;
+    sp.k = kept == sp.n ? std::min(sp.opt.n_draft, sp.k + 2) : std::max(1, sp.k - 1);
     if (kept == 0) sp.back_off();
     else sp.misses = 0;
     if (n_evaluated_ < first + (size_t)sp.n) cache_.release_from((int)n_evaluated_);

@@ -146,6 +146,10 @@ private:
         std::vector<float> logits;
         std::vector<int32_t> draft;
         int n = 0, misses = 0, skip = 0;
+        // Tokens to draft next: 2 more after a step that kept every draft, 1 fewer after one that
+        // did not (transformers' assisted generation does the same), so that a drafter that is often
+        // wrong costs fewer draft passes while one that is right keeps drafting opt.n_draft.
+        int k = 0;
         int64_t drafted = 0, accepted = 0;
         // After a step whose drafting cost a model's passes for nothing (every draft failed, or a
         // draft model too unsure to guess), the next 2, 4, ... 128 steps draft nothing, so that text

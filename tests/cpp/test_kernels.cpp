@@ -177,6 +177,8 @@ static void test_matmul(const KernelTable &k) {
                             DType::Q4M_32, DType::Q6, DType::Q4K, DType::Q6K, DType::Q3K, DType::Q5K};
     const int shapes[][3] = {{1, 37, 67}, {1, 64, 128}, {3, 37, 67}, {5, 33, 256}, {20, 70, 96}, {40, 300, 64},
                              {1, 21, 384}, {9, 40, 1024}, {2, 17, 160}, {1, 33, 576}, {5, 20, 576}, {3, 17, 1536},
+                             // a few tokens (dot_rows_multi): 1-4 a sweep and the rest, tails of 8 and 1
+                             {4, 19, 72}, {7, 23, 136}, {8, 9, 67}, {6, 5, 24},
                              // prompt batches (packed GEMM tiles where the ISA has them): token counts
                              // around the tile width, rows that do not fill the last tile, q8 rows with
                              // an odd number of blocks
