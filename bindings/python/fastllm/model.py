@@ -403,11 +403,11 @@ class Session(_Handle):
     def speculative(self, draft: "Model | None" = None, n_draft: int = 5, ngram: tuple[int, int] = (1, 3),
                     p_min: float = 0.0) -> None:
         """Speculative decoding for the generations that follow: each step drafts up to n_draft
-        tokens with the draft model (same vocabulary, smaller), or without one from the context
-        (prompt lookup of its last ngram[1] .. ngram[0] tokens; a draft model stops at a token it
-        gives less than p_min), and keeps those this model would
-        have produced. Greedy text is identical; sampled text has the same distribution.
-        speculative_stats() tells how many were drafted and kept. Off: speculative_off()."""
+        tokens (fewer after steps whose drafts failed) and keeps those this model would have
+        produced. Drafts come from the draft model (same vocabulary, smaller; it stops at a token it
+        gives less than p_min), or without one from the context (prompt lookup of its last
+        ngram[1] .. ngram[0] tokens). Greedy text is identical; sampled text has the same
+        distribution. speculative_stats() tells how many were drafted and kept. Off: speculative_off()."""
         params = lib.fastllm_speculative_default_params()
         params.draft_model = draft.handle if draft is not None else None
         params.n_draft = n_draft
