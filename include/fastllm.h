@@ -489,8 +489,10 @@ FASTLLM_API fastllm_status fastllm_session_cancel(fastllm_session *session);
  * sampled output has the same distribution (not the same tokens for a seed). The drafts come from
  * a draft model (a smaller model of the same vocabulary, greedy, in a session of its own), or
  * without one from the context itself (prompt lookup: the tokens that followed the latest earlier
- * occurrence of the context's last ngram_max .. ngram_min tokens). After a step whose drafting
- * cost model passes for nothing, the next 2, 4, .. 128 steps draft nothing. Works with stop strings, grammars,
+ * occurrence of the context's last ngram_max .. ngram_min tokens). The draft length adapts (up to
+ * n_draft: longer after a step that kept every draft, shorter otherwise), and after a step whose
+ * drafts all failed the next steps draft nothing (4, 16, 64, 128 with a draft model; 2, 4, .. 128
+ * with prompt lookup). Works with stop strings, grammars,
  * fastllm_generate_step and fastllm_session_generate. docs/api.md "Speculative decoding". */
 typedef struct fastllm_speculative_params {
     const fastllm_model *draft_model; /* NULL (default): prompt lookup; else must outlive the session */
