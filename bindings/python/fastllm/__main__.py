@@ -174,9 +174,10 @@ def cmd_serve(args) -> int:
     """Runs the C++ server in place of this process (signals reach it directly); with --ray, its
     replicas on Ray Serve (fastllm.ray_serve)."""
     import os
+
+    from .ray_serve import RayServeOptions, serve, server_args  # imports no Ray until serve() runs
+    fields = {k: v for k, v in vars(args).items() if k in RayServeOptions.__dataclass_fields__ and v is not None}
     if args.ray:
-        from .ray_serve import RayServeOptions, serve
-        fields = {k: v for k, v in vars(args).items() if k in RayServeOptions.__dataclass_fields__ and v is not None}
         return serve(RayServeOptions(**fields))
     given = [k for k in RAY_FLAGS if getattr(args, k) is not None]
     if given:
@@ -188,14 +189,10 @@ def cmd_serve(args) -> int:
               "(it needs: apt install libcpp-httplib-dev nlohmann-json3-dev) or set FASTLLM_SERVER_BINARY",
               file=sys.stderr)
         return 1
-    argv = [binary, args.model, "--host", args.host, "--port", str(args.port), "--threads", str(args.threads or 0),
-            "--max-sessions", str(args.max_sessions), "--max-queue", str(args.max_queue), "--n-ctx", str(args.n_ctx),
-            "--max-body-bytes", str(args.max_body_bytes), "--n-draft", str(args.n_draft),
-            "--prefill-chunk", str(args.prefill_chunk)]
-    for flag, value in (("--api-key", args.api_key), ("--model-name", args.model_name),
-                        ("--draft-model", args.draft_model), ("--speculative", args.speculative)):
-        if value:
-            argv += [flag, value]
+    fields["threads"] = args.threads or 0  # all cores, unlike a replica
+    argv = [binary, args.model, "--host", args.host, "--port", str(args.port), *server_args(RayServeOptions(**fields))]
+    if args.api_key:
+        argv += ["--api-key", args.api_key]
     sys.stdout.flush()
     os.execv(binary, argv)
 

@@ -128,7 +128,8 @@ def check(o: RayServeOptions) -> list[str]:
 
 
 def server_args(o: RayServeOptions) -> list[str]:
-    """fastllm-server's options for each replica (model, host, port and API key aside)."""
+    """fastllm-server's options (model, host, port and API key aside): each replica's, and those of
+    plain `fastllm serve`."""
     args = ["--threads", o.threads, "--max-sessions", o.max_sessions, "--max-queue", o.max_queue, "--n-ctx", o.n_ctx,
             "--max-body-bytes", o.max_body_bytes, "--n-draft", o.n_draft, "--prefill-chunk", o.prefill_chunk]
     if o.model_name:
@@ -155,6 +156,11 @@ def build_app(o: RayServeOptions):
     problems = check(o)
     if problems:
         raise ValueError("; ".join(problems))
+    return _application(o)
+
+
+def _application(o: RayServeOptions):
+    """build_app for options already checked."""
     from ray.serve.config import RequestRouterConfig
 
     from .ray_app import FastllmIngress, FastllmReplica
@@ -210,7 +216,7 @@ def serve(o: RayServeOptions) -> int:
             return 1
         ray_serve.start(http_options={"host": o.host, "port": o.port})
         try:
-            ray_serve.run(build_app(o), name=APP_NAME, route_prefix="/")
+            ray_serve.run(_application(o), name=APP_NAME, route_prefix="/")
         except RuntimeError as e:  # the replicas failed to start (their logs say why)
             print(f"fastllm serve --ray: error: {e}", file=sys.stderr)
             ray_serve.delete(APP_NAME)
