@@ -8,10 +8,10 @@
 #include <string>
 
 #include "text/chat_template.h"
-#include "api/error.h"
+#include "base/error.h"
 #include "fastllm.h"
 #include "cpu/kernels.h"
-#include "api/log.h"
+#include "base/log.h"
 #include "runtime/model.h"
 #include "runtime/session.h"
 #include "text/grammar.h"

@@ -5,7 +5,7 @@
 #include <cstring>
 #include <string>
 
-#include "api/error.h"
+#include "base/error.h"
 
 namespace fastllm {
 

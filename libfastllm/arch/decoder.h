@@ -10,8 +10,8 @@
 #include "arch/backend.h"
 #include "arch/decoder_config.h"
 #include "format/flm_file.h"
-#include "runtime/arena.h"
-#include "runtime/kv_cache.h"
+#include "arch/arena.h"
+#include "arch/kv_cache.h"
 
 namespace fastllm {
 

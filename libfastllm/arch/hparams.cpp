@@ -4,7 +4,7 @@
 #include <cmath>
 #include <string>
 
-#include "api/error.h"
+#include "base/error.h"
 #include "arch/decoder_config.h"
 #include "format/flm_file.h"
 

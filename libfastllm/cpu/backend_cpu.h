@@ -6,7 +6,7 @@
 #include "cpu/kernels.h"
 #include "cpu/ops.h"
 #include "cpu/thread_pool.h"
-#include "runtime/arena.h"
+#include "arch/arena.h"
 
 namespace fastllm {
 

@@ -11,6 +11,8 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "arch/kv_format.h"
+#include "cpu/tile_layout.h"
 #include "format/tensor.h"
 
 namespace fastllm {

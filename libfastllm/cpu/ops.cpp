@@ -71,7 +71,7 @@ void matmul_quant(const KernelTable &k, const Tensor &W, const float *x, int T, 
     pool.parallel_for(n_blocks, [&](int64_t first, int64_t last, int) {
         for (int64_t b = first; b < last; b++) {
             const int64_t r0 = b * kRowBlock;
-            dot(W.quant_tile(r0), (int)std::min<int64_t>(kRowBlock, N - r0), (int)K, sc.acts, T, y + r0, (size_t)N);
+            dot(quant_tile(W, r0), (int)std::min<int64_t>(kRowBlock, N - r0), (int)K, sc.acts, T, y + r0, (size_t)N);
         }
     });
 }

@@ -8,7 +8,7 @@
 #include "arch/decoder_config.h"
 #include "cpu/kernels.h"
 #include "format/tensor.h"
-#include "runtime/kv_cache.h"
+#include "arch/kv_cache.h"
 
 namespace fastllm {
 

@@ -12,7 +12,7 @@ namespace ref {
 
 float weight(const Tensor &W, int64_t r, int64_t c) {
     if (dtype_is_quantized(W.dtype)) {  // one code of the tile layout (tile_code in tensor.h)
-        const QuantTile q = W.quant_tile(r / kTileRows * kTileRows);
+        const QuantTile q = quant_tile(W, r / kTileRows * kTileRows);
         const int lane = (int)(r % kTileRows), bits = dtype_bits(W.dtype);
         const int64_t g = c / q.group;
         const float scale = tile_scale(q, g, lane), code = (float)tile_code(q.codes, bits, lane, c);

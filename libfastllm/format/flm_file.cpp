@@ -3,7 +3,7 @@
 #include <algorithm>
 #include <cstring>
 
-#include "api/error.h"
+#include "base/error.h"
 #include "platform/platform.h"
 
 namespace fastllm {

@@ -1,4 +1,6 @@
-// tensor.h — a typed, non-owning view of a weight matrix or vector (usually into the mmapped file).
+// tensor.h — a typed, non-owning view of a weight matrix or vector (usually into the mmapped file),
+// the dtypes of the .flm format and the sizes of their layout in the file. How a backend reads that
+// layout is its own (cpu/tile_layout.h); the KV cache's row format is arch/kv_format.h.
 #pragma once
 
 #include <cstddef>
@@ -57,32 +59,8 @@ inline const char *dtype_name(DType t) { return dtype_is_known((uint32_t)t) ? dt
 
 inline uint64_t align64(uint64_t n) { return (n + 63) / 64 * 64; }
 
-// Element types of a session's KV cache (the values of fastllm_kv_type). A row of n values takes
-// n floats (f32), n halves (f16), or (q8) per block of 32 values a float scale then 32 int8 codes
-// (the last block zero-padded): 1.125 bytes a value, read in place by the attention kernels.
-enum class KvType : int { F32 = 0, F16 = 1, Q8 = 2 };
-constexpr int kNumKvTypes = 3;
-constexpr int kKvQ8Block = 32;
-constexpr size_t kKvQ8BlockBytes = 4 + kKvQ8Block;
-inline const char *kv_type_name(KvType t) {
-    static const char *const names[kNumKvTypes] = {"f32", "f16", "q8"};
-    return (int)t >= 0 && (int)t < kNumKvTypes ? names[(int)t] : "?";
-}
-// Block b of a q8 row: its scale, and its 32 codes.
-inline float kv_q8_scale(const char *row, int b) {
-    float d;
-    __builtin_memcpy(&d, row + (size_t)b * kKvQ8BlockBytes, 4);
-    return d;
-}
-inline const int8_t *kv_q8_codes(const char *row, int b) { return (const int8_t *)row + (size_t)b * kKvQ8BlockBytes + 4; }
-inline size_t kv_row_bytes(KvType t, int n) {
-    if (t == KvType::F32) return (size_t)n * 4;
-    if (t == KvType::F16) return (size_t)n * 2;
-    return (size_t)(n + kKvQ8Block - 1) / kKvQ8Block * kKvQ8BlockBytes;
-}
-
 // Quantized matrices are stored in tiles of 16 rows (the last one padded with zero rows), laid out
-// for the kernels (docs/flm_format.md): per group, the 16 rows' f16 scales side by side; per block
+// as the CPU kernels read them in place (docs/flm_format.md): per group, the 16 rows' f16 scales side by side; per block
 // of 32 columns, 8 chunks of 64 bytes holding 4 consecutive codes of each of the 16 rows (q8), or
 // for q4 the chunks of blocks 2p and 2p + 1 in the low and high nibbles of the same 64 bytes; q6
 // keeps its low 4 bits as q4 does, each pair's 8 chunks followed by 4 chunks of the top 2 bits.
@@ -100,43 +78,11 @@ inline uint64_t quant_scales_bytes(DType t, uint64_t rows, uint64_t cols) {
 }
 // Bytes of one tile's codes.
 inline uint64_t quant_tile_bytes(DType t, uint64_t cols) { return kTileRows * cols * dtype_bits(t) / 8; }
-// The stored (unsigned) code of row i (< 16), column c of a tile's codes with `bits` per code; the
-// layout above, spelled out one weight at a time (the reference and the scalar kernels read it so).
-// q5 keeps the low 4 bits as q4 does, each pair's 8 chunks followed by 2 chunks of top bits: bit
-// b + 2s of top chunk h is block b's chunk 4h + s. q3: per pair of blocks, 4 chunks of the low 2
-// bits (bits 2k, 2k + 1 of chunk u % 4, k = u / 4) and 2 of the top bit (bit u / 2 of chunk
-// 4 + u % 2), u = 8 * (block in pair) + chunk.
-inline int tile_code(const uint8_t *codes, int bits, int i, int64_t c) {
-    const int64_t b = c / 32, chunk = (c % 32) / 4, at = i * 4 + c % 4;  // block, chunk in it, byte in chunk
-    if (bits == 8) return codes[(b * 8 + chunk) * 64 + at];
-    const uint8_t *pair = codes + (b / 2) * 128 * bits;  // 16 rows x 64 columns x bits
-    if (bits == 3) {
-        const int u = (int)(8 * (b % 2) + chunk);
-        return (pair[(u % 4) * 64 + at] >> (2 * (u / 4)) & 3) | (pair[(4 + u % 2) * 64 + at] >> (u / 2) & 1) << 2;
-    }
-    const int low = b % 2 == 0 ? (pair[chunk * 64 + at] & 15) : (pair[chunk * 64 + at] >> 4);
-    if (bits == 4) return low;
-    if (bits == 5) return low | ((pair[(8 + chunk / 4) * 64 + at] >> (b % 2 + 2 * (chunk % 4))) & 1) << 4;
-    return low | ((pair[(8 + chunk / 2) * 64 + at] >> (2 * (b % 2) + 4 * (chunk % 2))) & 3) << 4;
-}
 // Bytes a tensor of this dtype and shape occupies in the file.
 inline uint64_t tensor_bytes(DType t, uint64_t rows, uint64_t cols) {
     if (!dtype_is_quantized(t)) return rows * cols * dtype_size(t);
     return quant_scales_bytes(t, rows, cols) + quant_tiles(rows) * quant_tile_bytes(t, cols);
 }
-
-// One tile of a quantized matrix, as the kernels see it.
-struct QuantTile {
-    const uint16_t *scales;  // f16, [K/G][16]; nullptr for K formats
-    const uint16_t *mins;    // f16, [K/G][16]; nullptr unless q4m
-    const uint8_t *codes;    // K * 16 (q8), K * 12 (q6) or K * 8 (q4) bytes, in chunks of 64
-    int group;               // G
-    // K formats: scale of row i, group g = f16(k_scale[(g / 8) * 16 + i]) * k_scale_code[g * 16 + i],
-    // minimum = f16(k_min[...]) * k_min_code[...] (k_min* nullptr for q6k); nullptr otherwise.
-    const uint8_t *k_scale_code, *k_min_code;
-    const uint16_t *k_scale, *k_min;
-    bool has_min() const { return mins || k_min; }
-};
 
 struct Tensor {
     std::string name;
@@ -157,30 +103,6 @@ struct Tensor {
     size_t row_bytes() const { return (size_t)cols() * dtype_size(dtype); }
     const void *row(int64_t r) const { return (const char *)data + (size_t)r * row_bytes(); }
     const float *f32() const { return (const float *)data; }
-    // Quantized types: the tile holding rows [r0, r0 + 16); r0 must be a multiple of 16.
-    QuantTile quant_tile(int64_t r0) const {
-        const int64_t K = cols(), G = dtype_group(dtype), per_tile = (K / G) * kTileRows, tile = r0 / kTileRows;
-        const int64_t n_tiles = (int64_t)quant_tiles(rows());
-        QuantTile q{};
-        if (dtype_k_scales(dtype)) {
-            const uint8_t *codes = (const uint8_t *)data;
-            const int64_t all_codes = n_tiles * per_tile, per_tile_super = (int64_t)quant_super_blocks(K) * kTileRows;
-            q.k_scale_code = codes + tile * per_tile;
-            const uint16_t *factors = (const uint16_t *)(codes + all_codes * (dtype_has_min(dtype) ? 2 : 1));
-            q.k_scale = factors + tile * per_tile_super;
-            if (dtype_has_min(dtype)) {
-                q.k_min_code = codes + all_codes + tile * per_tile;
-                q.k_min = factors + n_tiles * per_tile_super + tile * per_tile_super;
-            }
-        } else {
-            const uint16_t *scales = (const uint16_t *)data;
-            q.scales = scales + tile * per_tile;
-            q.mins = dtype_has_min(dtype) ? scales + n_tiles * per_tile + tile * per_tile : nullptr;
-        }
-        q.codes = (const uint8_t *)data + quant_scales_bytes(dtype, rows(), K) + tile * quant_tile_bytes(dtype, K);
-        q.group = (int)G;
-        return q;
-    }
 };
 
 }  // namespace fastllm

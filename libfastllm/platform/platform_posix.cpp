@@ -10,7 +10,7 @@
 #include <cstdlib>
 #include <cstring>
 
-#include "api/error.h"
+#include "base/error.h"
 
 namespace fastllm::platform {
 

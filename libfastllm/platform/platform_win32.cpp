@@ -13,7 +13,7 @@
 
 #include <string>
 
-#include "api/error.h"
+#include "base/error.h"
 #include "platform/platform.h"
 
 namespace fastllm::platform {

@@ -2,7 +2,7 @@
 
 #include <algorithm>
 
-#include "api/error.h"
+#include "base/error.h"
 #include "cpu/kernels.h"
 
 namespace fastllm {

@@ -13,8 +13,8 @@
 #include "arch/decoder.h"
 #include "cpu/backend_cpu.h"
 #include "cpu/thread_pool.h"
-#include "runtime/arena.h"
-#include "runtime/kv_cache.h"
+#include "arch/arena.h"
+#include "arch/kv_cache.h"
 
 namespace fastllm {
 

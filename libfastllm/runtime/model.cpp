@@ -4,11 +4,11 @@
 #include <chrono>
 #include <thread>
 
-#include "api/error.h"
+#include "base/error.h"
 #include "arch/family.h"
 #include "cpu/kernels.h"
-#include "api/log.h"
-#include "runtime/fnv.h"
+#include "base/log.h"
+#include "base/fnv.h"
 
 namespace fastllm {
 

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "fastllm.h"
+#include "arch/kv_format.h"
 #include "format/tensor.h"
 
 namespace fastllm {

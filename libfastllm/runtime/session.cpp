@@ -5,8 +5,8 @@
 #include <cstring>
 #include <string>
 
-#include "api/error.h"
-#include "api/log.h"
+#include "base/error.h"
+#include "base/log.h"
 
 namespace fastllm {
 

@@ -12,7 +12,7 @@
 #include <vector>
 
 #include "runtime/compute.h"
-#include "runtime/kv_cache.h"
+#include "arch/kv_cache.h"
 #include "runtime/options.h"
 #include "fastllm.h"
 #include "runtime/model.h"

@@ -14,9 +14,9 @@
 #include <cstring>
 #include <string>
 
-#include "api/error.h"
+#include "base/error.h"
 #include "cpu/kernels.h"
-#include "runtime/fnv.h"
+#include "base/fnv.h"
 #include "runtime/session.h"
 
 namespace fastllm {

@@ -3,7 +3,7 @@
 #include <algorithm>
 #include <cmath>
 
-#include "api/error.h"
+#include "base/error.h"
 #include "runtime/model.h"
 #include "runtime/session.h"
 

@@ -1,6 +1,6 @@
 #include "text/chat_template.h"
 
-#include "api/error.h"
+#include "base/error.h"
 #include "text/unicode.h"
 
 namespace fastllm {

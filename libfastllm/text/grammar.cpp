@@ -6,7 +6,7 @@
 #include <cstring>
 #include <map>
 
-#include "api/error.h"
+#include "base/error.h"
 #include "text/token_trie.h"
 
 namespace fastllm {

@@ -12,7 +12,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "api/error.h"
+#include "base/error.h"
 #include "text/grammar.h"
 
 namespace fastllm {

@@ -2,7 +2,7 @@
 
 #include <algorithm>
 
-#include "api/error.h"
+#include "base/error.h"
 #include "format/flm_file.h"
 #include "text/tokenizer_bpe.h"
 #include "text/tokenizer_spm.h"

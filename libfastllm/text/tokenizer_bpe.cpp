@@ -3,7 +3,7 @@
 #include <algorithm>
 #include <queue>
 
-#include "api/error.h"
+#include "base/error.h"
 #include "format/flm_file.h"
 #include "text/unicode.h"
 

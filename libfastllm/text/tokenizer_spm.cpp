@@ -4,7 +4,7 @@
 #include <cstring>
 #include <queue>
 
-#include "api/error.h"
+#include "base/error.h"
 #include "format/flm_file.h"
 
 namespace fastllm {

@@ -26,7 +26,7 @@
 #include <string>
 #include <vector>
 
-#include "api/error.h"
+#include "base/error.h"
 #include "runtime/model.h"
 #include "text/grammar.h"
 #include "text/json_schema.h"

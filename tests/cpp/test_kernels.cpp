@@ -11,10 +11,10 @@
 #include <string>
 #include <vector>
 
-#include "api/error.h"
+#include "base/error.h"
 #include "cpu/kernels.h"
 #include "cpu/ops.h"
-#include "runtime/kv_cache.h"
+#include "arch/kv_cache.h"
 #include "runtime/sampler.h"
 #include "text/text_stream.h"
 #include "cpu/thread_pool.h"

@@ -12,7 +12,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "api/error.h"
+#include "base/error.h"
 #include "fuzz_common.h"
 #include "runtime/model.h"
 #include "text/grammar.h"

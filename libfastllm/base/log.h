@@ -3,7 +3,7 @@
 // never writes to stdout.
 #pragma once
 
-#include "api/error.h"  // FASTLLM_PRINTF
+#include "base/error.h"  // FASTLLM_PRINTF
 #include "fastllm.h"
 
 namespace fastllm {

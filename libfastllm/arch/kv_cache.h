@@ -14,6 +14,7 @@
 #include <memory>
 #include <vector>
 
+#include "arch/kv_format.h"
 #include "format/tensor.h"
 
 namespace fastllm {

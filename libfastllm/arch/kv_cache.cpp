@@ -1,10 +1,10 @@
-#include "runtime/kv_cache.h"
+#include "arch/kv_cache.h"
 
 #include <cstdlib>
 #include <cstring>
 #include <new>
 
-#include "api/error.h"
+#include "base/error.h"
 #include "platform/platform.h"
 
 namespace fastllm {
