@@ -100,7 +100,7 @@ private:
 struct SchedulerOptions {
     int max_sessions = 4;
     int max_queue = 64;
-    int n_ctx = 0;  // 0 = the model's context length
+    int n_ctx = 0;  // 0: the library's default, min(4096, the model's context length)
     // Prompt tokens a step evaluates beside the running jobs' next tokens, so that a new long
     // prompt delays them by at most one such chunk a step; 0: each prompt whole, on admission.
     int prefill_chunk = 256;

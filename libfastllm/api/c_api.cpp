@@ -10,7 +10,7 @@
 #include "text/chat_template.h"
 #include "base/error.h"
 #include "fastllm.h"
-#include "cpu/kernels.h"
+#include "backends/backends.h"
 #include "base/log.h"
 #include "runtime/model.h"
 #include "runtime/session.h"
@@ -118,7 +118,7 @@ const char *fastllm_version(void) {
 void fastllm_log_set(fastllm_log_callback callback, void *user_data) { fastllm::set_log_callback(callback, user_data); }
 int fastllm_abi_version(void) { return FASTLLM_ABI_VERSION; }
 const char *fastllm_last_error(void) { return g_last_error.c_str(); }
-const char *fastllm_isa(void) { return fastllm::isa_name(fastllm::kernels().isa); }
+const char *fastllm_isa(void) { return fastllm::cpu_kernels_name(); }
 
 const char *fastllm_status_name(fastllm_status s) {
     switch (s) {

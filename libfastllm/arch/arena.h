@@ -1,5 +1,5 @@
-// arena.h — one allocation, carved into aligned buffers when a session is created, so the
-// forward pass never allocates. The memory plan is derived, not kept in sync by hand: the same
+// arena.h — one allocation, carved into aligned buffers when the working memory of a model's passes
+// is reserved (runtime/compute.h), so the forward pass never allocates. The memory plan is derived, not kept in sync by hand: the same
 // carve function runs twice, first on a planning arena (take() only adds up the sizes and returns
 // nullptr), then, after allocate(), on the real memory.
 #pragma once
@@ -41,6 +41,8 @@ public:
         capacity_ = planned_;
         return true;
     }
+    // Whether take() only plans (before allocate()).
+    bool planning() const { return base_ == nullptr; }
     size_t planned_bytes() const { return planned_; }
     size_t bytes() const { return capacity_; }
 

@@ -1,14 +1,19 @@
 // backend.h — the seam between the decoder and the hardware: every computation of a forward pass
-// goes through these calls, over a batch of T token rows at a time. The CPU backend
-// (cpu/backend_cpu.h) is the only implementation; another (a GPU) implements the same calls
-// without touching the decoder or the family files.
+// goes through these calls, over a batch of T token rows at a time, and so do the reads and writes
+// of KV rows that saving, loading and shifting a context make. The runtime names no concrete
+// backend: backends/backends.h makes one. The CPU
+// backend (cpu/backend_cpu.h) is the only implementation yet; another (a GPU) implements the same
+// calls without touching the decoder, the session or the family files.
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
+#include <string>
 #include <vector>
 
+#include "arch/arena.h"
 #include "arch/decoder_config.h"
+#include "arch/kv_format.h"
 #include "format/tensor.h"
 #include "arch/kv_cache.h"
 
@@ -45,9 +50,29 @@ struct KeyShift {
     const float *cos, *sin;
 };
 
+// The largest pass a backend's scratch must serve.
+struct PassShape {
+    int64_t max_k;      // the longest matrix row
+    int max_batch;      // rows of a pass
+    int max_positions;  // keys an attention reads
+};
+
 class Backend {
 public:
     virtual ~Backend() = default;
+    // Says what runs the passes, for the log ("cpu avx512, 4 threads").
+    virtual std::string describe() const = 0;
+    // Takes the backend's scratch for passes of up to `shape` from a (see arena.h: the same call
+    // plans, then carves). While a only plans, nothing of the backend changes, so that a failed
+    // allocation leaves it as it was.
+    virtual void carve(Arena &a, const PassShape &shape) = 0;
+
+    // A layer's key (value = false) or value row at pos, in the cache's type (row_bytes_k / _v), to
+    // host memory; and from host memory in type `from`, converted to the cache's type. The row's
+    // block must be held (and, to write, not shared). For saving and loading a context: rare.
+    virtual void read_kv_row(const KvCache &c, int layer, bool value, int pos, void *dst) = 0;
+    virtual void write_kv_row(KvCache &c, int layer, bool value, int pos, KvType from, const void *src) = 0;
+
     // x[t] = row tokens[t] of E (any dtype) * scale.
     virtual void embed(const Tensor &E, const int32_t *tokens, int T, float scale, float *x) = 0;
     // y[T, N] = x[T, K] . W[N, K]^T (+ bias[N] unless empty).

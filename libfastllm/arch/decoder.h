@@ -27,8 +27,8 @@ struct DecoderLayer {
     Tensor post_ffn_norm;                      // [H] (sandwich_norms)
 };
 
-// A pass's working activations for up to max_batch rows (one per session; step() lends the first
-// session's to a pass over several).
+// A pass's working activations for up to max_batch rows: one set per model and thread count
+// (runtime/compute.h), shared by its sessions, whose passes take turns.
 struct Workspace {
     int max_batch = 0;
     float *x, *xb, *q, *qkv, *attn, *gate_up, *act;  // [max_batch, ...]

@@ -9,12 +9,34 @@ namespace {
 const float *data_or_null(const Tensor &t) { return t.empty() ? nullptr : t.f32(); }
 }  // namespace
 
-void CpuBackend::carve(Arena &a, int64_t max_k, int max_batch, int max_positions) {
+std::string CpuBackend::describe() const {
+    return std::string("cpu ") + isa_name(k_.isa) + ", " + std::to_string(pool_.n_threads()) + " threads";
+}
+
+void CpuBackend::carve(Arena &a, const PassShape &s) {
     const int n_threads = pool_.n_threads();
-    scratch_ = ops::make_matmul_scratch(a.take(ops::matmul_scratch_floats(max_k, n_threads, max_batch)), max_k,
-                                        n_threads, max_batch);
-    scores_stride_ = (size_t)max_positions;
-    scores_ = a.take((size_t)n_threads * scores_stride_);
+    float *matmul = a.take(ops::matmul_scratch_floats(s.max_k, n_threads, s.max_batch));
+    float *scores = a.take((size_t)n_threads * (size_t)s.max_positions);
+    if (a.planning()) return;
+    scratch_ = ops::make_matmul_scratch(matmul, s.max_k, n_threads, s.max_batch);
+    scores_stride_ = (size_t)s.max_positions;
+    scores_ = scores;
+}
+
+void CpuBackend::read_kv_row(const KvCache &c, int layer, bool value, int pos, void *dst) {
+    std::memcpy(dst, value ? c.v_row(layer, pos) : c.k_row(layer, pos), value ? c.row_bytes_v() : c.row_bytes_k());
+}
+
+void CpuBackend::write_kv_row(KvCache &c, int layer, bool value, int pos, KvType from, const void *src) {
+    const KvType to = value ? c.type_v() : c.type_k();
+    char *dst = value ? c.v_row(layer, pos) : c.k_row(layer, pos);
+    if (from == to) {
+        std::memcpy(dst, src, value ? c.row_bytes_v() : c.row_bytes_k());
+        return;
+    }
+    std::vector<float> row((size_t)c.kv_dim());  // a conversion (a state saved with other KV types): rare
+    k_.kv_load[(int)from](src, row.data(), c.kv_dim());
+    k_.kv_store[(int)to](row.data(), c.kv_dim(), dst);
 }
 
 void CpuBackend::embed(const Tensor &E, const int32_t *tokens, int T, float scale, float *x) {

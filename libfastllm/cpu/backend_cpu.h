@@ -1,21 +1,23 @@
 // backend_cpu.h — the Backend (arch/backend.h) on this machine's cores: the ops of cpu/ops.h on
-// the kernel table chosen at run time, split over a thread pool. One per session (its scratch).
+// the kernel table chosen at run time, split over its own thread pool. One per model and thread
+// count (runtime/compute.h), shared by that model's sessions of that count.
 #pragma once
 
 #include "arch/backend.h"
 #include "cpu/kernels.h"
 #include "cpu/ops.h"
 #include "cpu/thread_pool.h"
-#include "arch/arena.h"
 
 namespace fastllm {
 
 class CpuBackend final : public Backend {
 public:
-    CpuBackend(const KernelTable &k, ThreadPool &pool) : k_(k), pool_(pool) {}
-    // Scratch for passes of up to max_batch rows, matrices of rows up to max_k long, and attention
-    // over up to max_positions keys.
-    void carve(Arena &a, int64_t max_k, int max_batch, int max_positions);
+    CpuBackend(const KernelTable &k, int n_threads) : k_(k), pool_(n_threads) {}
+
+    std::string describe() const override;
+    void carve(Arena &a, const PassShape &shape) override;
+    void read_kv_row(const KvCache &c, int layer, bool value, int pos, void *dst) override;
+    void write_kv_row(KvCache &c, int layer, bool value, int pos, KvType from, const void *src) override;
 
     void embed(const Tensor &E, const int32_t *tokens, int T, float scale, float *x) override;
     void matmul(const Tensor &W, const Tensor &bias, const float *x, int T, float *y) override;
@@ -40,7 +42,7 @@ private:
     }
 
     const KernelTable &k_;
-    ThreadPool &pool_;
+    ThreadPool pool_;
     ops::MatmulScratch scratch_{};
     float *scores_ = nullptr;  // [threads, max_positions]
     size_t scores_stride_ = 0;

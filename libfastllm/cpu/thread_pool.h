@@ -1,5 +1,5 @@
-// thread_pool.h — the threads a session computes with. Created once with the session (no thread
-// is started per token); the calling thread does a share of every job itself. Idle workers spin
+// thread_pool.h — the threads the CPU backend computes with. Created once with the backend, one
+// per model and thread count (no thread is started per token); the calling thread does a share of every job itself. Idle workers spin
 // for a few microseconds (jobs within one token follow each other closely), then sleep on a
 // condition variable, so a pool never burns a core that another program needs.
 #pragma once

@@ -3,29 +3,27 @@
 #include <algorithm>
 
 #include "base/error.h"
-#include "cpu/kernels.h"
 
 namespace fastllm {
 
-Compute::Compute(int n_threads) : pool(n_threads), backend(kernels(), pool) {}
+Compute::Compute(int n_threads) : backend(make_backend(BackendOptions{n_threads})) {}
 
 void Compute::reserve(const Decoder &d, int max_batch, int positions) {
     if (arena_ && max_batch <= work.max_batch && positions <= positions_) return;
     max_batch = std::max(max_batch, work.max_batch), positions = std::max(positions, positions_);
-    // The plan is derived by running the carve twice (arena.h): sizes, then the real buffers.
-    // The plan carves a spare backend, so that a failed allocation leaves this one as it was.
-    auto carve = [&](Arena &a, Workspace &w, CpuBackend &be) {
+    // The plan is derived by running the carve twice (arena.h): sizes, then the real buffers. The
+    // backend changes nothing while the arena plans, so a failed allocation leaves it as it was.
+    auto carve = [&](Arena &a, Workspace &w) {
         d.carve(a, w, max_batch);
-        be.carve(a, d.max_row_length(), max_batch, positions);
+        backend->carve(a, PassShape{d.max_row_length(), max_batch, positions});
     };
     auto arena = std::make_unique<Arena>();
     Workspace w;
-    CpuBackend planner(kernels(), pool);
-    carve(*arena, w, planner);
+    carve(*arena, w);
     if (!arena->allocate())
         fail(FASTLLM_ERR_OUT_OF_MEMORY, "cannot allocate %.1f MiB of working memory for %d-token batches",
              arena->planned_bytes() / 1048576.0, max_batch);
-    carve(*arena, w, backend);
+    carve(*arena, w);
     arena_ = std::move(arena), work = w, positions_ = positions;
     rows.resize((size_t)max_batch);
     tokens.resize((size_t)max_batch);

@@ -1,5 +1,5 @@
-// compute.h — what forward passes compute with: the worker threads, the backend and its scratch,
-// and the working activations (Workspace). They belong to the model, one set per thread count, and
+// compute.h — what forward passes compute with: the backend (its threads and scratch), and the
+// working activations (Workspace). They belong to the model, one set per thread count, and
 // every session of that count shares them, so 64 sessions start no more threads than one and keep
 // one copy of the activations (SmolLM2-135M at 256-token batches: about 18 MiB). A pass holds the
 // lock for its whole run: passes over one model's sessions (with the same thread count) run one at
@@ -10,11 +10,11 @@
 #include <mutex>
 #include <vector>
 
-#include "arch/decoder.h"
-#include "cpu/backend_cpu.h"
-#include "cpu/thread_pool.h"
 #include "arch/arena.h"
+#include "arch/backend.h"
+#include "arch/decoder.h"
 #include "arch/kv_cache.h"
+#include "backends/backends.h"
 
 namespace fastllm {
 
@@ -22,8 +22,7 @@ struct Compute {
     explicit Compute(int n_threads);
 
     std::mutex mutex;  // held by a pass (and by reserve)
-    ThreadPool pool;
-    CpuBackend backend;
+    std::unique_ptr<Backend> backend;
     Workspace work;
     std::vector<ForwardRow> rows;  // work.max_batch rows, the inputs of a pass
     std::vector<int32_t> tokens;

@@ -6,7 +6,6 @@
 
 #include "base/error.h"
 #include "arch/family.h"
-#include "cpu/kernels.h"
 #include "base/log.h"
 #include "base/fnv.h"
 
@@ -31,9 +30,9 @@ Model::Model(std::unique_ptr<FlmFile> file, int n_threads) : file_(std::move(fil
     n_threads_ = n_threads > 0 ? n_threads : (int)std::max(1u, std::thread::hardware_concurrency());
     fingerprint_ = compute_fingerprint();
     const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
-    log(FASTLLM_LOG_INFO, "loaded %s: %s, %.1fM parameters, %s weights, %.1f MiB %s in %.1f ms; kernels %s, %d threads",
+    log(FASTLLM_LOG_INFO, "loaded %s: %s, %.1fM parameters, %s weights, %.1f MiB %s in %.1f ms; %d threads",
         path.c_str(), architecture_.c_str(), decoder_->n_params() / 1e6, dtype_name(decoder_->weight_dtype()),
-        file_->size() / 1048576.0, file_->mapped() ? "mapped" : "read", ms, isa_name(kernels().isa), n_threads_);
+        file_->size() / 1048576.0, file_->mapped() ? "mapped" : "read", ms, n_threads_);
 }
 
 // 4 KiB at each end of every tensor: a different checkpoint of the same shape differs there

@@ -49,8 +49,8 @@ Session::Session(const Model &model, const SessionOptions &options)
     if (cache_.n_dropping_layers() > 0)
         std::snprintf(windows, sizeof windows, "; %d of %d layers keep only their sliding window: at most %.1f MiB, not %.1f",
                       cache_.n_dropping_layers(), cache_.n_layers(), cache_.capacity_bytes() / 1048576.0, full / 1048576.0);
-    log(FASTLLM_LOG_INFO, "session: n_ctx %d, n_batch %d, %d threads, KV cache %s/%s (%.1f KiB a token, allocated as used%s)",
-        opt_.n_ctx, opt_.n_batch, opt_.n_threads, kv_type_name(opt_.type_k), kv_type_name(opt_.type_v),
+    log(FASTLLM_LOG_INFO, "session: n_ctx %d, n_batch %d, %s, KV cache %s/%s (%.1f KiB a token, allocated as used%s)",
+        opt_.n_ctx, opt_.n_batch, compute_.backend->describe().c_str(), kv_type_name(opt_.type_k), kv_type_name(opt_.type_v),
         cache_.bytes_per_position() / 1024.0, windows);
 }
 
@@ -140,7 +140,7 @@ void Session::shift(int discard) {
     const int evaluated = (int)n_evaluated_, from = keep + discard;
     if (evaluated > from) {
         cache_.prepare(keep, evaluated - discard);  // copy-on-write before moving rows into shared blocks
-        model_.decoder().shift_cache(compute_.backend, cache_, from, evaluated, discard);  // needs no pass lock
+        model_.decoder().shift_cache(*compute_.backend, cache_, from, evaluated, discard);  // needs no pass lock
         n_evaluated_ = (size_t)(evaluated - discard);
     } else {
         n_evaluated_ = (size_t)std::min(evaluated, keep);
@@ -170,7 +170,7 @@ void Session::run_pending(fastllm_logits_mode mode, float *out_logits) {
             else if (mode == FASTLLM_LOGITS_LAST && i + 1 == tokens_.size()) logits = out_logits;
             compute_.rows[t] = ForwardRow{&cache_, (int)i, logits};
         }
-        if (!model_.decoder().forward(compute_.backend, compute_.work, tokens_.data() + n_evaluated_,
+        if (!model_.decoder().forward(*compute_.backend, compute_.work, tokens_.data() + n_evaluated_,
                                       compute_.rows.data(), T, &cancel_))
             break;
         n_evaluated_ += T;
@@ -484,7 +484,7 @@ void Session::step(Session *const *sessions, size_t n, int32_t *done, int max_pr
     // Sample for everyone, then evaluate the new tokens of those still going in shared passes.
     size_t n_rows = 0;
     auto flush = [&] {
-        decoder.forward(c.backend, c.work, c.tokens.data(), c.rows.data(), (int)n_rows);
+        decoder.forward(*c.backend, c.work, c.tokens.data(), c.rows.data(), (int)n_rows);
         n_rows = 0;
     };
     for (size_t i = 0; i < n; i++) {

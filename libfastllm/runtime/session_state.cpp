@@ -15,7 +15,6 @@
 #include <string>
 
 #include "base/error.h"
-#include "cpu/kernels.h"
 #include "base/fnv.h"
 #include "runtime/session.h"
 
@@ -35,6 +34,11 @@ uint64_t fnv1a(const uint8_t *p, size_t n) {
 struct Writer {
     std::vector<uint8_t> out;
     void bytes(const void *p, size_t n) { out.insert(out.end(), (const uint8_t *)p, (const uint8_t *)p + n); }
+    // n bytes more, for the caller to fill.
+    uint8_t *grow(size_t n) {
+        out.resize(out.size() + n);
+        return out.data() + out.size() - n;
+    }
     template <typename T>
     void put(T v) { bytes(&v, sizeof v); }
     void str(const std::string &s) {
@@ -93,6 +97,7 @@ SamplingOptions get_options(Reader &r) {
 }  // namespace
 
 std::vector<uint8_t> Session::save_state() const {
+    Backend &be = *compute_.backend;
     if (gen_ && gen_->prefill)
         fail(FASTLLM_ERR_INVALID_ARGUMENT, "the session's generation has a deferred prompt not yet evaluated; "
              "step until its first token, or cancel the generation");
@@ -109,9 +114,9 @@ std::vector<uint8_t> Session::save_state() const {
     for (int l = 0; l < cache_.n_layers(); l++) {
         for (int b = 0; b < n_blocks; b++) w.put((uint8_t)cache_.holds(l, b * KvCache::kBlock));
         for (int p = 0; p < n_eval; p++)
-            if (cache_.holds(l, p)) w.bytes(cache_.k_row(l, p), cache_.row_bytes_k());
+            if (cache_.holds(l, p)) be.read_kv_row(cache_, l, false, p, w.grow(cache_.row_bytes_k()));
         for (int p = 0; p < n_eval; p++)
-            if (cache_.holds(l, p)) w.bytes(cache_.v_row(l, p), cache_.row_bytes_v());
+            if (cache_.holds(l, p)) be.read_kv_row(cache_, l, true, p, w.grow(cache_.row_bytes_v()));
     }
     w.put((uint8_t)(gen_ ? 1 : 0));
     if (gen_) {
@@ -157,29 +162,19 @@ void Session::load_state(const uint8_t *data, size_t size, fastllm_stream_callba
     const size_t rk = kv_row_bytes(type_k, (int)dim), rv = kv_row_bytes(type_v, (int)dim);
     KvCache cache = make_cache();
     cache.prepare(0, (int)n_eval);
-    const KernelTable &k = kernels();
-    std::vector<float> row(dim);
+    Backend &be = *compute_.backend;  // converts the rows when the types differ
     const int n_blocks = ((int)n_eval + KvCache::kBlock - 1) / KvCache::kBlock;
     std::vector<uint8_t> held((size_t)n_blocks, 1);
-    auto copy_rows = [&](KvType from, size_t row_bytes, KvType to, char *(KvCache::*at)(int, int) const, int l) {
-        for (uint32_t p = 0; p < n_eval; p++) {
-            if (!held[p / KvCache::kBlock]) continue;
-            const uint8_t *src = r.take(row_bytes);
-            char *dst = (cache.*at)(l, (int)p);
-            if (from == to) {
-                std::memcpy(dst, src, row_bytes);
-            } else {
-                k.kv_load[(int)from](src, row.data(), (int)dim);
-                k.kv_store[(int)to](row.data(), (int)dim, dst);
-            }
-        }
+    auto copy_rows = [&](KvType from, size_t row_bytes, bool value, int l) {
+        for (uint32_t p = 0; p < n_eval; p++)
+            if (held[p / KvCache::kBlock]) be.write_kv_row(cache, l, value, (int)p, from, r.take(row_bytes));
     };
     std::vector<std::pair<int, int>> missing;  // (layer, block): released once every layer is read, as
                                                // the layers of a window share blocks
     for (int l = 0; l < cache_.n_layers(); l++) {
         if (version >= 2) std::memcpy(held.data(), r.take(held.size()), held.size());
-        copy_rows(type_k, rk, cache_.type_k(), &KvCache::k_row, l);
-        copy_rows(type_v, rv, cache_.type_v(), &KvCache::v_row, l);
+        copy_rows(type_k, rk, false, l);
+        copy_rows(type_v, rv, true, l);
         for (int b = 0; b < n_blocks; b++)
             if (!held[b]) missing.emplace_back(l, b);
     }
