@@ -67,6 +67,18 @@ public:
     // allocation leaves it as it was.
     virtual void carve(Arena &a, const PassShape &shape) = 0;
 
+    // Makes the model's weights the backend's, once, before its first pass: the ops then receive
+    // the file's Tensor views (their shape and dtype describe a weight, their data pointer names
+    // it) and read the backend's own copy. The CPU reads the mapped file in place (no copy); a
+    // device backend repacks and uploads each tensor. Throws FASTLLM_ERR_UNSUPPORTED for a dtype
+    // or shape the backend cannot run, so that a model it cannot serve fails at load.
+    virtual void prepare_weights(const std::vector<const Tensor *> &weights) = 0;
+    // Where the KV blocks of this backend's sessions live (arch/kv_cache.h).
+    virtual KvStorage &kv_storage() = 0;
+    // Copies bytes of the backend's memory at src (workspace or KV) to host memory: after the work
+    // queued before it is done.
+    virtual void download(void *dst, const void *src, size_t bytes) = 0;
+
     // A layer's key (value = false) or value row at pos, in the cache's type (row_bytes_k / _v), to
     // host memory; and from host memory in type `from`, converted to the cache's type. The row's
     // block must be held (and, to write, not shared). For saving and loading a context: rare.

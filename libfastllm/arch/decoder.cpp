@@ -2,7 +2,6 @@
 
 #include <algorithm>
 #include <cmath>
-#include <cstring>
 #include <string>
 
 #include "base/error.h"
@@ -109,8 +108,22 @@ void Decoder::carve(Arena &a, Workspace &w, int B) const {
     w.gate_up = a.take((size_t)B * 2 * c.intermediate_size);
     w.act = a.take((size_t)B * c.intermediate_size);
     w.logits = a.take((size_t)kLogitRows * c.vocab_size);
-    w.rope = a.take<const RopeTable *>((size_t)B);
-    w.runs = a.take<AttentionRun>((size_t)B);
+    w.rope.assign((size_t)B, nullptr);
+    w.runs.resize((size_t)B);
+}
+
+std::vector<const Tensor *> Decoder::weights() const {
+    std::vector<const Tensor *> all;
+    auto add = [&](const Tensor &t) {
+        if (!t.empty()) all.push_back(&t);
+    };
+    for (const Tensor *t : {&embedding_, &output_norm_, &output_norm_bias_, &output_}) add(*t);
+    for (const DecoderLayer &L : layers_)
+        for (const Tensor *t : {&L.attn_norm, &L.attn_norm_bias, &L.qkv, &L.qkv_bias, &L.q_norm, &L.k_norm,
+                                &L.attn_output, &L.attn_output_bias, &L.post_attn_norm, &L.ffn_norm, &L.ffn_norm_bias,
+                                &L.gate_up, &L.gate_up_bias, &L.down, &L.down_bias, &L.post_ffn_norm})
+            add(*t);
+    return all;
 }
 
 void Decoder::shift_cache(Backend &be, KvCache &cache, int from, int n_rows, int delta) const {
@@ -165,10 +178,10 @@ bool Decoder::forward(Backend &be, Workspace &w, const int32_t *tokens, const Fo
         // cache, attention per run of rows, output projection, residual add.
         be.matmul(L.qkv, L.qkv_bias, w.xb, T, w.qkv);
         QkvStep qs{w.qkv, w.q, T, c.num_heads, c.num_kv_heads, c.head_dim, c.qk_norm ? &L.q_norm : nullptr,
-                   c.qk_norm ? &L.k_norm : nullptr, nk, eps, c.rope.dim, c.rope.interleaved, w.rope, rows, l};
+                   c.qk_norm ? &L.k_norm : nullptr, nk, eps, c.rope.dim, c.rope.interleaved, w.rope.data(), rows, l};
         be.qkv_to_cache(qs);
         const AttentionShape shape{c.num_heads, c.num_kv_heads, c.head_dim, scale, c.attn_softcap, c.window[l]};
-        be.attention(w.q, w.runs, n_runs, l, shape, w.attn);
+        be.attention(w.q, w.runs.data(), n_runs, l, shape, w.attn);
         be.matmul(L.attn_output, L.attn_output_bias, w.attn, T, w.xb);
         be.add_norm(nk, eps, L.post_attn_norm, w.xb, w.x, L.ffn_norm, L.ffn_norm_bias, T, H, w.xb);
 
@@ -196,7 +209,7 @@ bool Decoder::forward(Backend &be, Workspace &w, const int32_t *tokens, const Fo
         be.matmul(output_, Tensor{}, w.xb, n, w.logits);
         if (c.final_softcap > 0) be.softcap(w.logits, (size_t)n * c.vocab_size, c.final_softcap);
         for (int i = 0; i < n; i++)
-            std::memcpy(rows[wanted[i]].logits, w.logits + (size_t)i * c.vocab_size, sizeof(float) * c.vocab_size);
+            be.download(rows[wanted[i]].logits, w.logits + (size_t)i * c.vocab_size, sizeof(float) * c.vocab_size);
     }
     return true;
 }

@@ -28,13 +28,15 @@ struct DecoderLayer {
 };
 
 // A pass's working activations for up to max_batch rows: one set per model and thread count
-// (runtime/compute.h), shared by its sessions, whose passes take turns.
+// (runtime/compute.h), shared by its sessions, whose passes take turns. The activations are the
+// backend's memory (the decoder computes addresses in them, never reads them); rope and runs are
+// the host's description of the pass, which the backend reads.
 struct Workspace {
     int max_batch = 0;
     float *x, *xb, *q, *qkv, *attn, *gate_up, *act;  // [max_batch, ...]
-    float *logits;                                   // [kLogitRows, vocab]: output-head rows before copy-out
-    const RopeTable **rope;                          // [max_batch]: the table each row rotates with
-    AttentionRun *runs;                              // [max_batch]: the pass's runs of one cache
+    float *logits;                                   // [kLogitRows, vocab]: output-head rows before download
+    std::vector<const RopeTable *> rope;             // [max_batch]: the table each row rotates with
+    std::vector<AttentionRun> runs;                  // [max_batch]: the pass's runs of one cache
 };
 
 class Decoder {
@@ -47,6 +49,8 @@ public:
     uint64_t n_params() const { return n_params_; }
     // The longest matrix row (for the backend's scratch).
     int64_t max_row_length() const;
+    // Every weight the passes read (for Backend::prepare_weights).
+    std::vector<const Tensor *> weights() const;
 
     static constexpr int kLogitRows = 16;  // output-head rows computed per pass over its weights
     void carve(Arena &a, Workspace &w, int max_batch) const;

@@ -6,7 +6,9 @@
 
 namespace fastllm {
 
-Compute::Compute(int n_threads) : backend(make_backend(BackendOptions{n_threads})) {}
+Compute::Compute(const Decoder &d, int n_threads) : backend(make_backend(BackendOptions{n_threads})) {
+    backend->prepare_weights(d.weights());
+}
 
 void Compute::reserve(const Decoder &d, int max_batch, int positions) {
     if (arena_ && max_batch <= work.max_batch && positions <= positions_) return;

@@ -29,6 +29,7 @@ Model::Model(std::unique_ptr<FlmFile> file, int n_threads) : file_(std::move(fil
     chat_template_ = file_->get_string("tokenizer.chat_template", "");
     n_threads_ = n_threads > 0 ? n_threads : (int)std::max(1u, std::thread::hardware_concurrency());
     fingerprint_ = compute_fingerprint();
+    compute(n_threads_);  // the backend takes the weights now: one that cannot run them fails the load
     const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
     log(FASTLLM_LOG_INFO, "loaded %s: %s, %.1fM parameters, %s weights, %.1f MiB %s in %.1f ms; %d threads",
         path.c_str(), architecture_.c_str(), decoder_->n_params() / 1e6, dtype_name(decoder_->weight_dtype()),
@@ -59,7 +60,7 @@ Compute &Model::compute(int n_threads) const {
     std::lock_guard<std::mutex> lock(compute_mutex_);
     for (auto &c : computes_)
         if (c.first == n_threads) return *c.second;
-    computes_.emplace_back(n_threads, std::make_unique<Compute>(n_threads));
+    computes_.emplace_back(n_threads, std::make_unique<Compute>(*decoder_, n_threads));
     return *computes_.back().second;
 }
 
