@@ -426,9 +426,9 @@ def test_client_disconnect_mid_stream_frees_the_session(chat_server, chat_client
     generated = chat_server.metrics()["fastllm_generated_tokens_total"] - before
     assert generated < 4000  # cancelled, not run to its 8000 tokens
     # The session is reused by the next request.
-    r = chat_client.chat.completions.create(model="stories-chat", max_tokens=5,
+    r = chat_client.chat.completions.create(model="stories-chat", max_tokens=5, extra_body={"ignore_eos": True},
                                             messages=[{"role": "user", "content": "Hi"}])
-    assert r.usage.completion_tokens == 5
+    assert r.usage.completion_tokens == 5  # ignore_eos: an end-of-sequence sampled early cannot cut it
 
 
 # -- bad input ------------------------------------------------------------------------------------------
@@ -492,6 +492,7 @@ def test_bad_input_gets_4xx_in_openai_shape_and_the_server_keeps_serving(server,
     assert got == 405
     # curl -d without a Content-Type sends a form-encoded type: still read as JSON, past 8 KiB too
     got, body = server.request("POST", "/v1/completions", json.dumps({"prompt": "hi", "max_tokens": 2,
+                                                                      "ignore_eos": True,
                                                                       "user": "x" * 20000}).encode(),
                                headers={"Content-Type": "application/x-www-form-urlencoded"})
     assert got == 200 and body["usage"]["completion_tokens"] == 2
@@ -502,7 +503,8 @@ def test_bad_input_gets_4xx_in_openai_shape_and_the_server_keeps_serving(server,
     # Nothing leaked: no session busy, nothing queued, and generation still works.
     m = server.metrics()
     assert m["fastllm_active_sessions"] == 0 and m["fastllm_queue_depth"] == 0
-    assert client.completions.create(model="stories260K", prompt="hi", max_tokens=3).usage.completion_tokens == 3
+    assert client.completions.create(model="stories260K", prompt="hi", max_tokens=3,
+                                     extra_body={"ignore_eos": True}).usage.completion_tokens == 3
     status, body = server.request("GET", "/health")
     assert status == 200
 
@@ -533,7 +535,7 @@ def test_api_key(stories_flm):
         assert s.request("GET", "/metrics")[0] == 401 and s.request("POST", "/tokenize", {"content": "a"})[0] == 401
         assert s.request("GET", "/health")[0] == 200  # exempt
         with s.client(api_key="sekret") as c:
-            r = c.completions.create(model="tiny", prompt="hi", max_tokens=2)
+            r = c.completions.create(model="tiny", prompt="hi", max_tokens=2, extra_body={"ignore_eos": True})
         assert r.model == "tiny" and r.usage.completion_tokens == 2
     finally:
         assert s.stop() == 0

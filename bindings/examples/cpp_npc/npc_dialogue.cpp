@@ -66,10 +66,17 @@ public:
         fastllm::SamplingParams act;
         act.temperature = 0.7f;
         act.seed = seed_++;
-        act.max_new_tokens = 96;
+        // Room for the longest action, so that it always ends: "{" and "}", 7 whitespace runs of at
+        // most 21 bytes (a newline and 20 spaces or tabs), the three keys, ":" and "," and the longest
+        // values come to 200 bytes, and a token is at least a byte.
+        act.max_new_tokens = 256;
         act.json_schema = kActionSchema;
-        const auto action = session_.generate("\n" + name_ + " does:", act);
-        std::printf("%s does: %s\n", name_.c_str(), action.text.c_str());
+        std::string action = session_.generate("\n" + name_ + " does:", act).text;
+        // One line a turn: a newline or tab of the JSON's whitespace becomes a space (still the same JSON;
+        // strings hold neither unescaped).
+        for (char &c : action)
+            if (c == '\n' || c == '\t') c = ' ';
+        std::printf("%s does: %s\n", name_.c_str(), action.c_str());
         return said.text;
     }
 
