@@ -8,7 +8,7 @@
 #include <cstdlib>
 #include <new>
 
-#include "platform/platform.h"
+#include "arch/memory.h"
 
 namespace fastllm {
 
@@ -16,8 +16,9 @@ class Arena {
 public:
     static constexpr size_t kAlign = 64;
 
-    Arena() = default;
-    ~Arena() { platform::aligned_free(base_); }
+    // The buffers come from `memory` (a backend's; the host's by default).
+    explicit Arena(Memory &memory = host_memory()) : memory_(memory) {}
+    ~Arena() { memory_.free((char *)base_); }
     Arena(const Arena &) = delete;
     Arena &operator=(const Arena &) = delete;
 
@@ -37,7 +38,7 @@ public:
     // Allocates what the planning takes added up; false if the memory is not available.
     bool allocate() {
         if (base_ || planned_ == 0) return base_ != nullptr || planned_ == 0;
-        if (!(base_ = platform::aligned_alloc(kAlign, planned_))) return false;
+        if (!(base_ = memory_.alloc(planned_))) return false;
         capacity_ = planned_;
         return true;
     }
@@ -47,6 +48,7 @@ public:
     size_t bytes() const { return capacity_; }
 
 private:
+    Memory &memory_;
     void *base_ = nullptr;
     size_t planned_ = 0, capacity_ = 0, used_ = 0;
 };

@@ -73,8 +73,9 @@ public:
     // device backend repacks and uploads each tensor. Throws FASTLLM_ERR_UNSUPPORTED for a dtype
     // or shape the backend cannot run, so that a model it cannot serve fails at load.
     virtual void prepare_weights(const std::vector<const Tensor *> &weights) = 0;
-    // Where the KV blocks of this backend's sessions live (arch/kv_cache.h).
-    virtual KvStorage &kv_storage() = 0;
+    // The backend's memory: the KV blocks of its sessions and the working memory of its passes
+    // come from it (arch/memory.h).
+    virtual Memory &memory() = 0;
     // Copies bytes of the backend's memory at src (workspace or KV) to host memory: after the work
     // queued before it is done.
     virtual void download(void *dst, const void *src, size_t bytes) = 0;

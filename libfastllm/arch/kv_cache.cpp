@@ -5,32 +5,18 @@
 #include <new>
 
 #include "base/error.h"
-#include "platform/platform.h"
 
 namespace fastllm {
 
-namespace {
-struct HostKvStorage final : KvStorage {
-    char *alloc(size_t bytes) override { return (char *)platform::aligned_alloc(64, bytes); }
-    void free(char *block) override { platform::aligned_free(block); }
-    void copy(char *dst, const char *src, size_t bytes) override { std::memcpy(dst, src, bytes); }
-};
-}  // namespace
-
-KvStorage &host_kv_storage() {
-    static HostKvStorage host;
-    return host;
-}
-
-KvCache::Block::Block(KvStorage &s, size_t bytes) : storage(s), data(s.alloc(bytes)) {
+KvCache::Block::Block(Memory &m, size_t bytes) : memory(m), data(m.alloc(bytes)) {
     if (!data) throw std::bad_alloc();
 }
 
-KvCache::Block::~Block() { storage.free(data); }
+KvCache::Block::~Block() { memory.free(data); }
 
 KvCache::KvCache(int n_layers, int n_ctx, int kv_dim, KvType type_k, KvType type_v, const std::vector<int> &window,
-                 bool drop_outside_windows, int keep_prefix, KvStorage &storage)
-    : storage_(&storage), type_k_(type_k), type_v_(type_v), n_layers_(n_layers), n_ctx_(n_ctx), kv_dim_(kv_dim),
+                 bool drop_outside_windows, int keep_prefix, Memory &memory)
+    : memory_(&memory), type_k_(type_k), type_v_(type_v), n_layers_(n_layers), n_ctx_(n_ctx), kv_dim_(kv_dim),
       keep_prefix_(keep_prefix), row_k_(kv_row_bytes(type_k, kv_dim)), row_v_(kv_row_bytes(type_v, kv_dim)) {
     for (int l = 0; l < n_layers; l++) {
         const int w = l < (int)window.size() ? std::max(window[l], 0) : 0;
@@ -65,7 +51,7 @@ void KvCache::prepare(int from, int to, bool windowed) {
         for (const Group &g : groups_) {
             if (!windowed && g.window > 0) continue;
             for (int b = b0; b <= b1; b++)
-                if (wants(g, b)) fresh.push_back(std::make_shared<Block>(*storage_, g.block_bytes));
+                if (wants(g, b)) fresh.push_back(std::make_shared<Block>(*memory_, g.block_bytes));
         }
     } catch (const std::bad_alloc &) {
         fail(FASTLLM_ERR_OUT_OF_MEMORY, "cannot allocate %.1f MiB of KV cache for positions %d to %d",
@@ -77,7 +63,7 @@ void KvCache::prepare(int from, int to, bool windowed) {
         for (int b = b0; b <= b1; b++) {
             if (!wants(g, b)) continue;
             std::shared_ptr<Block> &mine = fresh[next++];
-            if (g.blocks[b]) storage_->copy(mine->data, g.blocks[b]->data, g.block_bytes);  // copy on write
+            if (g.blocks[b]) memory_->copy(mine->data, g.blocks[b]->data, g.block_bytes);  // copy on write
             g.blocks[b] = std::move(mine);
         }
     }
@@ -107,7 +93,7 @@ bool KvCache::can_continue(int n) const {
 }
 
 void KvCache::share(const KvCache &src, int n) {
-    bool same = src.storage_ == storage_ && src.type_k_ == type_k_ && src.type_v_ == type_v_ && src.kv_dim_ == kv_dim_ &&
+    bool same = src.memory_ == memory_ && src.type_k_ == type_k_ && src.type_v_ == type_v_ && src.kv_dim_ == kv_dim_ &&
                 src.n_layers_ == n_layers_ && src.groups_.size() == groups_.size();
     for (size_t g = 0; same && g < groups_.size(); g++) same = src.groups_[g].window == groups_[g].window;
     if (!same)

@@ -15,25 +15,10 @@
 #include <vector>
 
 #include "arch/kv_format.h"
+#include "arch/memory.h"
 #include "format/tensor.h"
 
 namespace fastllm {
-
-// Where a cache's blocks live: host memory (host_kv_storage), or a backend's own memory
-// (Backend::kv_storage). The cache keeps the block table — which block holds which positions, who
-// shares it — on the host; the bytes of a block are the storage's, at an address only its backend
-// dereferences.
-class KvStorage {
-public:
-    virtual ~KvStorage() = default;
-    // A block of `bytes`, or nullptr when the memory is not available.
-    virtual char *alloc(size_t bytes) = 0;
-    virtual void free(char *block) = 0;
-    // Copies a whole block (copy on write).
-    virtual void copy(char *dst, const char *src, size_t bytes) = 0;
-};
-// Host memory, 64-byte aligned: the CPU backend's.
-KvStorage &host_kv_storage();
 
 class KvCache {
 public:
@@ -44,9 +29,10 @@ public:
     // layers of one window share blocks (a group), and forget() releases a group's blocks that fell
     // out of its window (keeping one block more, for a truncation by a few tokens, and the first
     // keep_prefix positions, which a context shift keeps).
-    // The blocks come from `storage` (host memory by default).
+    // The blocks come from `memory` (a backend's, arch/memory.h; the host's by default). The block
+    // table — which block holds which positions, who shares it — is host data.
     KvCache(int n_layers, int n_ctx, int kv_dim, KvType type_k, KvType type_v, const std::vector<int> &window = {},
-            bool drop_outside_windows = true, int keep_prefix = 0, KvStorage &storage = host_kv_storage());
+            bool drop_outside_windows = true, int keep_prefix = 0, Memory &memory = host_memory());
 
     KvType type_k() const { return type_k_; }
     KvType type_v() const { return type_v_; }
@@ -58,7 +44,7 @@ public:
     // Bytes one position takes in every layer (K and V rows).
     size_t bytes_per_position() const { return (size_t)n_layers_ * (row_k_ + row_v_); }
 
-    // The row of a layer's key / value at pos, whose block is held, at the storage's address (only
+    // The row of a layer's key / value at pos, whose block is held, at the memory's address (only
     // its backend dereferences it). The rows of the following positions of the same block follow
     // it, row_bytes apart.
     char *k_row(int layer, int pos) const {
@@ -87,7 +73,7 @@ public:
     // Whether a context of n evaluated positions can go on from here: every layer holds the
     // positions a query at n sees. False after forget() when n is older than a window still holds.
     bool can_continue(int n) const;
-    // Points the blocks of positions [0, n) at src's (same shape, types, windows and storage);
+    // Points the blocks of positions [0, n) at src's (same shape, types, windows and memory);
     // blocks this cache held there are released.
     void share(const KvCache &src, int n);
 
@@ -102,9 +88,9 @@ public:
 
 private:
     struct Block {
-        KvStorage &storage;
+        Memory &memory;
         char *data;
-        Block(KvStorage &storage, size_t bytes);
+        Block(Memory &memory, size_t bytes);
         ~Block();
         Block(const Block &) = delete;
         Block &operator=(const Block &) = delete;
@@ -122,7 +108,7 @@ private:
         int group, index;  // a layer's group and its place in it
     };
 
-    KvStorage *storage_;
+    Memory *memory_;
     KvType type_k_, type_v_;
     int n_layers_, n_ctx_, kv_dim_, keep_prefix_;
     size_t row_k_, row_v_;

@@ -17,7 +17,7 @@ public:
     std::string describe() const override;
     void carve(Arena &a, const PassShape &shape) override;
     void prepare_weights(const std::vector<const Tensor *> &) override {}  // read in place, mapped
-    KvStorage &kv_storage() override { return host_kv_storage(); }
+    Memory &memory() override { return host_memory(); }
     void download(void *dst, const void *src, size_t bytes) override;
     void read_kv_row(const KvCache &c, int layer, bool value, int pos, void *dst) override;
     void write_kv_row(KvCache &c, int layer, bool value, int pos, KvType from, const void *src) override;

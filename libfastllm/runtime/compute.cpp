@@ -19,7 +19,7 @@ void Compute::reserve(const Decoder &d, int max_batch, int positions) {
         d.carve(a, w, max_batch);
         backend->carve(a, PassShape{d.max_row_length(), max_batch, positions});
     };
-    auto arena = std::make_unique<Arena>();
+    auto arena = std::make_unique<Arena>(backend->memory());
     Workspace w;
     carve(*arena, w);
     if (!arena->allocate())

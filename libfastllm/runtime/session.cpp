@@ -67,7 +67,7 @@ Session::Session(const Session &src, size_t n, const SessionOptions &options) : 
 KvCache Session::make_cache() const {
     const DecoderConfig &c = model_.config();
     return KvCache(c.num_layers, opt_.n_ctx, c.kv_dim(), opt_.type_k, opt_.type_v, c.window, !opt_.swa_full,
-                   opt_.context_shift ? opt_.n_keep : 0, compute_.backend->kv_storage());
+                   opt_.context_shift ? opt_.n_keep : 0, compute_.backend->memory());
 }
 
 void Session::keep_or_recompute() {
