@@ -7,6 +7,7 @@
 
 #include "base/error.h"
 #include "base/log.h"
+#include "runtime/pass.h"
 
 namespace fastllm {
 
@@ -163,16 +164,16 @@ void Session::run_pending(fastllm_logits_mode mode, float *out_logits) {
         const int T = (int)std::min<size_t>(opt_.n_batch, tokens_.size() - n_evaluated_);
         cache_.prepare((int)n_evaluated_, (int)n_evaluated_ + T);  // eval() keeps what is evaluated if this fails
         std::lock_guard<std::mutex> lock(compute_.mutex);  // the constructor reserved room for n_batch rows
+        Pass pass(model_.decoder(), compute_, T, &cancel_);  // the T-th row runs it
+        bool ran = true;
         for (int t = 0; t < T; t++) {
             const size_t i = n_evaluated_ + t;
             float *logits = nullptr;
             if (mode == FASTLLM_LOGITS_ALL) logits = out_logits + (i - first) * vocab;
             else if (mode == FASTLLM_LOGITS_LAST && i + 1 == tokens_.size()) logits = out_logits;
-            compute_.rows[t] = ForwardRow{&cache_, (int)i, logits};
+            ran = pass.add(cache_, (int)i, tokens_[i], logits);
         }
-        if (!model_.decoder().forward(*compute_.backend, compute_.work, tokens_.data() + n_evaluated_,
-                                      compute_.rows.data(), T, &cancel_))
-            break;
+        if (!ran) break;
         n_evaluated_ += T;
         cache_.forget((int)n_evaluated_);
     }
@@ -466,74 +467,69 @@ void Session::step(Session *const *sessions, size_t n, int32_t *done, int max_pr
     Compute &c = sessions[0]->compute_;  // the step's passes use the first session's compute
     const Decoder &decoder = sessions[0]->model_.decoder();
     std::lock_guard<std::mutex> lock(c.mutex);
-    // The cache blocks of each session's next position (or prompt chunk) first: running out of
-    // memory then leaves every session as it was. Deferred prompts share the step's prompt budget
-    // in the order listed.
+    // Plan: every session's cache blocks for this step first, so that running out of memory leaves
+    // every session as it was. Deferred prompts share the step's prompt budget in the order listed.
     int budget = prompt_budget(sessions, n, max_prompt_tokens, c.work.max_batch);
-    for (size_t i = 0; i < n; i++) {
-        Session &s = *sessions[i];
-        if (s.gen_->prefill) {
-            s.gen_->chunk = (int)std::min<size_t>((size_t)budget, s.tokens_.size() - s.n_evaluated_);
-            budget -= s.gen_->chunk;
-            s.cache_.prepare((int)s.n_evaluated_, (int)s.n_evaluated_ + s.gen_->chunk);
-            continue;
-        }
-        const int pos = (int)s.tokens_.size();
-        if (pos < s.opt_.n_ctx) s.cache_.prepare(pos, pos + 1);
+    for (size_t i = 0; i < n; i++) sessions[i]->plan_step(budget);
+    // Run: each session's rows (a sampled token and its drafts, or a chunk of its prompt) in shared
+    // passes over the weights.
+    Pass pass(decoder, c, c.work.max_batch);
+    for (size_t i = 0; i < n; i++) done[i] = sessions[i]->add_step_rows(pass) ? 0 : 1;
+    pass.flush();
+    // Commit: what the passes computed.
+    for (size_t i = 0; i < n; i++)
+        if (!done[i]) done[i] = sessions[i]->commit_step() ? 0 : 1;
+}
+
+void Session::plan_step(int &budget) {
+    if (gen_->prefill) {
+        gen_->chunk = (int)std::min<size_t>((size_t)budget, tokens_.size() - n_evaluated_);
+        budget -= gen_->chunk;
+        cache_.prepare((int)n_evaluated_, (int)n_evaluated_ + gen_->chunk);
+        return;
     }
-    // Sample for everyone, then evaluate the new tokens of those still going in shared passes.
-    size_t n_rows = 0;
-    auto flush = [&] {
-        decoder.forward(*c.backend, c.work, c.tokens.data(), c.rows.data(), (int)n_rows);
-        n_rows = 0;
-    };
-    for (size_t i = 0; i < n; i++) {
-        Session &s = *sessions[i];
-        if (s.gen_->prefill) {  // a chunk of the prompt; the logits of its last token only
-            done[i] = 0;
-            if (s.cancel_.load()) {
-                s.cancel_generation();
-                done[i] = 1;
-                continue;
-            }
-            for (int t = 0; t < s.gen_->chunk; t++) {
-                const size_t p = s.n_evaluated_ + t;
-                c.rows[n_rows] = ForwardRow{&s.cache_, (int)p, p + 1 == s.tokens_.size() ? s.logits_.data() : nullptr};
-                c.tokens[n_rows] = s.tokens_[p];
-                if (++n_rows == (size_t)c.work.max_batch) flush();
-            }
-            s.n_evaluated_ += s.gen_->chunk;
-            continue;
+    const int pos = (int)tokens_.size();
+    if (pos < opt_.n_ctx) cache_.prepare(pos, pos + 1);
+}
+
+bool Session::add_step_rows(Pass &pass) {
+    if (gen_->prefill) {  // a chunk of the prompt; the logits of its last token only
+        if (cancel_.load()) {
+            cancel_generation();
+            return false;
         }
-        done[i] = s.sample_next() ? 0 : 1;
-        if (done[i]) continue;
-        s.cache_.prepare((int)s.n_evaluated_, (int)s.n_evaluated_ + 1);  // a shift may have moved it
-        // The sampled token, then its drafts (speculative decoding), each row with its own logits.
-        const int n_draft = s.draft();
-        const size_t V = (size_t)s.model_.config().vocab_size;
-        for (int r = 0; r <= n_draft; r++) {
-            float *logits = n_draft ? s.spec_->logits.data() + (size_t)r * V : s.logits_.data();
-            c.rows[n_rows] = ForwardRow{&s.cache_, (int)s.n_evaluated_ + r, logits};
-            c.tokens[n_rows] = r == 0 ? s.tokens_.back() : s.spec_->draft[r - 1];
-            if (++n_rows == (size_t)c.work.max_batch) flush();
+        for (int t = 0; t < gen_->chunk; t++) {
+            const size_t p = n_evaluated_ + t;
+            pass.add(cache_, (int)p, tokens_[p], p + 1 == tokens_.size() ? logits_.data() : nullptr);
         }
-        s.n_evaluated_++;
+        n_evaluated_ += gen_->chunk;
+        return true;
     }
-    if (n_rows) flush();
-    for (size_t i = 0; i < n; i++) {
-        if (done[i]) continue;
-        Session &s = *sessions[i];
-        if (s.gen_->prefill) {
-            if (s.n_evaluated_ == s.tokens_.size()) {
-                s.prompt_evaluated();
-                if (!s.sampling_starts()) done[i] = 1;
-            }
-        } else if (s.spec_ && s.spec_->n) {
-            s.verify();
-            if (!s.gen_) done[i] = 1;  // it ended inside the drafts
-        }
-        s.cache_.forget((int)s.n_evaluated_);
+    if (!sample_next()) return false;
+    cache_.prepare((int)n_evaluated_, (int)n_evaluated_ + 1);  // a shift may have moved it
+    // The sampled token, then its drafts (speculative decoding), each row with its own logits.
+    const int n_draft = draft();
+    const size_t V = (size_t)model_.config().vocab_size;
+    for (int r = 0; r <= n_draft; r++) {
+        float *logits = n_draft ? spec_->logits.data() + (size_t)r * V : logits_.data();
+        pass.add(cache_, (int)n_evaluated_ + r, r == 0 ? tokens_.back() : spec_->draft[r - 1], logits);
     }
+    n_evaluated_++;
+    return true;
+}
+
+bool Session::commit_step() {
+    if (gen_->prefill) {
+        if (n_evaluated_ == tokens_.size()) {
+            prompt_evaluated();
+            if (!sampling_starts()) return false;
+        }
+    } else if (spec_ && spec_->n) {
+        verify();
+        if (!gen_) return false;  // it ended inside the drafts
+    }
+    cache_.forget((int)n_evaluated_);
+    return true;
 }
 
 void Session::generate(const int32_t *prompt, size_t n_prompt, const SamplingOptions &p,

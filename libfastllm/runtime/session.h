@@ -14,6 +14,7 @@
 #include "runtime/compute.h"
 #include "arch/kv_cache.h"
 #include "runtime/options.h"
+#include "runtime/pass.h"
 #include "fastllm.h"
 #include "runtime/model.h"
 #include "runtime/sampler.h"
@@ -128,6 +129,12 @@ private:
     // The prompt tokens a step evaluates: max_prompt_tokens, less what would only spill the
     // decode rows into one more pass.
     static int prompt_budget(Session *const *sessions, size_t n, int max_prompt_tokens, int max_batch);
+    // A step's three parts for this session (step() runs each over all sessions before the next):
+    // makes its rows' cache positions writable, taking a prompt chunk from the budget; adds its rows
+    // to the pass (false: its generation ended); takes in what the pass computed (false: ended).
+    void plan_step(int &budget);
+    bool add_step_rows(Pass &pass);
+    bool commit_step();
     // Samples this session's next token; returns false when its generation has ended.
     bool sample_next();
     // The sampled (or accepted) token into the context, the text stream and the grammar; false
