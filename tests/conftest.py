@@ -119,3 +119,15 @@ def rel_to_max(a, b):
 
 def run_binary(name, *args, **kw):
     return subprocess.run([str(BUILD / name), *map(str, args)], capture_output=True, text=True, timeout=120, **kw)
+
+
+def pytest_collection_modifyitems(config, items):
+    """Under the reference device backend (FASTLLM_BACKEND=refdev, tests/test_backend_seam.py runs
+    suites so), the tests of SmolLM2 are deselected, and reported as such: its 135M parameters take
+    minutes a token in the reference ops' double-precision loops. The CPU run covers them."""
+    if os.environ.get("FASTLLM_BACKEND") != "refdev":
+        return
+    slow = [item for item in items if any(name.startswith("smollm") for name in getattr(item, "fixturenames", ()))]
+    if slow:
+        config.hook.pytest_deselected(items=slow)
+        items[:] = [item for item in items if item not in slow]

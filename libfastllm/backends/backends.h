@@ -11,7 +11,8 @@ namespace fastllm {
 struct BackendOptions {
     int n_threads = 1;
 };
-// A backend for a model's passes: the CPU's. Throws Error when it cannot be made.
+// A backend for a model's passes: the CPU's, or the one FASTLLM_BACKEND names (cpu, refdev).
+// Throws Error when it cannot be made.
 std::unique_ptr<Backend> make_backend(const BackendOptions &options);
 // The instruction-set level the CPU backend's kernels use ("avx512", "avx2", "neon", "scalar").
 const char *cpu_kernels_name();

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstddef>
+#include <functional>
 
 #include "arch/decoder_config.h"
 #include "cpu/kernels.h"
@@ -73,10 +74,20 @@ void rope(float *v, int n_heads, int head_dim, int rope_dim, bool interleaved, c
 void swiglu(const float *gate_up, int n, float *out);
 void geglu(const float *gate_up, int n, float *out);
 void softmax(float *x, int n);
+// One layer's K and V rows as attention reads them: the cache's own, or a device's copy of them.
+struct KvRows {
+    KvType type_k, type_v;
+    std::function<const void *(int pos, bool value)> row;  // the key (value false) or value row at pos
+};
+void attention(const float *q, int T, int pos0, const KvRows &kv, const AttentionShape &shape, float *out);
+// The same over a cache's rows in host memory.
 void attention(const float *q, int T, int pos0, const KvCache &cache, int layer, const AttentionShape &shape,
                float *out);
-// A KV cache row of n values as f32, read value by value from the layout in tensor.h.
+// A KV cache row of n values as f32, read value by value from the layout in arch/kv_format.h; and
+// n values stored as a row of that type (q8: a scale of amax / 127 per block, codes rounded to
+// nearest).
 void kv_load(KvType type, const void *row, int n, float *out);
+void kv_store(KvType type, const float *x, int n, void *row);
 float weight(const Tensor &W, int64_t r, int64_t c);  // element of a matrix as f32
 }  // namespace ref
 

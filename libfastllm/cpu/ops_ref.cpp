@@ -133,15 +133,42 @@ void kv_load(KvType type, const void *row, int n, float *out) {
     }
 }
 
+void kv_store(KvType type, const float *x, int n, void *row) {
+    for (int b = 0; b * kKvQ8Block < n; b++) {
+        const int first = b * kKvQ8Block, len = std::min(kKvQ8Block, n - first);
+        if (type == KvType::F32) {
+            std::memcpy((float *)row + first, x + first, sizeof(float) * len);
+            continue;
+        }
+        if (type == KvType::F16) {
+            for (int i = first; i < first + len; i++) ((uint16_t *)row)[i] = f32_to_f16(x[i]);
+            continue;
+        }
+        float amax = 0;
+        for (int i = 0; i < len; i++) amax = std::max(amax, std::fabs(x[first + i]));
+        const float d = amax / 127.0f, id = amax > 0 ? 127.0f / amax : 0.0f;
+        char *block = (char *)row + (size_t)b * kKvQ8BlockBytes;
+        std::memcpy(block, &d, 4);
+        for (int i = 0; i < kKvQ8Block; i++)
+            ((int8_t *)block)[4 + i] = i < len ? (int8_t)std::nearbyint(x[first + i] * id) : 0;
+    }
+}
+
 void attention(const float *q, int T, int pos0, const KvCache &cache, int layer, const AttentionShape &sh,
                float *out) {
+    const KvRows kv{cache.type_k(), cache.type_v(),
+                    [&](int pos, bool value) -> const void * { return value ? cache.v_row(layer, pos) : cache.k_row(layer, pos); }};
+    attention(q, T, pos0, kv, sh, out);
+}
+
+void attention(const float *q, int T, int pos0, const KvRows &kv, const AttentionShape &sh, float *out) {
     const int head_dim = sh.head_dim, kv_dim = sh.n_kv_heads * head_dim, group = sh.n_heads / sh.n_kv_heads;
     const int positions = pos0 + T;
     std::vector<float> k_cache((size_t)positions * kv_dim), v_cache(k_cache.size());
     // The keys the run's first query sees on: a windowed cache holds no others.
     for (int j = sh.window > 0 ? std::max(0, pos0 - sh.window + 1) : 0; j < positions; j++) {
-        kv_load(cache.type_k(), cache.k_row(layer, j), kv_dim, &k_cache[(size_t)j * kv_dim]);
-        kv_load(cache.type_v(), cache.v_row(layer, j), kv_dim, &v_cache[(size_t)j * kv_dim]);
+        kv_load(kv.type_k, kv.row(j, false), kv_dim, &k_cache[(size_t)j * kv_dim]);
+        kv_load(kv.type_v, kv.row(j, true), kv_dim, &v_cache[(size_t)j * kv_dim]);
     }
     for (int t = 0; t < T; t++)
         for (int h = 0; h < sh.n_heads; h++) {

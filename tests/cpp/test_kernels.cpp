@@ -19,6 +19,7 @@
 #include "text/text_stream.h"
 #include "cpu/thread_pool.h"
 #include "text/tokenizer.h"
+#include "refdev/backend_refdev.h"
 
 using namespace fastllm;
 
@@ -318,15 +319,20 @@ static void test_kv_kernels(const KernelTable &k) {
             const size_t stride = kv_row_bytes(t, row_n) + 8;  // rows further apart than they are long
             std::vector<float> x = randn((size_t)n * row_n), q = randn(dim), a = randn(n), back(row_n);
             std::vector<char> rows(stride * n);
-            double store_err = 0;
+            double store_err = 0, ref_store_err = 0;
+            std::vector<char> ref_row(stride);
             for (int j = 0; j < n; j++) {
                 k.kv_store[(int)t](&x[(size_t)j * row_n], row_n, rows.data() + j * stride);
                 ref::kv_load(t, rows.data() + j * stride, row_n, back.data());
                 store_err = std::max(store_err, rel_err(back.data(), &x[(size_t)j * row_n], row_n));
+                ref::kv_store(t, &x[(size_t)j * row_n], row_n, ref_row.data());  // the reference device's store
+                ref::kv_load(t, ref_row.data(), row_n, back.data());
+                ref_store_err = std::max(ref_store_err, rel_err(back.data(), &x[(size_t)j * row_n], row_n));
             }
             // f16: half an ulp (2^-11) of the largest; q8: half a step of 1/127 of a block's largest.
             const double bound = t == KvType::F32 ? 0 : t == KvType::F16 ? 4.9e-4 : 0.5 / 127 + 1e-6;
             CHECK(store_err <= bound, "kv_store %s %s rel err %g > %g", isa_name(k.isa), kv_type_name(t), store_err, bound);
+            CHECK(ref_store_err <= bound, "ref::kv_store %s rel err %g > %g", kv_type_name(t), ref_store_err, bound);
             for (int h = 0; h < heads; h++) {
                 std::vector<float> y(n), yr(n), acc(dim, 0.5f), accr(dim, 0.5f);
                 k.kv_dot[(int)t](rows.data(), stride, n, h * dim, q.data(), dim, y.data());
@@ -445,6 +451,50 @@ static void test_exp_ops(const KernelTable &k) {
     k.exp_shift_sum(y.data(), n, 0.0f);
     for (int i = 0; i < n; i++) worst = std::max(worst, std::fabs(y[i] / std::exp((double)x[i]) - 1));
     CHECK(worst < 1e-6, "exp %s max rel err %g", isa_name(k.isa), worst);
+}
+
+// The reference device's memory is no host memory: its addresses round-trip through it, a host
+// pointer given to it is an error (never a read), and a KV cache on it copies blocks through it.
+static void test_refdev_memory() {
+    auto be = make_refdev_backend(1);
+    Memory &m = be->memory();
+    char *a = m.alloc(64), *b = m.alloc(64);
+    CHECK(a && b && a != b && (uintptr_t)a >= ((uintptr_t)1 << 46), "refdev addresses %p %p", (void *)a, (void *)b);
+    float host[16] = {1, 2, 3}, back[16] = {};
+    bool refused = false;
+    try {
+        be->download(back, host, sizeof host);  // a host pointer where device memory belongs
+    } catch (const Error &e) {
+        refused = e.status() == FASTLLM_ERR_INTERNAL && std::strstr(e.what(), "not device memory");
+    }
+    CHECK(refused, "refdev read a host pointer");
+    refused = false;
+    try {
+        be->download(back, a + 32, 64);  // past the end of an allocation
+    } catch (const Error &e) {
+        refused = e.status() == FASTLLM_ERR_INTERNAL;
+    }
+    CHECK(refused, "refdev read past an allocation");
+    // A KV cache in its memory: rows written and read back through the backend, copy on write.
+    const int B = KvCache::kBlock;
+    KvCache c(1, 2 * B, 8, KvType::F32, KvType::Q8, {}, true, 0, m);
+    c.prepare(0, B);
+    const float row[8] = {1, -2, 3, -4, 5, -6, 7, -8};
+    be->write_kv_row(c, 0, false, 3, KvType::F32, row);
+    be->write_kv_row(c, 0, true, 3, KvType::F32, row);
+    KvCache d(1, 2 * B, 8, KvType::F32, KvType::Q8, {}, true, 0, m);
+    d.share(c, B);
+    d.prepare(0, B);  // copies the shared block
+    CHECK(d.k_row(0, 3) != c.k_row(0, 3), "copy on write kept the shared block");
+    float k[8], v[8];
+    std::vector<char> vq(d.row_bytes_v());
+    be->read_kv_row(d, 0, false, 3, k);
+    be->read_kv_row(d, 0, true, 3, vq.data());
+    ref::kv_load(KvType::Q8, vq.data(), 8, v);
+    double worst = 0;
+    for (int i = 0; i < 8; i++) worst = std::max({worst, (double)std::fabs(k[i] - row[i]), (double)std::fabs(v[i] - row[i])});
+    CHECK(worst < 8.0 / 127, "refdev KV rows came back off by %g", worst);
+    m.free(a), m.free(b);
 }
 
 static void test_elementwise() {
@@ -629,6 +679,7 @@ int main(int argc, char **argv) {
     test_elementwise();
     test_kv_cache_blocks();
     test_kv_cache_windows();
+    test_refdev_memory();
     test_f16_rounding();
     test_sampler();
     test_text_stream();
