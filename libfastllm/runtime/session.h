@@ -1,7 +1,8 @@
-// session.h — what fastllm_session is: one context (token history + its KV cache) over a shared
-// Model. The session owns its KV cache (blocks allocated as the context grows, possibly shared with
-// the session it was forked from) and its logits; the threads and activations it computes with are
-// the model's (compute.h).
+// session.h — what fastllm_session is: one context (context.h: token history + its KV cache, blocks
+// allocated as the context grows, possibly shared with the session it was forked from) over a
+// shared Model, the generation in progress (generation.cpp), speculative decoding, and the steps
+// that advance sessions together (step.cpp). The backend and activations it computes with are the
+// model's (compute.h).
 #pragma once
 
 #include <algorithm>
@@ -13,6 +14,7 @@
 
 #include "runtime/compute.h"
 #include "arch/kv_cache.h"
+#include "runtime/context.h"
 #include "runtime/options.h"
 #include "runtime/pass.h"
 #include "fastllm.h"
@@ -39,9 +41,9 @@ public:
     const Model &model() const { return model_; }
     const SessionOptions &options() const { return opt_; }
     int n_ctx() const { return opt_.n_ctx; }
-    int n_tokens() const { return (int)tokens_.size(); }
-    int n_cached() const { return (int)n_evaluated_; }
-    const std::vector<int32_t> &tokens() const { return tokens_; }
+    int n_tokens() const { return (int)ctx_.tokens.size(); }
+    int n_cached() const { return (int)ctx_.n_evaluated; }
+    const std::vector<int32_t> &tokens() const { return ctx_.tokens; }
     void reset();
     void truncate(size_t n_keep);  // see fastllm_session_truncate
     SessionMemory memory() const;
@@ -94,8 +96,8 @@ private:
         std::unique_ptr<GrammarMatcher> grammar;  // of params.grammar, when it has one
         std::chrono::steady_clock::time_point start;
         int32_t exclude = -1;  // a draft rejected at the next position: the next token is drawn from the others
-        // A deferred prompt: steps evaluate tokens_[n_evaluated_..] (`chunk` of them this step) before
-        // sampling starts; on a cancel the context keeps tokens_[..prompt_from] at least.
+        // A deferred prompt: steps evaluate ctx_.tokens[n_evaluated..] (`chunk` of them this step) before
+        // sampling starts; on a cancel the context keeps tokens[..prompt_from] at least.
         bool prefill = false;
         size_t prompt_from = 0;
         int chunk = 0;
@@ -107,20 +109,6 @@ private:
                                                    : std::make_unique<GrammarMatcher>(Grammar::parse(p.grammar))) {}
     };
 
-    void check_tokens(const int32_t *tokens, size_t n) const;
-    // Makes room for n more tokens: a context shift when enabled, else FASTLLM_ERR_CONTEXT_FULL.
-    void make_room(size_t n);
-    // Drops `discard` tokens after the first n_keep, moving the later keys and values down and
-    // turning their keys' rotary angles back by as many positions.
-    void shift(int discard);
-    // Runs tokens_[n_evaluated_..] through the model in n_batch chunks.
-    void run_pending(fastllm_logits_mode mode, float *out_logits);
-    // After n_evaluated_ went back (a truncation, a fork): drops the cache past it, or, when the
-    // sliding-window layers no longer hold what a query there sees, all of it (the tokens are then
-    // evaluated again by the next evaluation).
-    void keep_or_recompute();
-    // An empty KV cache of this session's shape, types and windows.
-    KvCache make_cache() const;
     // After the prompt: ends a generation that has nothing to sample (max_new_tokens 0, a grammar
     // matching only ""); returns false then.
     bool sampling_starts();
@@ -177,10 +165,8 @@ private:
     const Model &model_;
     SessionOptions opt_;  // n_ctx, n_batch, n_threads resolved
     Compute &compute_;
-    KvCache cache_;
-    std::vector<int32_t> tokens_;  // the context; the tail past n_evaluated_ is not yet in the KV cache
-    size_t n_evaluated_ = 0;
-    std::vector<float> logits_;    // last-token logits for generation
+    Context ctx_;
+    std::vector<float> logits_;  // last-token logits for generation
     std::unique_ptr<Generation> gen_;
     std::unique_ptr<Speculation> spec_;
     GenerationResult result_;

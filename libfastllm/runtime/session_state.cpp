@@ -105,18 +105,18 @@ std::vector<uint8_t> Session::save_state() const {
     w.bytes(kMagic, sizeof kMagic);
     w.put(kStateVersion);
     w.put(model_.fingerprint());
-    w.put((uint32_t)cache_.n_layers()), w.put((uint32_t)cache_.kv_dim());
-    w.put((uint32_t)cache_.type_k()), w.put((uint32_t)cache_.type_v());
-    w.put((uint32_t)tokens_.size()), w.put((uint32_t)n_evaluated_);
-    w.bytes(tokens_.data(), tokens_.size() * sizeof(int32_t));
-    w.out.reserve(w.out.size() + cache_.bytes() + 64 + logits_.size() * 4);
-    const int n_eval = (int)n_evaluated_, n_blocks = (n_eval + KvCache::kBlock - 1) / KvCache::kBlock;
-    for (int l = 0; l < cache_.n_layers(); l++) {
-        for (int b = 0; b < n_blocks; b++) w.put((uint8_t)cache_.holds(l, b * KvCache::kBlock));
+    w.put((uint32_t)ctx_.cache.n_layers()), w.put((uint32_t)ctx_.cache.kv_dim());
+    w.put((uint32_t)ctx_.cache.type_k()), w.put((uint32_t)ctx_.cache.type_v());
+    w.put((uint32_t)ctx_.tokens.size()), w.put((uint32_t)ctx_.n_evaluated);
+    w.bytes(ctx_.tokens.data(), ctx_.tokens.size() * sizeof(int32_t));
+    w.out.reserve(w.out.size() + ctx_.cache.bytes() + 64 + logits_.size() * 4);
+    const int n_eval = (int)ctx_.n_evaluated, n_blocks = (n_eval + KvCache::kBlock - 1) / KvCache::kBlock;
+    for (int l = 0; l < ctx_.cache.n_layers(); l++) {
+        for (int b = 0; b < n_blocks; b++) w.put((uint8_t)ctx_.cache.holds(l, b * KvCache::kBlock));
         for (int p = 0; p < n_eval; p++)
-            if (cache_.holds(l, p)) be.read_kv_row(cache_, l, false, p, w.grow(cache_.row_bytes_k()));
+            if (ctx_.cache.holds(l, p)) be.read_kv_row(ctx_.cache, l, false, p, w.grow(ctx_.cache.row_bytes_k()));
         for (int p = 0; p < n_eval; p++)
-            if (cache_.holds(l, p)) be.read_kv_row(cache_, l, true, p, w.grow(cache_.row_bytes_v()));
+            if (ctx_.cache.holds(l, p)) be.read_kv_row(ctx_.cache, l, true, p, w.grow(ctx_.cache.row_bytes_v()));
     }
     w.put((uint8_t)(gen_ ? 1 : 0));
     if (gen_) {
@@ -148,7 +148,7 @@ void Session::load_state(const uint8_t *data, size_t size, fastllm_stream_callba
     const uint32_t layers = r.get<uint32_t>(), dim = r.get<uint32_t>();
     const uint32_t tk = r.get<uint32_t>(), tv = r.get<uint32_t>();
     const uint32_t n_tokens = r.get<uint32_t>(), n_eval = r.get<uint32_t>();
-    if ((int)layers != cache_.n_layers() || (int)dim != cache_.kv_dim() || tk >= (uint32_t)kNumKvTypes ||
+    if ((int)layers != ctx_.cache.n_layers() || (int)dim != ctx_.cache.kv_dim() || tk >= (uint32_t)kNumKvTypes ||
         tv >= (uint32_t)kNumKvTypes || n_eval > n_tokens)
         fail(FASTLLM_ERR_BAD_FORMAT, "session state: inconsistent header");
     if (n_tokens > (uint32_t)opt_.n_ctx)
@@ -160,7 +160,7 @@ void Session::load_state(const uint8_t *data, size_t size, fastllm_stream_callba
     // The rows go into a new cache (converted when the types differ); it replaces ours at the end.
     const KvType type_k = (KvType)tk, type_v = (KvType)tv;
     const size_t rk = kv_row_bytes(type_k, (int)dim), rv = kv_row_bytes(type_v, (int)dim);
-    KvCache cache = make_cache();
+    KvCache cache = ctx_.make_cache();
     cache.prepare(0, (int)n_eval);
     Backend &be = *compute_.backend;  // converts the rows when the types differ
     const int n_blocks = ((int)n_eval + KvCache::kBlock - 1) / KvCache::kBlock;
@@ -171,7 +171,7 @@ void Session::load_state(const uint8_t *data, size_t size, fastllm_stream_callba
     };
     std::vector<std::pair<int, int>> missing;  // (layer, block): released once every layer is read, as
                                                // the layers of a window share blocks
-    for (int l = 0; l < cache_.n_layers(); l++) {
+    for (int l = 0; l < ctx_.cache.n_layers(); l++) {
         if (version >= 2) std::memcpy(held.data(), r.take(held.size()), held.size());
         copy_rows(type_k, rk, false, l);
         copy_rows(type_v, rv, true, l);
@@ -211,11 +211,11 @@ void Session::load_state(const uint8_t *data, size_t size, fastllm_stream_callba
     }
     if (r.p != r.end) fail(FASTLLM_ERR_BAD_FORMAT, "session state: %zu bytes too many", (size_t)(r.end - r.p));
 
-    cache_ = std::move(cache);
-    tokens_ = std::move(tokens);
-    tokens_.reserve((size_t)opt_.n_ctx + 1);
-    n_evaluated_ = n_eval;
-    keep_or_recompute();  // rows saved without the window a query at n_eval sees: evaluated again
+    ctx_.cache = std::move(cache);
+    ctx_.tokens = std::move(tokens);
+    ctx_.tokens.reserve((size_t)opt_.n_ctx + 1);
+    ctx_.n_evaluated = n_eval;
+    ctx_.keep_or_recompute();  // rows saved without the window a query at n_eval sees: evaluated again
     gen_ = std::move(gen);
     has_gen_ = gen_ != nullptr;
     if (gen_) {

@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
+#include <memory>
 
 #include "base/error.h"
 #include "runtime/model.h"
@@ -105,6 +107,79 @@ std::unique_ptr<Drafter> make_drafter(const Model &target, const SessionOptions 
              d.config().context_length, session.n_ctx);
     if (!(o.p_min >= 0.0f && o.p_min <= 1.0f)) fail(FASTLLM_ERR_INVALID_ARGUMENT, "p_min %g is not in [0, 1]", (double)o.p_min);
     return std::make_unique<DraftModel>(d, session, o.p_min);
+}
+
+// A session's speculation: its drafter, a step's drafts, and what the step's pass says of them.
+
+void Session::set_speculative(const SpeculativeOptions *o) {
+    if (!o) {
+        spec_.reset();
+        return;
+    }
+    auto s = std::make_unique<Speculation>();
+    s->opt = *o;
+    s->k = o->n_draft;
+    s->drafter = make_drafter(model_, opt_, *o);
+    s->logits.resize((size_t)(o->n_draft + 1) * (size_t)model_.config().vocab_size);
+    s->draft.resize((size_t)o->n_draft);
+    spec_ = std::move(s);
+}
+
+// Drafts only where they fit: inside n_ctx without a shift and max_new_tokens.
+int Session::draft() {
+    if (!spec_ || !gen_) return 0;
+    Speculation &sp = *spec_;
+    sp.n = 0;
+    if (sp.skip > 0) {
+        sp.skip--;
+        return 0;
+    }
+    const int room = std::min<int>(opt_.n_ctx - (int)ctx_.tokens.size(), gen_->params.max_new_tokens - result_.n_generated_tokens);
+    const int k = std::min(sp.k, room);
+    if (k <= 0) return 0;
+    sp.n = sp.drafter->propose(ctx_.tokens.data(), ctx_.tokens.size(), k, sp.draft.data());
+    if (sp.n == 0 && sp.drafter->costly()) sp.back_off();
+    if (sp.n > 0) {
+        try {  // out of memory for the drafts' cache rows: no drafts, nothing else changes
+            ctx_.cache.prepare((int)ctx_.tokens.size(), (int)ctx_.tokens.size() + sp.n);
+        } catch (const Error &e) {
+            if (e.status() != FASTLLM_ERR_OUT_OF_MEMORY) throw;
+            sp.n = 0;
+        } catch (const std::bad_alloc &) {
+            sp.n = 0;
+        }
+    }
+    return sp.n;
+}
+
+void Session::verify() {
+    Speculation &sp = *spec_;
+    const size_t V = (size_t)model_.config().vocab_size;
+    const size_t first = ctx_.n_evaluated;  // the drafts' positions begin here
+    int kept = 0;
+    sp.drafted += sp.n;
+    for (int i = 0; i < sp.n; i++) {
+        float *row = sp.logits.data() + (size_t)i * V;  // after the sampled token and drafts [0, i)
+        std::memcpy(logits_.data(), row, V * sizeof(float));  // what the next token is drawn from if draft i fails
+        GrammarMatcher *grammar = gen_->grammar.get();
+        const bool ok = (!grammar || grammar->mask(model_.token_trie(), row, V, !gen_->params.ignore_eos) > 0) &&
+                        gen_->sampler.accept(row, ctx_.tokens.data(), ctx_.tokens.size(), sp.draft[i]);
+        if (!ok) {
+            gen_->exclude = sp.draft[i];
+            break;
+        }
+        kept++;
+        const bool going = emit(sp.draft[i]);
+        ctx_.n_evaluated++;  // its row is in the cache already
+        if (!going) break;
+    }
+    if (kept == sp.n && gen_) std::memcpy(logits_.data(), sp.logits.data() + (size_t)sp.n * V, V * sizeof(float));
+    sp.accepted += kept;
+    sp.k = kept == sp.n ? std::min(sp.opt.n_draft, sp.k + 2) : std::max(1, sp.k - 1);
+    if (kept == 0) sp.back_off();
+    else sp.misses = 0;
+    if (ctx_.n_evaluated < first + (size_t)sp.n) ctx_.cache.release_from((int)ctx_.n_evaluated);
+    sp.n = 0;
 }
 
 }  // namespace fastllm
