@@ -1,9 +1,9 @@
 // backend.h — the seam between the decoder and the hardware: every computation of a forward pass
 // goes through these calls, over a batch of T token rows at a time, and so do the reads and writes
 // of KV rows that saving, loading and shifting a context make. The runtime names no concrete
-// backend: backends/backends.h makes one. The CPU
-// backend (cpu/backend_cpu.h) is the only implementation yet; another (a GPU) implements the same
-// calls without touching the decoder, the session or the family files.
+// backend: backends/backends.h makes one. Two implement it: the CPU (cpu/backend_cpu.h) and the
+// reference device (refdev/, a test backend that proves the seam); a GPU backend implements the
+// same calls without touching the decoder, the session or the family files.
 #pragma once
 
 #include <cstddef>
