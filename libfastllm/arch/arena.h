@@ -1,7 +1,7 @@
-// arena.h — one allocation, carved into aligned buffers when the working memory of a model's passes
-// is reserved (runtime/compute.h), so the forward pass never allocates. The memory plan is derived, not kept in sync by hand: the same
-// carve function runs twice, first on a planning arena (take() only adds up the sizes and returns
-// nullptr), then, after allocate(), on the real memory.
+// arena.h — one allocation, carved into aligned buffers when the working memory of a model's
+// passes is reserved (runtime/compute.h), so the forward pass never allocates. The memory plan is
+// derived, not kept in sync by hand: the same carve function runs twice, first on a planning arena
+// (take() only adds up the sizes and returns nullptr), then, after allocate(), on the real memory.
 #pragma once
 
 #include <cstddef>

@@ -1,7 +1,5 @@
 #include "arch/kv_cache.h"
 
-#include <cstdlib>
-#include <cstring>
 #include <new>
 
 #include "base/error.h"

@@ -26,7 +26,7 @@ public:
         std::unique_ptr<char[]> real(new (std::nothrow) char[bytes ? bytes : 1]);
         if (!real) return nullptr;
         const uintptr_t at = next_;
-        next_ += (bytes + 2 * 64 - 1) / 64 * 64 + 64;
+        next_ += (bytes + 63) / 64 * 64 + 64;  // the next one 64-aligned, past a 64-byte gap
         allocs_.emplace(at, Alloc{std::move(real), bytes});
         return (char *)at;
     }
