@@ -2,8 +2,8 @@
 // goes through these calls, over a batch of T token rows at a time, and so do the reads and writes
 // of KV rows that saving, loading and shifting a context make. The runtime names no concrete
 // backend: backends/backends.h makes one. Two implement it: the CPU (cpu/backend_cpu.h) and the
-// reference device (refdev/, a test backend that proves the seam); a GPU backend implements the
-// same calls without touching the decoder, the session or the family files.
+// reference device (refdev/, a test backend that proves the seam) and Vulkan (vulkan/), which
+// implement the same calls without touching the decoder, the session or the family files.
 #pragma once
 
 #include <cstddef>
@@ -79,6 +79,12 @@ public:
     // Copies bytes of the backend's memory at src (workspace or KV) to host memory: after the work
     // queued before it is done.
     virtual void download(void *dst, const void *src, size_t bytes) = 0;
+    // A device backend records the ops and runs them later: flush() hands what is recorded to the
+    // device without waiting (the decoder calls it after each layer, so the device works while
+    // the host records on and a cancel stops a pass between submissions); finish() waits until
+    // everything recorded is done (the end of a pass, of a state's load). The CPU has nothing to do.
+    virtual void flush() {}
+    virtual void finish() {}
 
     // A layer's key (value = false) or value row at pos, in the cache's type (row_bytes_k / _v), to
     // host memory; and from host memory in type `from`, converted to the cache's type. The row's

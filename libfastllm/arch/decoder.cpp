@@ -193,7 +193,11 @@ bool Decoder::forward(Backend &be, Workspace &w, const int32_t *tokens, const Fo
         const bool last = l + 1 == c.num_layers;
         be.add_norm(nk, eps, L.post_ffn_norm, w.xb, w.x, last ? Tensor{} : layers_[l + 1].attn_norm,
                     last ? Tensor{} : layers_[l + 1].attn_norm_bias, T, H, w.xb);
-        if (cancel && cancel->load(std::memory_order_relaxed)) return false;  // SmolLM2, 256 tokens: 17 ms a layer
+        be.flush();
+        if (cancel && cancel->load(std::memory_order_relaxed)) {  // SmolLM2, 256 tokens: 17 ms a layer
+            be.finish();
+            return false;
+        }
     }
 
     // Output head, for the rows that want logits, kLogitRows at a time.
@@ -211,6 +215,7 @@ bool Decoder::forward(Backend &be, Workspace &w, const int32_t *tokens, const Fo
         for (int i = 0; i < n; i++)
             be.download(rows[wanted[i]].logits, w.logits + (size_t)i * c.vocab_size, sizeof(float) * c.vocab_size);
     }
+    be.finish();
     return true;
 }
 

@@ -32,6 +32,12 @@ FILE *fopen_utf8(const char *path, const char *mode);
 bool replace_file(const char *from, const char *to);
 bool remove_file(const char *path);
 
+// A shared library opened at run time (a GPU API's loader, which a machine may lack): nullptr if
+// it cannot be opened; symbols by name, nullptr if absent. Never closed: its code may be running
+// in a driver's threads until the process ends.
+void *open_library(const char *name);
+void *library_symbol(void *library, const char *name);
+
 // The instruction-set levels the kernels use (cpu/kernels.h) that this CPU and system run: avx2
 // includes FMA and F16C, avx512 F + BW + VL + VNNI; neon_dotprod is ARMv8.2's SDOT/UDOT. Asked
 // once per process (platform/cpu_features.cpp).

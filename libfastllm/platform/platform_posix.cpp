@@ -1,6 +1,7 @@
 // POSIX (Linux, macOS): open/fstat/mmap, posix_memalign.
 #include "platform/platform.h"
 
+#include <dlfcn.h>
 #include <fcntl.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
@@ -86,5 +87,8 @@ FILE *fopen_utf8(const char *path, const char *mode) { return std::fopen(path, m
 bool replace_file(const char *from, const char *to) { return std::rename(from, to) == 0; }
 
 bool remove_file(const char *path) { return std::remove(path) == 0; }
+
+void *open_library(const char *name) { return ::dlopen(name, RTLD_NOW | RTLD_LOCAL); }
+void *library_symbol(void *library, const char *name) { return library ? ::dlsym(library, name) : nullptr; }
 
 }  // namespace fastllm::platform

@@ -135,4 +135,9 @@ bool remove_file(const char *path) {
     }
 }
 
+void *open_library(const char *name) { return (void *)LoadLibraryA(name); }
+void *library_symbol(void *library, const char *name) {
+    return library ? (void *)GetProcAddress((HMODULE)library, name) : nullptr;
+}
+
 }  // namespace fastllm::platform

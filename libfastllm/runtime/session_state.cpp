@@ -171,12 +171,18 @@ void Session::load_state(const uint8_t *data, size_t size, fastllm_stream_callba
     };
     std::vector<std::pair<int, int>> missing;  // (layer, block): released once every layer is read, as
                                                // the layers of a window share blocks
-    for (int l = 0; l < ctx_.cache.n_layers(); l++) {
-        if (version >= 2) std::memcpy(held.data(), r.take(held.size()), held.size());
-        copy_rows(type_k, rk, false, l);
-        copy_rows(type_v, rv, true, l);
-        for (int b = 0; b < n_blocks; b++)
-            if (!held[b]) missing.emplace_back(l, b);
+    try {
+        for (int l = 0; l < ctx_.cache.n_layers(); l++) {
+            if (version >= 2) std::memcpy(held.data(), r.take(held.size()), held.size());
+            copy_rows(type_k, rk, false, l);
+            copy_rows(type_v, rv, true, l);
+            for (int b = 0; b < n_blocks; b++)
+                if (!held[b]) missing.emplace_back(l, b);
+        }
+        be.finish();  // a device backend's writes done before the blocks can change hands
+    } catch (...) {
+        be.finish();  // a truncated state: the writes recorded so far land before the cache is freed
+        throw;
     }
     for (const auto &m : missing) cache.release_block(m.first, m.second * KvCache::kBlock);
     cache.forget((int)n_eval);
