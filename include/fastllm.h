@@ -57,7 +57,7 @@ extern "C" {
 #define FASTLLM_VERSION_MAJOR 0
 #define FASTLLM_VERSION_MINOR 5
 #define FASTLLM_VERSION_PATCH 0
-#define FASTLLM_ABI_VERSION 7
+#define FASTLLM_ABI_VERSION 8
 
 typedef enum fastllm_status {
     FASTLLM_OK = 0,
@@ -112,6 +112,16 @@ typedef struct fastllm_model fastllm_model;
 typedef struct fastllm_model_params {
     int32_t n_threads; /* default threads for this model's sessions; 0 = all cores */
     int32_t use_mmap;  /* 1 (default): map the file and use the weights in place; 0: read it */
+    /* What runs the model (docs/gpu.md): NULL or "cpu" (the default), "vulkan" (the best usable
+     * Vulkan device), "vulkan:N" (device N of fastllm_devices), or "auto" (a Vulkan GPU if one is
+     * usable, else the CPU, with the reason logged; a CPU-type Vulkan device such as Mesa's
+     * lavapipe is never chosen automatically). A device that cannot be used fails the load with a
+     * status and a message naming it and what is missing. Copied during the load. */
+    const char *device;
+    /* Layers on the device: -1 (the default) or at least the layer count: all; 0: none (the CPU
+     * runs the model). Other values: FASTLLM_ERR_UNSUPPORTED for now (a split between the CPU and
+     * the device is not built yet). Ignored on the CPU. */
+    int32_t n_gpu_layers;
 } fastllm_model_params;
 
 FASTLLM_API fastllm_model_params fastllm_model_default_params(void);
@@ -143,7 +153,26 @@ typedef struct fastllm_model_info {
     int32_t eos_id; /* -1 if none */
     const char *weight_dtype; /* the first layer's attn_qkv (f32 f16 bf16 q8 q6 q4 q4_g64 q4_g128 q4m q3k q4k q5k q6k; presets mix them); owned by the model */
     uint64_t n_params;
+    const char *backend;          /* what runs it, e.g. "cpu avx512, 8 threads" or "vulkan NVIDIA H200 (NVIDIA discrete)"; owned by the model */
+    uint64_t device_weight_bytes; /* weights copied to a device's memory (0 on the CPU, which reads the file in place) */
 } fastllm_model_info;
+
+/* One Vulkan device of this machine, as fastllm_devices lists it. */
+typedef struct fastllm_device_info {
+    int32_t index;         /* N of "vulkan:N" */
+    int32_t usable;        /* 1 if fastllm can run on it */
+    char name[256];
+    char vendor[32];       /* "NVIDIA", "AMD", "Intel", "Mesa", ... */
+    char type[16];         /* "discrete", "integrated", "virtual", "cpu" or "other" */
+    char missing[128];     /* what it lacks when not usable */
+    uint64_t memory_bytes; /* its largest device-local memory heap */
+    uint32_t api_version;  /* Vulkan version, VK_MAKE_API_VERSION's packing */
+} fastllm_device_info;
+
+/* The machine's Vulkan devices: writes at most capacity entries, *out_n receives how many there
+ * are. No Vulkan on this machine (or a build without it) is not an error: *out_n is 0, and the
+ * reason is the thread's message (fastllm_last_error). */
+FASTLLM_API fastllm_status fastllm_devices(fastllm_device_info *out, int32_t capacity, int32_t *out_n);
 
 FASTLLM_API fastllm_status fastllm_model_get_info(const fastllm_model *model, fastllm_model_info *out_info);
 

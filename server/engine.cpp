@@ -21,10 +21,13 @@ ApiError library_error(fastllm_status status, const std::string &what) {
     return e;
 }
 
-std::unique_ptr<Engine> Engine::load(const std::string &path, int n_threads, std::string &error) {
+std::unique_ptr<Engine> Engine::load(const std::string &path, int n_threads, const std::string &device, int gpu_layers,
+                                     std::string &error) {
     std::unique_ptr<Engine> e(new Engine());
     fastllm_model_params p = fastllm_model_default_params();
     p.n_threads = n_threads;
+    p.device = device.empty() ? nullptr : device.c_str();
+    p.n_gpu_layers = gpu_layers;
     fastllm_status s = fastllm_model_load(path.c_str(), &p, &e->model_);
     if (s != FASTLLM_OK) {
         error = fastllm_last_error();

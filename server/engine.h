@@ -17,7 +17,8 @@ namespace fastllm_server {
 class Engine {
 public:
     // Loads path with n_threads (0 = all cores) as the sessions' default; nullptr and a message on failure.
-    static std::unique_ptr<Engine> load(const std::string &path, int n_threads, std::string &error);
+    static std::unique_ptr<Engine> load(const std::string &path, int n_threads, const std::string &device, int gpu_layers,
+                                        std::string &error);
     ~Engine();
     Engine(const Engine &) = delete;
     Engine &operator=(const Engine &) = delete;

@@ -52,6 +52,8 @@ const char *const kUsage =
     "  --host HOST          address to bind (default 127.0.0.1)\n"
     "  --port N             port (default 8080; 0 = any free port, printed at start)\n"
     "  --threads N          compute threads (default 0 = all cores)\n"
+    "  --device D           what runs the model: cpu (default), vulkan, vulkan:N or auto (docs/gpu.md)\n"
+    "  --gpu-layers N       layers on the device (default -1 = all; 0 = none)\n"
     "  --max-sessions N     sessions decoding together (default 4)\n"
     "  --max-queue N        requests that may wait for a session; more get 503 (default 64)\n"
     "  --n-ctx N            context length of each session (default 0 = 4096, or the model's if shorter)\n"
@@ -71,6 +73,8 @@ struct Options {
     std::string host = "127.0.0.1";
     int port = 8080;
     int threads = 0;
+    std::string device;
+    int gpu_layers = -1;
     int max_sessions = 4;
     int max_queue = 64;
     int n_ctx = 0;
@@ -125,6 +129,8 @@ Options parse_options(int argc, char **argv) {
         if (a == "--host") o.host = value;
         else if (a == "--port") o.port = (int)parse_int(a, v, 0, 65535);
         else if (a == "--threads") o.threads = (int)parse_int(a, v, 0, 1024);
+        else if (a == "--device") o.device = value;
+        else if (a == "--gpu-layers") o.gpu_layers = (int)parse_int(a, v, -1, 1 << 20);
         else if (a == "--max-sessions") o.max_sessions = (int)parse_int(a, v, 1, 1024);
         else if (a == "--max-queue") o.max_queue = (int)parse_int(a, v, 0, 100000);
         else if (a == "--n-ctx") o.n_ctx = (int)parse_int(a, v, 0, 1 << 24);
@@ -171,7 +177,7 @@ int main(int argc, char **argv) {
     signal(SIGPIPE, SIG_IGN);  // a client that went away is noticed by a failed write instead
 
     std::string error;
-    std::unique_ptr<Engine> engine = Engine::load(opt.model_path, opt.threads, error);
+    std::unique_ptr<Engine> engine = Engine::load(opt.model_path, opt.threads, opt.device, opt.gpu_layers, error);
     if (!engine) {
         std::fprintf(stderr, "fastllm-server: cannot load %s: %s\n", opt.model_path.c_str(), error.c_str());
         return 1;
@@ -181,6 +187,8 @@ int main(int argc, char **argv) {
     if (!opt.draft_model_path.empty()) {
         fastllm_model_params mp = fastllm_model_default_params();
         mp.n_threads = opt.threads;
+        mp.device = opt.device.empty() ? nullptr : opt.device.c_str();
+        mp.n_gpu_layers = opt.gpu_layers;
         fastllm_session *probe = nullptr;
         fastllm_speculative_params sp = fastllm_speculative_default_params();
         if (fastllm_model_load(opt.draft_model_path.c_str(), &mp, &draft) != FASTLLM_OK ||

@@ -141,8 +141,18 @@ fastllm_model_params fastllm_model_default_params(void) {
     fastllm_model_params p;
     p.n_threads = 0;
     p.use_mmap = 1;
+    p.device = nullptr;
+    p.n_gpu_layers = -1;
     return p;
 }
+
+namespace {
+fastllm::ModelOptions options(const fastllm_model_params &p) {
+    fastllm::ModelOptions o;
+    o.n_threads = p.n_threads, o.device = p.device, o.n_gpu_layers = p.n_gpu_layers;
+    return o;
+}
+}  // namespace
 
 fastllm_status fastllm_model_load(const char *path, const fastllm_model_params *params, fastllm_model **out_model) {
     REQUIRE(out_model, "out_model");
@@ -150,8 +160,9 @@ fastllm_status fastllm_model_load(const char *path, const fastllm_model_params *
     REQUIRE(path, "path");
     fastllm_model_params p = params ? *params : fastllm_model_default_params();
     if (p.n_threads < 0) return set_error(FASTLLM_ERR_INVALID_ARGUMENT, "n_threads must not be negative");
+    if (p.n_gpu_layers < -1) return set_error(FASTLLM_ERR_INVALID_ARGUMENT, "n_gpu_layers must be -1 (all) or more");
     return guard([&] {
-        *out_model = new fastllm_model(std::make_unique<fastllm::FlmFile>(path, p.use_mmap != 0), p.n_threads);
+        *out_model = new fastllm_model(std::make_unique<fastllm::FlmFile>(path, p.use_mmap != 0), options(p));
     });
 }
 
@@ -162,8 +173,9 @@ fastllm_status fastllm_model_load_from_memory(const void *data, size_t size, con
     REQUIRE(data, "data");
     fastllm_model_params p = params ? *params : fastllm_model_default_params();
     if (p.n_threads < 0) return set_error(FASTLLM_ERR_INVALID_ARGUMENT, "n_threads must not be negative");
+    if (p.n_gpu_layers < -1) return set_error(FASTLLM_ERR_INVALID_ARGUMENT, "n_gpu_layers must be -1 (all) or more");
     return guard([&] {
-        *out_model = new fastllm_model(std::make_unique<fastllm::FlmFile>("<memory>", data, (uint64_t)size), p.n_threads);
+        *out_model = new fastllm_model(std::make_unique<fastllm::FlmFile>("<memory>", data, (uint64_t)size), options(p));
     });
 }
 
@@ -186,7 +198,32 @@ fastllm_status fastllm_model_get_info(const fastllm_model *model, fastllm_model_
     info->eos_id = model->impl.tokenizer().eos_id();
     info->weight_dtype = fastllm::dtype_name(model->impl.decoder().weight_dtype());
     info->n_params = model->impl.decoder().n_params();
+    info->backend = model->impl.backend_name().c_str();
+    info->device_weight_bytes = model->impl.device_weight_bytes();
     return FASTLLM_OK;
+}
+
+fastllm_status fastllm_devices(fastllm_device_info *out, int32_t capacity, int32_t *out_n) {
+    REQUIRE(out_n, "out_n");
+    *out_n = 0;
+    if (capacity < 0 || (capacity > 0 && !out)) return set_error(FASTLLM_ERR_INVALID_ARGUMENT, "out must hold capacity entries");
+    return guard([&] {
+        std::string why;
+        const std::vector<fastllm::DeviceInfo> list = fastllm::list_devices(&why);
+        auto put = [](char *dst, size_t n, const std::string &src) {
+            std::snprintf(dst, n, "%s", src.c_str());
+        };
+        for (size_t i = 0; i < list.size() && (int32_t)i < capacity; i++) {
+            const fastllm::DeviceInfo &d = list[i];
+            fastllm_device_info &o = out[i];
+            std::memset(&o, 0, sizeof o);
+            o.index = d.index, o.usable = d.usable, o.memory_bytes = d.memory_bytes, o.api_version = d.api_version;
+            put(o.name, sizeof o.name, d.name), put(o.vendor, sizeof o.vendor, d.vendor), put(o.type, sizeof o.type, d.type);
+            put(o.missing, sizeof o.missing, d.missing);
+        }
+        *out_n = (int32_t)list.size();
+        set_error(FASTLLM_OK, list.empty() ? why : "");
+    });
 }
 
 const char *fastllm_model_chat_template(const fastllm_model *model) {

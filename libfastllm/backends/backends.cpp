@@ -5,6 +5,7 @@
 #include <cstring>
 
 #include "base/error.h"
+#include "base/log.h"
 #include "cpu/backend_cpu.h"
 #include "cpu/kernels.h"
 #include "refdev/backend_refdev.h"
@@ -14,22 +15,74 @@
 
 namespace fastllm {
 
-std::unique_ptr<Backend> make_backend(const BackendOptions &o) {
-    // FASTLLM_BACKEND names the backend while there is no device choice in the public params: cpu
-    // (the default) or refdev (the reference device, for the seam's tests).
-    const char *name = std::getenv("FASTLLM_BACKEND");
-    if (!name || !*name || std::strcmp(name, "cpu") == 0) return std::make_unique<CpuBackend>(kernels(), o.n_threads);
-    if (std::strcmp(name, "refdev") == 0) return make_refdev_backend(o.n_threads);
+namespace {
+
 #ifdef FASTLLM_VULKAN
-    if (std::strcmp(name, "vulkan") == 0) return make_vulkan_backend();
-    fail(FASTLLM_ERR_INVALID_ARGUMENT, "FASTLLM_BACKEND=%s: no such backend (cpu, refdev, vulkan)", name);
+constexpr const char *kNames = "cpu, vulkan, vulkan:N, auto";
 #else
-    if (std::strcmp(name, "vulkan") == 0)
-        fail(FASTLLM_ERR_UNSUPPORTED, "FASTLLM_BACKEND=vulkan: this build has no Vulkan backend (built without the Vulkan headers or glslc)");
-    fail(FASTLLM_ERR_INVALID_ARGUMENT, "FASTLLM_BACKEND=%s: no such backend (cpu, refdev)", name);
+constexpr const char *kNames = "cpu, auto; this build has no Vulkan backend";
 #endif
+
+// "vulkan" -> -1, "vulkan:N" -> N; -2 for anything else.
+int vulkan_index(const std::string &d) {
+    if (d == "vulkan") return -1;
+    if (d.rfind("vulkan:", 0) != 0 || d.size() == 7) return -2;
+    for (size_t i = 7; i < d.size(); i++)
+        if (d[i] < '0' || d[i] > '9' || i > 12) return -2;
+    return std::atoi(d.c_str() + 7);
+}
+
+}  // namespace
+
+std::string resolve_device(const char *requested) {
+    std::string d = requested ? requested : "";
+    if (d.empty() || d == "cpu") {
+        const char *env = std::getenv("FASTLLM_BACKEND");
+        if (!env || !*env) return "cpu";
+        d = env;
+        if (d == "cpu" || d == "refdev") return d;
+        if (vulkan_index(d) < -1) fail(FASTLLM_ERR_INVALID_ARGUMENT, "FASTLLM_BACKEND=%s: no such backend (cpu, refdev, vulkan)", env);
+    }
+    if (d == "auto") {
+        std::string why;
+        for (const DeviceInfo &i : list_devices(&why)) {
+            if (i.usable && i.type != "cpu") return "vulkan:" + std::to_string(i.index);
+            why += (why.empty() ? "" : "; ") + i.name + (i.usable ? " is a CPU device" : " lacks " + i.missing);
+        }
+        log(FASTLLM_LOG_INFO, "device auto: the CPU (no usable GPU: %s)", why.empty() ? "no Vulkan device" : why.c_str());
+        return "cpu";
+    }
+    if (vulkan_index(d) >= -1) {
+#ifndef FASTLLM_VULKAN
+        fail(FASTLLM_ERR_UNSUPPORTED, "device '%s': this build has no Vulkan backend (built without the Vulkan headers or glslc)", d.c_str());
+#endif
+        return d;
+    }
+    fail(FASTLLM_ERR_INVALID_ARGUMENT, "device '%s': no such device (%s)", d.c_str(), kNames);
+}
+
+bool device_is_gpu(const std::string &device) { return vulkan_index(device) >= -1; }
+
+std::unique_ptr<Backend> make_backend(const BackendOptions &o) {
+    if (o.device == "cpu") return std::make_unique<CpuBackend>(kernels(), o.n_threads);
+    if (o.device == "refdev") return make_refdev_backend(o.n_threads);
+#ifdef FASTLLM_VULKAN
+    if (vulkan_index(o.device) >= -1) return make_vulkan_backend(vulkan_index(o.device));
+#endif
+    fail(FASTLLM_ERR_INVALID_ARGUMENT, "device '%s': no such device (%s)", o.device.c_str(), kNames);
 }
 
 const char *cpu_kernels_name() { return isa_name(kernels().isa); }
+
+std::vector<DeviceInfo> list_devices(std::string *why) {
+    std::vector<DeviceInfo> out;
+#ifdef FASTLLM_VULKAN
+    for (const VulkanDeviceInfo &d : vulkan_devices(why))
+        out.push_back(DeviceInfo{d.index, d.name, d.type, d.vendor, d.missing, d.api_version, d.memory_bytes, d.usable});
+#else
+    if (why) *why = "this build has no Vulkan backend";
+#endif
+    return out;
+}
 
 }  // namespace fastllm

@@ -6,7 +6,7 @@
 
 namespace fastllm {
 
-Compute::Compute(const Decoder &d, int n_threads) : backend(make_backend(BackendOptions{n_threads})) {
+Compute::Compute(const Decoder &d, const BackendOptions &options) : backend(make_backend(options)) {
     backend->prepare_weights(d.weights());
 }
 

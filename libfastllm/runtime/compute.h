@@ -19,8 +19,8 @@
 namespace fastllm {
 
 struct Compute {
-    // A backend for passes of d on n_threads threads, with d's weights prepared.
-    Compute(const Decoder &d, int n_threads);
+    // A backend for passes of d (on n_threads threads, on the CPU), with d's weights prepared.
+    Compute(const Decoder &d, const BackendOptions &options);
 
     std::mutex mutex;  // held by a pass (and by reserve)
     std::unique_ptr<Backend> backend;

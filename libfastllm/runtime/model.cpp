@@ -11,7 +11,7 @@
 
 namespace fastllm {
 
-Model::Model(std::unique_ptr<FlmFile> file, int n_threads) : file_(std::move(file)) {
+Model::Model(std::unique_ptr<FlmFile> file, const ModelOptions &o) : file_(std::move(file)) {
     const auto t0 = std::chrono::steady_clock::now();
     const std::string &path = file_->path();
     architecture_ = file_->get_string("general.architecture");
@@ -27,13 +27,30 @@ Model::Model(std::unique_ptr<FlmFile> file, int n_threads) : file_(std::move(fil
     tokenizer_ = make_tokenizer(*file_, decoder_->config().vocab_size);
     has_chat_template_ = file_->has("tokenizer.chat_template");
     chat_template_ = file_->get_string("tokenizer.chat_template", "");
-    n_threads_ = n_threads > 0 ? n_threads : (int)std::max(1u, std::thread::hardware_concurrency());
+    n_threads_ = o.n_threads > 0 ? o.n_threads : (int)std::max(1u, std::thread::hardware_concurrency());
     fingerprint_ = compute_fingerprint();
-    compute(n_threads_);  // the backend takes the weights now: one that cannot run them fails the load
+    device_ = resolve_device(o.device);
+    const int n_layers = decoder_->config().num_layers;
+    if (device_is_gpu(device_) && o.n_gpu_layers == 0) device_ = "cpu";
+    if (device_is_gpu(device_) && o.n_gpu_layers > 0 && o.n_gpu_layers < n_layers)
+        fail(FASTLLM_ERR_UNSUPPORTED,
+             "n_gpu_layers=%d of %d: a split of the layers between the CPU and the device is not built yet (use -1: all, or 0: none)",
+             o.n_gpu_layers, n_layers);
+    // The backend takes the weights now: one that cannot run them fails the load.
+    backend_name_ = compute(n_threads_).backend->describe();
+    if (device_is_gpu(device_)) {
+        std::vector<const void *> seen;
+        for (const Tensor *t : decoder_->weights()) {
+            if (std::find(seen.begin(), seen.end(), t->data) != seen.end()) continue;
+            seen.push_back(t->data);
+            device_weight_bytes_ += dtype_is_quantized(t->dtype) ? tensor_bytes(t->dtype, t->rows(), t->cols())
+                                                                 : (uint64_t)t->n_elements() * dtype_size(t->dtype);
+        }
+    }
     const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
-    log(FASTLLM_LOG_INFO, "loaded %s: %s, %.1fM parameters, %s weights, %.1f MiB %s in %.1f ms; %d threads",
+    log(FASTLLM_LOG_INFO, "loaded %s: %s, %.1fM parameters, %s weights, %.1f MiB %s in %.1f ms; %s",
         path.c_str(), architecture_.c_str(), decoder_->n_params() / 1e6, dtype_name(decoder_->weight_dtype()),
-        file_->size() / 1048576.0, file_->mapped() ? "mapped" : "read", ms, n_threads_);
+        file_->size() / 1048576.0, file_->mapped() ? "mapped" : "read", ms, backend_name_.c_str());
 }
 
 // 4 KiB at each end of every tensor: a different checkpoint of the same shape differs there
@@ -57,10 +74,11 @@ uint64_t Model::compute_fingerprint() const {
 }
 
 Compute &Model::compute(int n_threads) const {
+    if (device_is_gpu(device_)) n_threads = n_threads_;
     std::lock_guard<std::mutex> lock(compute_mutex_);
     for (auto &c : computes_)
         if (c.first == n_threads) return *c.second;
-    computes_.emplace_back(n_threads, std::make_unique<Compute>(*decoder_, n_threads));
+    computes_.emplace_back(n_threads, std::make_unique<Compute>(*decoder_, BackendOptions{n_threads, device_}));
     return *computes_.back().second;
 }
 

@@ -154,8 +154,8 @@ public:
             dispatch(Shader::Quantize, 0, &q, sizeof q, gx, (g + gx - 1) / gx, 1);
             pc.x = addr(acts_);
         }
-        const uint32_t N = (uint32_t)W.rows(), gx = std::min<uint32_t>(N, 65535);
-        dispatch(Shader::Matmul, (uint32_t)W.dtype, &pc, sizeof pc, gx, (N + gx - 1) / gx, (uint32_t)(T + 7) / 8);
+        const uint32_t blocks = (uint32_t)(W.rows() + 7) / 8, gx = std::min<uint32_t>(blocks, 65535);  // 8 outputs a workgroup
+        dispatch(Shader::Matmul, (uint32_t)W.dtype, &pc, sizeof pc, gx, (blocks + gx - 1) / gx, (uint32_t)(T + 7) / 8);
     }
     void norm(NormKind kind, float eps, const Tensor &w, const Tensor &b, const float *x, int rows, int n,
               float *out) override {
@@ -420,7 +420,7 @@ private:
 
 }  // namespace
 
-std::unique_ptr<Backend> make_vulkan_backend() { return std::make_unique<VulkanBackend>(vk::Device::get()); }
+std::unique_ptr<Backend> make_vulkan_backend(int index) { return std::make_unique<VulkanBackend>(vk::Device::get(index)); }
 
 std::vector<VulkanDeviceInfo> vulkan_devices(std::string *why) {
     std::vector<VulkanDeviceInfo> out;

@@ -13,9 +13,10 @@
 
 namespace fastllm {
 
-// A backend on the process's Vulkan device, made on first use. FASTLLM_ERR_UNSUPPORTED (no
-// loader, no usable device: the message says which) when there is none.
-std::unique_ptr<Backend> make_vulkan_backend();
+// A backend on the process's Vulkan device (index: of vulkan_devices; -1: the best usable one),
+// made on first use. FASTLLM_ERR_UNSUPPORTED (no loader, no usable device, the device lacking a
+// feature: the message says which) when there is none.
+std::unique_ptr<Backend> make_vulkan_backend(int index);
 
 struct VulkanDeviceInfo {
     int index;

@@ -73,8 +73,10 @@ Instance &instance() {
         const char *names[] = {"libvulkan.so.1", "libvulkan.so"};
 #endif
         void *lib = nullptr;
+        const char *own = std::getenv("FASTLLM_VULKAN_LOADER");  // another loader library, by path
+        if (own && *own) names[0] = own;
         for (const char *n : names)
-            if ((lib = platform::open_library(n))) break;
+            if ((lib = platform::open_library(n)) || (own && *own)) break;
         auto gipa = (PFN_vkGetInstanceProcAddr)platform::library_symbol(lib, "vkGetInstanceProcAddr");
         if (!gipa) {
             r->error = std::string("no Vulkan loader (") + names[0] + ") on this machine";
@@ -117,9 +119,13 @@ DeviceInfo describe(const Api &api, VkPhysicalDevice pd, int index, uint32_t *co
     api.vkGetPhysicalDeviceProperties(pd, &props);
     VkPhysicalDeviceVulkan12Features f12{VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_VULKAN_1_2_FEATURES};
     VkPhysicalDeviceFeatures2 f{VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_FEATURES_2};
+    VkPhysicalDeviceSubgroupProperties sub{VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_SUBGROUP_PROPERTIES};
     if (props.apiVersion >= VK_API_VERSION_1_2) {
         f.pNext = &f12;
         api.vkGetPhysicalDeviceFeatures2(pd, &f);
+        VkPhysicalDeviceProperties2 p2{VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_PROPERTIES_2};
+        p2.pNext = &sub;
+        api.vkGetPhysicalDeviceProperties2(pd, &p2);
     }
     VkPhysicalDeviceMemoryProperties mem;
     api.vkGetPhysicalDeviceMemoryProperties(pd, &mem);
@@ -143,6 +149,9 @@ DeviceInfo describe(const Api &api, VkPhysicalDevice pd, int index, uint32_t *co
     if (props.apiVersion < VK_API_VERSION_1_2) lacks("Vulkan 1.2");
     else if (!f12.bufferDeviceAddress) lacks("bufferDeviceAddress");
     if (!f.features.shaderInt64) lacks("shaderInt64");
+    if (props.apiVersion >= VK_API_VERSION_1_2 &&
+        (!(sub.supportedStages & VK_SHADER_STAGE_COMPUTE_BIT) || !(sub.supportedOperations & VK_SUBGROUP_FEATURE_ARITHMETIC_BIT)))
+        lacks("subgroup arithmetic in compute shaders");
     if (family < 0) lacks("a compute queue");
     return d;
 }
@@ -167,23 +176,29 @@ std::vector<DeviceInfo> Device::list(std::string *why) {
     return out;
 }
 
-Device &Device::get() {
+Device &Device::get(int index) {
     static std::mutex m;
     static Device *dev = nullptr;
-    static std::string error;
+    static std::map<int, std::string> errors;  // a device that failed fails the same way again
     std::lock_guard<std::mutex> lock(m);
-    if (dev) return *dev;
-    if (!error.empty()) fail(FASTLLM_ERR_UNSUPPORTED, "%s", error.c_str());
+    if (dev) {
+        if (index >= 0 && index != dev->info_.index)
+            fail(FASTLLM_ERR_UNSUPPORTED, "vulkan: device %d (%s) is in use; one Vulkan device per process", dev->info_.index,
+                 dev->info_.name.c_str());
+        return *dev;
+    }
+    auto e = errors.find(index);
+    if (e != errors.end()) fail(FASTLLM_ERR_UNSUPPORTED, "%s", e->second.c_str());
     try {
-        dev = new Device;  // never destroyed, as the instance
-    } catch (const Error &e) {
-        error = e.what();
+        dev = new Device(index);  // never destroyed, as the instance
+    } catch (const Error &err) {
+        if (err.status() == FASTLLM_ERR_UNSUPPORTED) errors[index] = err.what();
         throw;
     }
     return *dev;
 }
 
-Device::Device() {
+Device::Device(int index) {
     Instance &in = instance();
     if (!in.error.empty()) fail(FASTLLM_ERR_UNSUPPORTED, "vulkan: %s", in.error.c_str());
     api_ = in.api;
@@ -193,11 +208,10 @@ Device::Device() {
     std::vector<VkPhysicalDevice> pds(n);
     api_.vkEnumeratePhysicalDevices(instance_, &n, pds.data());
     if (n == 0) fail(FASTLLM_ERR_UNSUPPORTED, "vulkan: no Vulkan device on this machine");
-    int pick = -1;
+    int pick = index;
     std::string why;
-    if (const char *e = std::getenv("FASTLLM_VULKAN_DEVICE"); e && *e) {
-        pick = std::atoi(e);
-        if (pick < 0 || pick >= (int)n) fail(FASTLLM_ERR_INVALID_ARGUMENT, "FASTLLM_VULKAN_DEVICE=%s: there are %u Vulkan devices", e, n);
+    if (pick >= 0) {
+        if (pick >= (int)n) fail(FASTLLM_ERR_UNSUPPORTED, "vulkan: no device %d (this machine has %u)", pick, n);
         const DeviceInfo d = describe(api_, pds[pick], pick, nullptr);
         if (!d.usable) fail(FASTLLM_ERR_UNSUPPORTED, "vulkan: device %d (%s) lacks %s", pick, d.name.c_str(), d.missing.c_str());
     } else {
@@ -419,6 +433,7 @@ char *DeviceMemory::alloc(size_t bytes) {
             }
         return 0;
     };
+    if (limit_ && in_use_ + n > limit_) return nullptr;
     uint64_t addr = 0;
     if (n <= kChunk / 4)
         for (auto &c : chunks_)

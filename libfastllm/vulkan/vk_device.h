@@ -12,6 +12,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <cstdlib>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -25,7 +26,7 @@ namespace fastllm::vk {
 // The functions used, loaded from the loader (global, instance and device level alike).
 #define FASTLLM_VK_FUNCTIONS(X)                                                                                       \
     X(vkCreateInstance) X(vkEnumerateInstanceVersion) X(vkDestroyInstance) X(vkEnumeratePhysicalDevices)             \
-    X(vkGetPhysicalDeviceProperties) X(vkGetPhysicalDeviceFeatures2) X(vkGetPhysicalDeviceQueueFamilyProperties)     \
+    X(vkGetPhysicalDeviceProperties) X(vkGetPhysicalDeviceProperties2) X(vkGetPhysicalDeviceFeatures2) X(vkGetPhysicalDeviceQueueFamilyProperties)     \
     X(vkGetPhysicalDeviceMemoryProperties) X(vkCreateDevice) X(vkDestroyDevice) X(vkGetDeviceQueue)                  \
     X(vkCreateBuffer) X(vkDestroyBuffer) X(vkGetBufferMemoryRequirements) X(vkAllocateMemory) X(vkFreeMemory)        \
     X(vkBindBufferMemory) X(vkMapMemory) X(vkGetBufferDeviceAddress) X(vkCreateCommandPool)                          \
@@ -46,7 +47,8 @@ struct DeviceInfo {
     std::string name, type, vendor;
     uint32_t api_version;
     uint64_t memory_bytes;  // its largest device-local heap
-    bool usable;            // has what the backend needs (Vulkan 1.2, buffer device address, 64-bit ints)
+    bool usable;            // has what the backend needs (Vulkan 1.2, buffer device address, 64-bit ints,
+                            // subgroup arithmetic in compute shaders)
     std::string missing;    // what it lacks, if not usable
 };
 
@@ -68,7 +70,10 @@ struct Buffer {
 // buffers of their own.
 class DeviceMemory final : public Memory {
 public:
-    explicit DeviceMemory(Device &d) : dev_(d) {}
+    // FASTLLM_VULKAN_MAX_MEMORY=bytes caps what it hands out: how the tests run out of device memory.
+    explicit DeviceMemory(Device &d) : dev_(d) {
+        if (const char *cap = std::getenv("FASTLLM_VULKAN_MAX_MEMORY")) limit_ = std::strtoull(cap, nullptr, 10);
+    }
     char *alloc(size_t bytes) override;
     void free(char *p) override;
     void copy(char *dst, const char *src, size_t bytes) override;
@@ -91,15 +96,16 @@ private:
     std::mutex mutex_;
     std::map<uint64_t, std::unique_ptr<Chunk>> chunks_;  // by device address
     std::map<uint64_t, uint64_t> sizes_;                 // allocated address -> bytes
-    size_t in_use_ = 0;
+    size_t in_use_ = 0, limit_ = 0;
 };
 
 class Device {
 public:
-    // The process's device, made on first use (FASTLLM_VULKAN_DEVICE=i picks one; otherwise the
-    // first discrete GPU, then integrated, then any usable one). Throws FASTLLM_ERR_UNSUPPORTED
-    // with what is missing (no loader, no usable device) — the same message on every call.
-    static Device &get();
+    // The process's device, made on first use: device `index` of list(), or (-1) the first
+    // discrete GPU, then integrated, then any usable one. Throws FASTLLM_ERR_UNSUPPORTED with what
+    // is missing (no loader, no usable device, a feature), and for an index other than the one in
+    // use (one Vulkan device per process).
+    static Device &get(int index);
     // The physical devices, or an empty list (and *why) without a loader or instance.
     static std::vector<DeviceInfo> list(std::string *why);
 
@@ -131,7 +137,7 @@ public:
     uint32_t queue_family() const { return queue_family_; }
 
 private:
-    Device();
+    explicit Device(int index);
     void begin_once();
     void end_once();
     uint32_t memory_type(uint32_t bits, bool host_visible, bool *mapped) const;

@@ -57,7 +57,7 @@ std::string unhex(const std::string &line) {
 }
 
 std::unique_ptr<Model> load(const std::string &path) {
-    return std::make_unique<Model>(std::make_unique<FlmFile>(path, true), 1);
+    return std::make_unique<Model>(std::make_unique<FlmFile>(path, true), ModelOptions{1});
 }
 
 int match(const std::string &grammar_path) {

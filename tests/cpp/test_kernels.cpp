@@ -20,6 +20,7 @@
 #include "cpu/thread_pool.h"
 #include "text/tokenizer.h"
 #include "refdev/backend_refdev.h"
+#include "backends/backends.h"
 
 using namespace fastllm;
 
@@ -656,6 +657,208 @@ static void test_text_stream() {
     CHECK(utf8_complete_prefix("ab\xE2\x96") == 2, "partial 3-byte char cut");
 }
 
+// A device backend's ops (Vulkan) against the reference ops: every weight dtype and shape class,
+// the norms, GLUs, soft cap, attention over KV blocks of every type (windows, soft cap, several
+// runs), the KV row copies and a context shift's rotation. Inputs reach the device the way a
+// model's do: as weights (prepare_weights), embedded rows (embed) and KV rows (write_kv_row).
+struct DeviceCase {
+    Backend &be;
+    std::vector<std::unique_ptr<Weights>> keep;  // prepared weights must stay where they were
+    std::vector<char *> blocks;
+
+    const Tensor &weight(Weights w) {
+        keep.push_back(std::make_unique<Weights>(std::move(w)));
+        Weights &k = *keep.back();
+        k.t.data = k.t.dtype == DType::F32 ? (const void *)k.full.data()
+                   : dtype_is_quantized(k.t.dtype) ? (const void *)k.bytes.data() : (const void *)k.half.data();
+        be.prepare_weights({&k.t});
+        return k.t;
+    }
+    const Tensor &vector(const std::vector<float> &v) {
+        Weights w;
+        w.full = v;
+        w.t.name = "v", w.t.dtype = DType::F32, w.t.n_dims = 1, w.t.dims[0] = (int64_t)v.size();
+        return weight(std::move(w));
+    }
+    // rows [T, n] of x in fresh device memory.
+    float *upload(const std::vector<float> &x, int T) {
+        const int n = (int)(x.size() / T);
+        Weights w;
+        w.full = x;
+        w.t.name = "x", w.t.dtype = DType::F32, w.t.n_dims = 2, w.t.dims[0] = T, w.t.dims[1] = n;
+        const Tensor &t = weight(std::move(w));
+        float *d = (float *)be.memory().alloc(x.size() * sizeof(float));
+        blocks.push_back((char *)d);
+        std::vector<int32_t> ids(T);
+        for (int i = 0; i < T; i++) ids[i] = i;
+        be.embed(t, ids.data(), T, 1.0f, d);
+        return d;
+    }
+    float *alloc(size_t n) {
+        blocks.push_back(be.memory().alloc(n * sizeof(float)));
+        return (float *)blocks.back();
+    }
+    std::vector<float> down(const float *d, size_t n) {
+        std::vector<float> h(n);
+        be.download(h.data(), d, n * sizeof(float));
+        return h;
+    }
+    ~DeviceCase() {
+        be.finish();
+        for (char *b : blocks) be.memory().free(b);
+    }
+};
+
+static void test_device_backend(const char *device) {
+    std::unique_ptr<Backend> be;
+    try {
+        be = make_backend(BackendOptions{1, device});
+    } catch (const Error &e) {
+        std::printf("backend %s: not tested here (%s)\n", device, e.what());
+        return;
+    }
+    std::printf("backend %s: %s\n", device, be->describe().c_str());
+    DeviceCase dc{*be};
+    const DType dtypes[] = {DType::F32, DType::F16, DType::BF16, DType::Q8, DType::Q4_32, DType::Q4_64, DType::Q4_128,
+                            DType::Q4M_32, DType::Q6, DType::Q4K, DType::Q6K, DType::Q3K, DType::Q5K};
+    // one row (a decode step), a few, a prompt's worth; rows of a tile and tails; K of one and many
+    // super-blocks and groups
+    const int shapes[][3] = {{1, 37, 64}, {3, 16, 128}, {9, 70, 256}, {20, 33, 384}, {1, 5, 1536}};
+    for (DType dt : dtypes)
+        for (auto &sh : shapes) {
+            const int T = sh[0], N = sh[1], K = sh[2];
+            if (K % dtype_row_multiple(dt) != 0) continue;
+            Weights w = make_weights(dt, N, K);
+            std::vector<float> x = randn((size_t)T * K), bias = randn(N), yr((size_t)T * N);
+            ref::matmul(w.t, bias.data(), x.data(), T, yr.data());
+            const Tensor &W = dc.weight(w);
+            float *dx = dc.upload(x, T), *dy = dc.alloc((size_t)T * N);
+            Arena scratch(be->memory());  // the backend's scratch (quantized activations), planned then carved
+            be->carve(scratch, PassShape{K, T, 64});
+            scratch.allocate();
+            be->carve(scratch, PassShape{K, T, 64});
+            be->matmul(W, dc.vector(bias), dx, T, dy);
+            std::vector<float> y = dc.down(dy, (size_t)T * N);
+            double e = rel_err(y.data(), yr.data(), y.size());
+            CHECK(e < 2e-6, "%s matmul %s T=%d N=%d K=%d rel err %g", device, dtype_name(dt), T, N, K, e);
+            // embed: rows of the matrix, scaled
+            std::vector<int32_t> ids = {N - 1, 0, N / 2};
+            float *de = dc.alloc((size_t)3 * K);
+            be->embed(W, ids.data(), 3, 0.5f, de);
+            std::vector<float> emb = dc.down(de, (size_t)3 * K), embr((size_t)3 * K);
+            for (int r = 0; r < 3; r++)
+                for (int c = 0; c < K; c++) embr[(size_t)r * K + c] = ref::weight(w.t, ids[r], c) * 0.5f;
+            CHECK(rel_err(emb.data(), embr.data(), emb.size()) < 1e-6, "%s embed %s K=%d", device, dtype_name(dt), K);
+        }
+
+    // norms (RMS and LayerNorm with bias), the residual add with a post-norm, GLUs, soft cap
+    for (int n : {83, 896}) {
+        const int T = 3;
+        std::vector<float> x = randn((size_t)T * n, 3.0f), d = randn((size_t)T * n), w = randn(n), b = randn(n), pw = randn(n);
+        for (NormKind kind : {NormKind::Rms, NormKind::Layer}) {
+            float *dx = dc.upload(x, T), *out = dc.alloc((size_t)T * n);
+            be->norm(kind, 1e-5f, dc.vector(w), kind == NormKind::Layer ? dc.vector(b) : Tensor{}, dx, T, n, out);
+            std::vector<float> got = dc.down(out, (size_t)T * n), want((size_t)T * n);
+            for (int t = 0; t < T; t++) ref::norm(kind, &x[(size_t)t * n], w.data(), b.data(), n, 1e-5f, &want[(size_t)t * n]);
+            CHECK(rel_err(got.data(), want.data(), got.size()) < 1e-5, "%s norm kind %d n=%d", device, (int)kind, n);
+
+            float *dd = dc.upload(d, T);
+            dx = dc.upload(x, T);
+            be->add_norm(kind, 1e-5f, dc.vector(pw), dd, dx, dc.vector(w), kind == NormKind::Layer ? dc.vector(b) : Tensor{}, T, n, dd);
+            std::vector<float> xs = dc.down(dx, (size_t)T * n), o = dc.down(dd, (size_t)T * n), xr = x, orf((size_t)T * n);
+            for (int t = 0; t < T; t++) {
+                std::vector<float> dn(n);
+                ref::norm(kind, &d[(size_t)t * n], pw.data(), nullptr, n, 1e-5f, dn.data());
+                for (int i = 0; i < n; i++) xr[(size_t)t * n + i] += dn[i];
+                ref::norm(kind, &xr[(size_t)t * n], w.data(), b.data(), n, 1e-5f, &orf[(size_t)t * n]);
+            }
+            CHECK(rel_err(xs.data(), xr.data(), xs.size()) < 1e-5 && rel_err(o.data(), orf.data(), o.size()) < 1e-5,
+                  "%s add_norm kind %d n=%d", device, (int)kind, n);
+        }
+        std::vector<float> gu = randn((size_t)T * 2 * n, 3.0f);
+        for (GluKind kind : {GluKind::Silu, GluKind::GeluTanh}) {
+            float *dg = dc.upload(gu, T), *out = dc.alloc((size_t)T * n);
+            be->glu(kind, dg, T, n, out);
+            std::vector<float> got = dc.down(out, (size_t)T * n), want((size_t)T * n);
+            for (int t = 0; t < T; t++)
+                (kind == GluKind::Silu ? ref::swiglu : ref::geglu)(&gu[(size_t)t * 2 * n], n, &want[(size_t)t * n]);
+            CHECK(rel_err(got.data(), want.data(), got.size()) < 1e-5, "%s glu kind %d n=%d", device, (int)kind, n);
+        }
+        float *dx = dc.upload(x, T);
+        be->softcap(dx, (size_t)T * n, 2.5f);
+        std::vector<float> got = dc.down(dx, (size_t)T * n), want = x;
+        for (float &v : want) v = (float)(2.5 * std::tanh(v / 2.5));
+        CHECK(rel_err(got.data(), want.data(), got.size()) < 1e-5, "%s softcap n=%d", device, n);
+    }
+
+    // attention over caches of every type in the device's memory, against the reference over the
+    // same rows in host caches; a context shift's rotation of the keys
+    for (int hd : {16, 64}) {
+        const int n_heads = 8, n_kv = 2, pos0 = 41, T = 5, kv_dim = n_kv * hd, P = pos0 + T;
+        std::vector<float> q = randn((size_t)T * n_heads * hd), kc = randn((size_t)P * kv_dim), vc = randn((size_t)P * kv_dim);
+        const AttentionShape shapes[] = {{n_heads, n_kv, hd, 0.25f, 0.0f, 0}, {n_heads, n_kv, hd, 0.25f, 0.0f, 3},
+                                         {n_heads, n_kv, hd, 0.6f, 2.0f, 40}};
+        for (KvType tk : {KvType::F32, KvType::F16, KvType::Q8})
+            for (KvType tv : {KvType::F32, KvType::F16, KvType::Q8}) {
+                KvCache dev(1, P + KvCache::kBlock, kv_dim, tk, tv, {}, true, 0, be->memory()), host(1, P + KvCache::kBlock, kv_dim, tk, tv);
+                dev.prepare(0, P), host.prepare(0, P);
+                for (int p = 0; p < P; p++) {
+                    be->write_kv_row(dev, 0, false, p, KvType::F32, &kc[(size_t)p * kv_dim]);
+                    be->write_kv_row(dev, 0, true, p, KvType::F32, &vc[(size_t)p * kv_dim]);
+                    ref::kv_store(tk, &kc[(size_t)p * kv_dim], kv_dim, host.k_row(0, p));
+                    ref::kv_store(tv, &vc[(size_t)p * kv_dim], kv_dim, host.v_row(0, p));
+                }
+                std::vector<char> row(kv_row_bytes(tk, kv_dim));
+                be->read_kv_row(dev, 0, false, 17, row.data());
+                CHECK(std::memcmp(row.data(), host.k_row(0, 17), row.size()) == 0, "%s KV row %s stored as the CPU stores it",
+                      device, kv_type_name(tk));
+                float *dq = dc.upload(q, T), *dout = dc.alloc((size_t)T * n_heads * hd);
+                for (const AttentionShape &sh : shapes) {
+                    // two runs of one cache: a step's row at an early position, then a prompt's rows
+                    const AttentionRun druns[] = {{0, 1, 9, &dev}, {1, T - 1, pos0 + 1, &dev}};
+                    be->attention(dq, druns, 2, 0, sh, dout);
+                    std::vector<float> got = dc.down(dout, (size_t)T * n_heads * hd), want(got.size());
+                    ref::attention(q.data(), 1, 9, host, 0, sh, want.data());
+                    ref::attention(q.data() + (size_t)n_heads * hd, T - 1, pos0 + 1, host, 0, sh, want.data() + (size_t)n_heads * hd);
+                    double e = rel_err(got.data(), want.data(), got.size());
+                    CHECK(e < 1e-5, "%s attention K %s V %s head %d window %d softcap %g rel err %g", device, kv_type_name(tk),
+                          kv_type_name(tv), hd, sh.window, sh.softcap, e);
+                }
+                // a shift down by 7 of positions [20, P), keys rotated (partial, interleaved rope), from
+                // the rows the device holds
+                const int delta = 7, rope_dim = hd / 2;
+                std::vector<std::vector<char>> ks0(P, std::vector<char>(kv_row_bytes(tk, kv_dim))), vs0(P, std::vector<char>(kv_row_bytes(tv, kv_dim)));
+                for (int p = 0; p < P; p++) be->read_kv_row(dev, 0, false, p, ks0[p].data()), be->read_kv_row(dev, 0, true, p, vs0[p].data());
+                std::vector<float> cs = randn(rope_dim / 2), sn = randn(rope_dim / 2);
+                const KeyShift ks{n_kv, hd, rope_dim, true, cs.data(), sn.data()};
+                be->shift_cache(dev, 0, 20, P - 20, delta, ks);
+                std::vector<float> want(kv_dim), got(kv_dim);
+                std::vector<char> vrow(kv_row_bytes(tv, kv_dim));
+                double e = 0;
+                for (int p = 20; p < P; p++) {
+                    ref::kv_load(tk, ks0[p].data(), kv_dim, want.data());
+                    ref::rope(want.data(), n_kv, hd, rope_dim, true, cs.data(), sn.data());
+                    be->read_kv_row(dev, 0, false, p - delta, row.data());
+                    ref::kv_load(tk, row.data(), kv_dim, got.data());
+                    e = std::max(e, rel_err(got.data(), want.data(), kv_dim));
+                    be->read_kv_row(dev, 0, true, p - delta, vrow.data());
+                    e = std::max(e, std::memcmp(vrow.data(), vs0[p].data(), vrow.size()) == 0 ? 0.0 : 1.0);
+                }
+                const double bound = tk == KvType::F32 ? 1e-6 : tk == KvType::F16 ? 2e-3 : 2.0 / 127;
+                CHECK(e < bound, "%s shift_cache K %s V %s rel err %g", device, kv_type_name(tk), kv_type_name(tv), e);
+            }
+    }
+    // a host pointer is refused, not dereferenced
+    std::vector<float> host_x(64);
+    bool refused = false;
+    try {
+        be->download(host_x.data(), host_x.data(), 64);
+    } catch (const Error &e) {
+        refused = e.status() == FASTLLM_ERR_INTERNAL;
+    }
+    CHECK(refused, "%s read a host pointer", device);
+}
+
 // test_kernels [ISA...]: the kernel tables of the ISAs named (default: all), then the rest.
 // Under QEMU a run per emulated CPU tests only its new level (tests/test_platforms.py).
 int main(int argc, char **argv) {
@@ -680,6 +883,7 @@ int main(int argc, char **argv) {
     test_kv_cache_blocks();
     test_kv_cache_windows();
     test_refdev_memory();
+    test_device_backend("vulkan");
     test_f16_rounding();
     test_sampler();
     test_text_stream();

@@ -23,7 +23,7 @@ static std::unique_ptr<fastllm::Model> g_model;
 
 extern "C" int LLVMFuzzerInitialize(int *, char ***) {
     fastllm_model_free(fuzz_model("FASTLLM_FUZZ_BPE"));  // the same checks and message as the other targets
-    g_model = std::make_unique<fastllm::Model>(std::make_unique<fastllm::FlmFile>(std::getenv("FASTLLM_FUZZ_BPE"), true), 1);
+    g_model = std::make_unique<fastllm::Model>(std::make_unique<fastllm::FlmFile>(std::getenv("FASTLLM_FUZZ_BPE"), true), fastllm::ModelOptions{1});
     return 0;
 }
 

@@ -115,8 +115,10 @@ struct ChatMessage {
 class Model {
 public:
     Model() noexcept = default;  // empty; assign a loaded one later
-    // threads: the default for this model's sessions, 0 = all cores.
-    explicit Model(std::string_view path, int threads = 0, bool use_mmap = true) {
+    // threads: the default for this model's sessions, 0 = all cores. device: "cpu" (empty, the
+    // default), "vulkan", "vulkan:N" or "auto"; gpu_layers: layers on the device (-1: all, 0: none).
+    explicit Model(std::string_view path, int threads = 0, bool use_mmap = true, std::string_view device = {},
+                   int gpu_layers = -1) {
         // A header compiled against one ABI and a library of another would misread the structs.
         if (fastllm_abi_version() != FASTLLM_ABI_VERSION)
             throw Error(FASTLLM_ERR_UNSUPPORTED, "fastllm.hpp expects ABI " + std::to_string(FASTLLM_ABI_VERSION) +
@@ -124,6 +126,9 @@ public:
         fastllm_model_params p = fastllm_model_default_params();
         p.n_threads = threads;
         p.use_mmap = use_mmap ? 1 : 0;
+        const std::string device_z(device);
+        p.device = device_z.empty() ? nullptr : device_z.c_str();
+        p.n_gpu_layers = gpu_layers;
         const std::string path_z(path);  // the C side wants a NUL-terminated path
         detail::check(fastllm_model_load(path_z.c_str(), &p, &model_));
     }

@@ -19,7 +19,7 @@ const koffi = require('koffi');
 
 // FASTLLM_ABI_VERSION of the include/fastllm.h this file mirrors. Keep the structs and prototypes
 // below in step with the header, and change this number with them.
-const ABI_VERSION = 7;
+const ABI_VERSION = 8;
 
 // ---------------------------------------------------------------------------------------------
 // The library: FASTLLM_LIBRARY, else a source checkout's build/, else the system loader's search.
@@ -72,6 +72,8 @@ const types = {
     fastllm_model_params: koffi.struct('fastllm_model_params', {
         n_threads: 'int32_t',
         use_mmap: 'int32_t',
+        device: 'const char *',
+        n_gpu_layers: 'int32_t',
     }),
     fastllm_model_info: koffi.struct('fastllm_model_info', {
         architecture: 'const char *',
@@ -87,6 +89,8 @@ const types = {
         eos_id: 'int32_t',
         weight_dtype: 'const char *',
         n_params: 'uint64_t',
+        backend: 'const char *',
+        device_weight_bytes: 'uint64_t',
     }),
     fastllm_session_params: koffi.struct('fastllm_session_params', {
         n_ctx: 'int32_t',
@@ -215,11 +219,15 @@ class Model {
     /**
      * Loads a .flm file. options.threads: default thread count of its sessions (0 = all cores);
      * options.useMmap (default true): map the weights in place instead of reading them.
+     * options.device: "cpu" (default), "vulkan", "vulkan:N" or "auto"; options.gpuLayers: layers on
+     * the device (-1, the default: all; 0: none).
      */
-    static load(file, { threads = 0, useMmap = true } = {}) {
+    static load(file, { threads = 0, useMmap = true, device = null, gpuLayers = -1 } = {}) {
         const params = C.modelDefaultParams();
         params.n_threads = threads;
         params.use_mmap = useMmap ? 1 : 0;
+        params.device = device;
+        params.n_gpu_layers = gpuLayers;
         const out = [null];
         check(C.modelLoad(String(file), params, out));
         return new Model(out[0]);

@@ -1,19 +1,42 @@
-"""Command line: `fastllm` (or `python -m fastllm`) {convert,generate,chat,serve,bench,perplexity,info} ..."""
+"""Command line: `fastllm` (or `python -m fastllm`) {convert,generate,chat,serve,bench,perplexity,info,devices} ..."""
 from __future__ import annotations
 
 import argparse
 import sys
 
-from . import FastLLMError, Model, isa
+from . import FastLLMError, Model, devices, isa
 
 
 def cmd_generate(args) -> int:
-    with Model(args.model, threads=args.threads) as m:
+    with Model(args.model, threads=args.threads, **device_of(args)) as m:
         sys.stdout.write(args.prompt)
         for piece in m.generate(args.prompt, args.max_new_tokens, stream=True, **sampling_of(args)):
             sys.stdout.write(piece)
             sys.stdout.flush()
         sys.stdout.write("\n")
+    return 0
+
+
+def device_of(args) -> dict:
+    return dict(device=args.device, gpu_layers=args.gpu_layers)
+
+
+def add_device_flags(p) -> None:
+    p.add_argument("--device", help="cpu (default), vulkan, vulkan:N or auto (fastllm devices lists them)")
+    p.add_argument("--gpu-layers", type=int, default=-1, help="layers on the device (-1 = all, 0 = none)")
+
+
+def cmd_devices(args) -> int:
+    """The machine's Vulkan devices, as `--device vulkan:N` names them."""
+    found = devices()
+    if not found:
+        from ._lib import lib
+        print(f"no Vulkan device: {lib.fastllm_last_error().decode() or 'none found'}")
+        return 0
+    for d in found:
+        state = "usable" if d["usable"] else f"not usable: lacks {d['missing']}"
+        print(f"vulkan:{d['index']}  {d['name']}  ({d['vendor']} {d['type']}, Vulkan {d['api_version']}, "
+              f"{d['memory_bytes'] / 2**20:.0f} MiB)  {state}")
     return 0
 
 
@@ -25,7 +48,7 @@ def sampling_of(args) -> dict:
 def cmd_chat(args) -> int:
     """Interactive chat: each reply streams; Ctrl-C stops the reply, not the program; /reset forgets;
     /quit or end of input leaves."""
-    with Model(args.model, threads=args.threads) as m, m.session() as s:
+    with Model(args.model, threads=args.threads, **device_of(args)) as m, m.session() as s:
         if args.system:
             s.messages = [{"role": "system", "content": args.system}]
         print("fastllm chat: /reset starts over, /quit leaves, Ctrl-C stops a reply.", file=sys.stderr)
@@ -60,7 +83,7 @@ def cmd_perplexity(args) -> int:
     from .perplexity import perplexity
     with open(args.text, encoding="utf-8") as f:
         text = f.read()
-    with Model(args.model, threads=args.threads) as m:
+    with Model(args.model, threads=args.threads, **device_of(args)) as m:
         r = perplexity(m, text, separator=args.separator.encode().decode("unicode_escape"),
                        max_documents=args.max_documents, n_ctx=args.n_ctx)
     print(f"perplexity {r.perplexity:.4f}  (mean NLL {r.mean_nll:.4f} nats over {r.n_tokens} tokens, "
@@ -135,8 +158,8 @@ def import_converter_module(name: str):
 
 def cmd_bench(args) -> int:
     from .bench import bench
-    r = bench(args.model, args.prompt_tokens, args.gen_tokens, args.threads, args.repeat)
-    print(f"{args.model}: {r.threads} threads, kernels {isa()}, load {r.load_ms:.1f} ms")
+    r = bench(args.model, args.prompt_tokens, args.gen_tokens, args.threads, args.repeat, **device_of(args))
+    print(f"{args.model}: {r.backend}, load {r.load_ms:.1f} ms")
     print(f"pp{r.prompt_tokens}: {r.prompt_tok_s:10.1f} tok/s   (median of {args.repeat})")
     print(f"tg{r.generated_tokens}: {r.generate_tok_s:10.1f} tok/s   (median of {args.repeat})")
     return 0
@@ -207,6 +230,7 @@ def add_sampling_flags(p) -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--stop", action="append", help="stop string (repeatable)")
     p.add_argument("--threads", type=int, default=0, help="0 = all cores")
+    add_device_flags(p)
 
 
 def main(argv=None) -> int:
@@ -234,12 +258,15 @@ def main(argv=None) -> int:
     pp.add_argument("--max-documents", type=int, default=None)
     pp.add_argument("--n-ctx", type=int, default=None, help="window length (default: the model's context)")
     pp.add_argument("--threads", type=int, default=0)
+    add_device_flags(pp)
     pp.set_defaults(func=cmd_perplexity)
     sv = sub.add_parser("serve", help="OpenAI-compatible HTTP server (runs fastllm-server; --ray: replicas on Ray)")
     sv.add_argument("model", help=".flm file")
     sv.add_argument("--host", default="127.0.0.1", help="with --ray: of Ray's HTTP proxy")
     sv.add_argument("--port", type=int, default=8080, help="0 = any free port (printed at start; not with --ray)")
     sv.add_argument("--threads", type=int, help="0 = all cores (default); with --ray: per replica, default 1")
+    sv.add_argument("--device", help="cpu (default), vulkan, vulkan:N or auto")
+    sv.add_argument("--gpu-layers", type=int, help="layers on the device (-1 = all, 0 = none)")
     sv.add_argument("--max-sessions", type=int, default=4, help="requests decoding together (per replica)")
     sv.add_argument("--max-queue", type=int, default=64, help="requests that may wait; more get 503")
     sv.add_argument("--n-ctx", type=int, default=0, help="context length per session (0 = the model's)")
@@ -268,11 +295,14 @@ def main(argv=None) -> int:
     b.add_argument("--gen-tokens", type=int, default=64)
     b.add_argument("--repeat", type=int, default=3, help="rounds after a warm-up round")
     b.add_argument("--threads", type=int, default=0, help="0 = all cores")
+    add_device_flags(b)
     b.set_defaults(func=cmd_bench)
     i = sub.add_parser("info", help="print a .flm file's metadata and tensor table")
     i.add_argument("model", help=".flm file")
     i.add_argument("--no-tensors", dest="tensors", action="store_false", help="leave out the tensor table")
     i.set_defaults(func=cmd_info)
+    d = sub.add_parser("devices", help="list the machine's Vulkan devices (for --device vulkan:N)")
+    d.set_defaults(func=cmd_devices)
     args = p.parse_args(argv)
     try:
         return args.func(args)

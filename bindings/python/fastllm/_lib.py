@@ -9,10 +9,10 @@ import ctypes
 import os
 import sys
 from ctypes import (CFUNCTYPE, POINTER, Structure, c_char, c_char_p, c_double, c_float, c_int, c_int32, c_int64, c_size_t,
-                    c_uint64, c_void_p)
+                    c_uint32, c_uint64, c_void_p)
 from pathlib import Path
 
-FASTLLM_ABI_VERSION = 7
+FASTLLM_ABI_VERSION = 8
 
 # fastllm_status
 OK = 0
@@ -39,7 +39,7 @@ STOP_REASONS = {0: "eos", 1: "max_tokens", 2: "stop_string", 3: "callback", 4: "
 
 
 class ModelParams(Structure):
-    _fields_ = [("n_threads", c_int32), ("use_mmap", c_int32)]
+    _fields_ = [("n_threads", c_int32), ("use_mmap", c_int32), ("device", c_char_p), ("n_gpu_layers", c_int32)]
 
 
 class ModelInfo(Structure):
@@ -47,7 +47,14 @@ class ModelInfo(Structure):
         ("architecture", c_char_p), ("name", c_char_p), ("vocab_size", c_int32), ("context_length", c_int32),
         ("hidden_size", c_int32), ("num_layers", c_int32), ("num_heads", c_int32), ("num_kv_heads", c_int32),
         ("head_dim", c_int32), ("bos_id", c_int32), ("eos_id", c_int32), ("weight_dtype", c_char_p),
-        ("n_params", c_uint64),
+        ("n_params", c_uint64), ("backend", c_char_p), ("device_weight_bytes", c_uint64),
+    ]
+
+
+class DeviceInfo(Structure):
+    _fields_ = [
+        ("index", c_int32), ("usable", c_int32), ("name", c_char * 256), ("vendor", c_char * 32), ("type", c_char * 16),
+        ("missing", c_char * 128), ("memory_bytes", c_uint64), ("api_version", c_uint32),
     ]
 
 
@@ -118,6 +125,7 @@ _PROTOTYPES = {
     "fastllm_model_load_from_memory": (c_int, [c_char_p, c_size_t, POINTER(ModelParams), POINTER(c_void_p)]),
     "fastllm_model_free": (None, [c_void_p]),
     "fastllm_model_get_info": (c_int, [c_void_p, POINTER(ModelInfo)]),
+    "fastllm_devices": (c_int, [POINTER(DeviceInfo), c_int32, POINTER(c_int32)]),
     "fastllm_model_chat_template": (c_char_p, [c_void_p]),
     "fastllm_tokenize": (c_int, [c_void_p, c_char_p, c_size_t, c_int, POINTER(c_int32), c_size_t, POINTER(c_size_t)]),
     "fastllm_detokenize": (c_int, [c_void_p, POINTER(c_int32), c_size_t, c_char_p, c_size_t, POINTER(c_size_t)]),

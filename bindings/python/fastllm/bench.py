@@ -26,6 +26,7 @@ class BenchResult:
     generate_tok_s: float  # median
     load_ms: float  # loading the model (warm page cache after the first run on this file)
     final_context: int  # tokens in the context when generation ended (what its attention last read)
+    backend: str = ""  # what ran it (fastllm_model_info.backend)
 
 
 def synthetic_prompt(vocab_size: int, n: int, bos_id: int) -> list[int]:
@@ -33,9 +34,9 @@ def synthetic_prompt(vocab_size: int, n: int, bos_id: int) -> list[int]:
 
 
 def bench(model_path: str | Path, n_prompt: int = 128, n_gen: int = 64, threads: int = 0,
-          repeat: int = 3, gen_from_empty: bool = False) -> BenchResult:
+          repeat: int = 3, gen_from_empty: bool = False, device: str | None = None, gpu_layers: int = -1) -> BenchResult:
     t0 = time.perf_counter()
-    with Model(model_path, threads=threads) as m:
+    with Model(model_path, threads=threads, device=device, gpu_layers=gpu_layers) as m:
         load_ms = (time.perf_counter() - t0) * 1000
         info = m.info
         n_prompt = max(1, min(n_prompt, info["context_length"] - n_gen - 1))
@@ -53,4 +54,4 @@ def bench(model_path: str | Path, n_prompt: int = 128, n_gen: int = 64, threads:
                 tg.append(r.n_generated_tokens / (r.generate_ms / 1000))
                 final_context = len(s.tokens)
         return BenchResult(n_prompt, n_gen, threads or os.cpu_count() or 1, statistics.median(pp[1:]),
-                           statistics.median(tg[1:]), load_ms, final_context)
+                           statistics.median(tg[1:]), load_ms, final_context, info["backend"])

@@ -61,6 +61,22 @@ def json_schema_to_grammar(schema: str | dict) -> str:
         capacity = n.value + 1
 
 
+def devices() -> list[dict]:
+    """The machine's Vulkan devices (index, name, vendor, type, memory_bytes, api_version, usable,
+    missing); empty without Vulkan."""
+    n = ctypes.c_int32()
+    _check(lib.fastllm_devices(None, 0, ctypes.byref(n)))
+    arr = (raw.DeviceInfo * max(n.value, 1))()
+    _check(lib.fastllm_devices(arr, n.value, ctypes.byref(n)))
+    out = []
+    for d in arr[:n.value]:
+        v = d.api_version
+        out.append({"index": d.index, "name": d.name.decode(), "vendor": d.vendor.decode(), "type": d.type.decode(),
+                    "memory_bytes": d.memory_bytes, "api_version": f"{v >> 22 & 0x7f}.{v >> 12 & 0x3ff}.{v & 0xfff}",
+                    "usable": bool(d.usable), "missing": d.missing.decode()})
+    return out
+
+
 def check_grammar(grammar: str) -> None:
     """Raises FastLLMError (ERR_INVALID_ARGUMENT, "grammar: line L col C: ...") for a GBNF grammar
     that generation's grammar= would refuse."""
@@ -125,23 +141,30 @@ class Model(_Handle):
     """A loaded .flm model. Thread-safe; many Sessions may share it.
 
     threads: default thread count of its sessions (0 = all cores). use_mmap: map the weights in place.
+    device: what runs it: "cpu" (default), "vulkan", "vulkan:N" (N from fastllm.devices()) or "auto"
+    (a Vulkan GPU if one is usable, else the CPU). gpu_layers: layers on the device (-1: all, 0: none).
     """
 
-    def __init__(self, path: str, threads: int = 0, use_mmap: bool = True):
+    def __init__(self, path: str, threads: int = 0, use_mmap: bool = True, device: str | None = None,
+                 gpu_layers: int = -1):
         params = lib.fastllm_model_default_params()
         params.n_threads = threads
         params.use_mmap = int(use_mmap)
+        params.device = device.encode() if device else None
+        params.n_gpu_layers = gpu_layers
         handle = ctypes.c_void_p()
         _check(lib.fastllm_model_load(str(path).encode(), ctypes.byref(params), ctypes.byref(handle)))
         self._adopt(handle)
 
     @classmethod
-    def from_bytes(cls, data, threads: int = 0) -> "Model":
+    def from_bytes(cls, data, threads: int = 0, device: str | None = None, gpu_layers: int = -1) -> "Model":
         """A model from the bytes of a .flm file (bytes, bytearray, memoryview); the library copies
         them, so data may be dropped afterwards."""
         data = data if isinstance(data, bytes) else bytes(data)
         params = lib.fastllm_model_default_params()
         params.n_threads = threads
+        params.device = device.encode() if device else None
+        params.n_gpu_layers = gpu_layers
         handle = ctypes.c_void_p()
         _check(lib.fastllm_model_load_from_memory(data, len(data), ctypes.byref(params), ctypes.byref(handle)))
         model = cls.__new__(cls)
@@ -154,7 +177,7 @@ class Model(_Handle):
         info = raw.ModelInfo()
         _check(lib.fastllm_model_get_info(self._handle, ctypes.byref(info)))
         self.info = {name: getattr(info, name) for name, _ in raw.ModelInfo._fields_}
-        for key in ("architecture", "name", "weight_dtype"):
+        for key in ("architecture", "name", "weight_dtype", "backend"):
             self.info[key] = self.info[key].decode()
         self.vocab_size = info.vocab_size
         self.context_length = info.context_length

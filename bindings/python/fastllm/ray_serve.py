@@ -41,6 +41,8 @@ class RayServeOptions:
     speculative: str | None = None
     n_draft: int = 5
     prefill_chunk: int = 256
+    device: str | None = None            # fastllm-server --device (docs/gpu.md)
+    gpu_layers: int = -1
     route_prefix_chars: int = 256        # prompt characters that choose the replica; 0 = least loaded
     host: str = "127.0.0.1"              # Ray's HTTP proxy
     port: int = 8080
@@ -138,6 +140,8 @@ def server_args(o: RayServeOptions) -> list[str]:
         args += ["--draft-model", os.path.abspath(o.draft_model)]
     if o.speculative:
         args += ["--speculative", o.speculative]
+    if o.device:
+        args += ["--device", o.device, "--gpu-layers", o.gpu_layers]
     return [str(a) for a in args]
 
 
