@@ -11,6 +11,9 @@ APT_PACKAGES="cmake g++ libopenblas-dev libcpp-httplib-dev nlohmann-json3-dev pk
 # The other platforms, cross-built and run here (tests/test_platforms.py, README "Platforms"):
 # Windows with MinGW-w64 under Wine, ARM64 Linux with the aarch64 cross compiler under QEMU.
 APT_PACKAGES="$APT_PACKAGES g++-mingw-w64-x86-64 wine wine64 g++-aarch64-linux-gnu qemu-user"
+# The Vulkan backend (docs/gpu.md): its headers and glslc to build it; Mesa's lavapipe, a Vulkan
+# device on the CPU, to test it (tests/test_vulkan.py), and the loader.
+APT_PACKAGES="$APT_PACKAGES libvulkan-dev glslc mesa-vulkan-drivers libvulkan1"
 # nodejs, npm: the Node.js client's test (bindings/examples/node); most machines already have them
 command -v node >/dev/null && command -v npm >/dev/null || APT_PACKAGES="$APT_PACKAGES nodejs npm"
 if ! dpkg -s $APT_PACKAGES >/dev/null 2>&1; then

@@ -22,6 +22,9 @@ struct MatrixArg {
 };
 
 constexpr int kSlots = 3;             // command buffers: one recording, up to two running
+// flush() submits once this many dispatches are recorded (a layer is 9): a submission costs about
+// a millisecond on lavapipe, tens of microseconds on a GPU.
+constexpr int kFlushDispatches = 40;
 constexpr uint64_t kRingStart = 1 << 20;  // per-pass parameters (row positions, block tables, tokens)
 constexpr int kMaxHeadDim = 512;      // attention keeps 8 output values per invocation of 64
 constexpr int kMaxKvDim = 4096;       // kv_row.glsl's shared row
@@ -103,7 +106,7 @@ public:
     }
     void flush() override {
         std::lock_guard<std::mutex> lock(mutex_);
-        submit_recording();
+        if (recorded_ >= kFlushDispatches) submit_recording();
     }
 
     void read_kv_row(const KvCache &c, int layer, bool value, int pos, void *dst) override {
@@ -369,6 +372,7 @@ private:
         api_.vkCmdBindPipeline(cb, VK_PIPELINE_BIND_POINT_COMPUTE, p);
         api_.vkCmdPushConstants(cb, dev_.layout(), VK_SHADER_STAGE_COMPUTE_BIT, 0, (uint32_t)bytes, push);
         api_.vkCmdDispatch(cb, gx, gy, gz);
+        recorded_++;
     }
     void begin() {
         Slot &s = slots_[cur_];
@@ -395,6 +399,7 @@ private:
         dev_.submit(s.cb, s.fence);
         s.running = true;
         recording_ = false;
+        recorded_ = 0;
         cur_ = (cur_ + 1) % kSlots;
     }
     void finish_locked() {
@@ -411,6 +416,7 @@ private:
     Slot slots_[kSlots];
     int cur_ = 0;
     bool recording_ = false;
+    int recorded_ = 0;  // dispatches in the command buffer being recorded
     vk::Buffer ring_;
     uint64_t ring_used_ = 0;
     std::unordered_map<const void *, char *> weights_;  // the file's data -> the device's copy
