@@ -119,8 +119,9 @@ typedef struct fastllm_model_params {
      * status and a message naming it and what is missing. Copied during the load. */
     const char *device;
     /* Layers on the device: -1 (the default) or at least the layer count: all; 0: none (the CPU
-     * runs the model). Other values: FASTLLM_ERR_UNSUPPORTED for now (a split between the CPU and
-     * the device is not built yet). Ignored on the CPU. */
+     * runs the model); n: the last n layers and the output head on the device, the embeddings and
+     * the first layers on the CPU (as llama.cpp's n_gpu_layers), the hidden state copied once per
+     * pass between them. Ignored on the CPU. */
     int32_t n_gpu_layers;
 } fastllm_model_params;
 

@@ -98,17 +98,37 @@ def test_memory_is_the_devices(vulkan, stories_flm):
             assert m["kv_bytes"] > 0 and m["compute_bytes"] > 0
 
 
-def test_gpu_layers_zero_is_the_cpu_and_a_split_is_declined(vulkan, stories_flm):
+def test_gpu_layers_split_the_model_between_the_cpu_and_the_device(vulkan, stories_flm):
+    """n_gpu_layers: the last n layers and the head on the device, the rest on the CPU; the same
+    logits and tokens as either alone, states crossing, the device holding only its layers."""
     import fastllm
-    with fastllm.Model(stories_flm, device="vulkan", gpu_layers=0) as m:
-        assert m.info["backend"].startswith("cpu ")
-    with fastllm.Model(stories_flm, device="vulkan", gpu_layers=-1) as m:
-        assert m.info["backend"].startswith("vulkan ")
-    with fastllm.Model(stories_flm, device="vulkan", gpu_layers=99) as m:  # more than it has: all
-        assert m.info["backend"].startswith("vulkan ")
-    with pytest.raises(fastllm.FastLLMError) as e:
-        fastllm.Model(stories_flm, device="vulkan", gpu_layers=2)
-    assert e.value.status_name == "FASTLLM_ERR_UNSUPPORTED" and "n_gpu_layers=2 of 5" in str(e.value)
+    with fastllm.Model(stories_flm, threads=2) as m, m.session(kv_type="f32") as s:
+        want = s.eval(m.tokenize(PROMPT), logits="all")
+        cpu_state = s.save_state()
+        want_text = s.generate([], 16, temperature=0, ignore_eos=True)
+    sizes = {}
+    for n, layers in ((0, None), (1, "4-4"), (2, "3-4"), (4, "1-4"), (-1, None), (99, None)):
+        with fastllm.Model(stories_flm, threads=2, device="vulkan", gpu_layers=n) as m, m.session(kv_type="f32") as s:
+            backend = m.info["backend"]
+            if n == 0:
+                assert backend.startswith("cpu ") and " + " not in backend
+            elif layers is None:
+                assert backend.startswith("vulkan ") and " + " not in backend
+            else:
+                assert backend.startswith("cpu ") and f"(layers 0-{int(layers[0]) - 1}) + vulkan " in backend, backend
+                assert backend.endswith(f"(layers {layers})"), backend
+            sizes[n] = m.info["device_weight_bytes"]
+            got = s.eval(m.tokenize(PROMPT), logits="all")
+            assert np.abs(got - want).max() / np.abs(want).max() < 1e-5, (n, backend)
+            assert s.generate([], 16, temperature=0, ignore_eos=True) == want_text
+            split_state = s.save_state()
+            cont = s.generate([], 8, temperature=0, ignore_eos=True)
+            s.load_state(cpu_state)  # a CPU session's state goes on here as there
+            assert s.generate([], 16, temperature=0, ignore_eos=True) == want_text
+        with fastllm.Model(stories_flm, threads=2) as m, m.session(kv_type="f32") as s:
+            s.load_state(split_state)  # and this one's on the CPU
+            assert s.generate([], 8, temperature=0, ignore_eos=True) == cont
+    assert sizes[0] == 0 < sizes[1] < sizes[2] < sizes[4] < sizes[-1] == sizes[99]
     with pytest.raises(fastllm.FastLLMError) as e:
         fastllm.Model(stories_flm, device="vulkan", gpu_layers=-2)
     assert e.value.status_name == "FASTLLM_ERR_INVALID_ARGUMENT"
@@ -242,6 +262,10 @@ def test_out_of_device_memory_at_load_and_while_the_cache_grows(vulkan, stories_
 # through a few tests each (the reference device runs their whole suites through the seam).
 SUITES = [
     ("tests/test_families.py", "not server and (not quantized or qwen3)"),
+    # split: the last layer and the head on the device, the rest on the CPU (FASTLLM_GPU_LAYERS);
+    # Gemma 3's windowed layers keep their KV blocks on both
+    ("tests/test_session_share.py:split", None),
+    ("tests/test_sliding_window.py:split", "long_sequence or saved_state"),
     ("tests/test_families_glm.py", None),
     ("tests/test_gemma.py", None),
     ("tests/test_stories260k.py", None),
@@ -254,13 +278,14 @@ SUITES = [
 ]
 
 
-@pytest.mark.parametrize("suite,select", SUITES, ids=[Path(s).stem for s, _ in SUITES])
+@pytest.mark.parametrize("suite,select", SUITES, ids=[Path(s).stem + s.partition(":")[1].replace(":", "-split") for s, _ in SUITES])
 def test_the_suite_passes_through_vulkan(vulkan, suite, select):
-    cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", suite]
+    path, _, split = suite.partition(":")
+    cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", path]
     if select:
         cmd += ["-k", select]
-    r = subprocess.run(cmd, cwd=REPO, env=dict(os.environ, FASTLLM_BACKEND="vulkan"), capture_output=True, text=True,
-                       timeout=900)
+    env = dict(os.environ, FASTLLM_BACKEND="vulkan", **({"FASTLLM_GPU_LAYERS": "1"} if split else {}))
+    r = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=900)
     tail = r.stdout[-3000:] + r.stderr[-2000:]
     assert r.returncode == 0, tail
     summary = re.search(r"(\d+) passed", r.stdout)

@@ -79,6 +79,9 @@ public:
     // Copies bytes of the backend's memory at src (workspace or KV) to host memory: after the work
     // queued before it is done.
     virtual void download(void *dst, const void *src, size_t bytes) = 0;
+    // Copies bytes of host memory to the backend's memory at dst (workspace): after the work queued
+    // before it is done. A model split between backends hands the hidden state over so.
+    virtual void upload(void *dst, const void *src, size_t bytes) = 0;
     // A device backend records the ops and runs them later: flush() hands what is recorded to the
     // device without waiting (the decoder calls it after each layer, so the device works while
     // the host records on and a cancel stops a pass between submissions); finish() waits until

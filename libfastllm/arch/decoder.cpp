@@ -110,23 +110,28 @@ void Decoder::carve(Arena &a, Workspace &w, int B) const {
     w.logits = a.take((size_t)kLogitRows * c.vocab_size);
     w.rope.assign((size_t)B, nullptr);
     w.runs.resize((size_t)B);
+    w.boundary.resize((size_t)2 * B * c.hidden_size);
 }
 
-std::vector<const Tensor *> Decoder::weights() const {
+std::vector<const Tensor *> Decoder::weights(int first_layer, int end_layer, bool embedding, bool head) const {
     std::vector<const Tensor *> all;
     auto add = [&](const Tensor &t) {
         if (!t.empty()) all.push_back(&t);
     };
-    for (const Tensor *t : {&embedding_, &output_norm_, &output_norm_bias_, &output_}) add(*t);
-    for (const DecoderLayer &L : layers_)
+    if (embedding) add(embedding_);
+    if (head)
+        for (const Tensor *t : {&output_norm_, &output_norm_bias_, &output_}) add(*t);
+    for (int l = first_layer; l < end_layer; l++) {
+        const DecoderLayer &L = layers_[l];
         for (const Tensor *t : {&L.attn_norm, &L.attn_norm_bias, &L.qkv, &L.qkv_bias, &L.q_norm, &L.k_norm,
                                 &L.attn_output, &L.attn_output_bias, &L.post_attn_norm, &L.ffn_norm, &L.ffn_norm_bias,
                                 &L.gate_up, &L.gate_up_bias, &L.down, &L.down_bias, &L.post_ffn_norm})
             add(*t);
+    }
     return all;
 }
 
-void Decoder::shift_cache(Backend &be, KvCache &cache, int from, int n_rows, int delta) const {
+void Decoder::shift_cache(const std::vector<Stage> &stages, KvCache &cache, int from, int n_rows, int delta) const {
     const DecoderConfig &c = cfg_;
     if (n_rows <= from) return;
     std::vector<std::vector<float>> cos(c.rope.sets.size()), sin(c.rope.sets.size());
@@ -140,11 +145,12 @@ void Decoder::shift_cache(Backend &be, KvCache &cache, int from, int n_rows, int
     for (int l = 0; l < c.num_layers; l++) {
         const int set = long_rope ? c.rope.long_set : c.rope.layer_set.empty() ? 0 : c.rope.layer_set[l];
         const KeyShift ks{c.num_kv_heads, c.head_dim, c.rope.dim, c.rope.interleaved, cos[set].data(), sin[set].data()};
-        be.shift_cache(cache, l, from, n_rows - from, delta, ks);
+        for (const Stage &st : stages)
+            if (l >= st.first_layer && l < st.end_layer) st.be->shift_cache(cache, l, from, n_rows - from, delta, ks);
     }
 }
 
-bool Decoder::forward(Backend &be, Workspace &w, const int32_t *tokens, const ForwardRow *rows, int T,
+bool Decoder::forward(const std::vector<Stage> &stages, const int32_t *tokens, const ForwardRow *rows, int T,
                       const std::atomic<bool> *cancel) const {
     const DecoderConfig &c = cfg_;
     const int H = c.hidden_size, I = c.intermediate_size;
@@ -160,47 +166,64 @@ bool Decoder::forward(Backend &be, Workspace &w, const int32_t *tokens, const Fo
             t += g;
         }
     };
+    auto finish_all = [&] {
+        for (const Stage &st : stages) st.be->finish();
+    };
 
-    int n_runs = 0;
-    for_each_run([&](int t, int g) { w.runs[n_runs++] = AttentionRun{t, g, rows[t].pos, rows[t].cache}; });
+    for (size_t si = 0; si < stages.size(); si++) {
+        Backend &be = *stages[si].be;
+        Workspace &w = *stages[si].w;
+        int n_runs = 0;
+        for_each_run([&](int t, int g) { w.runs[n_runs++] = AttentionRun{t, g, rows[t].pos, rows[t].cache}; });
+        if (si == 0) {
+            be.embed(embedding_, tokens, T, c.embedding_scale, w.x);
+            be.norm(nk, eps, layers_[0].attn_norm, layers_[0].attn_norm_bias, w.x, T, H, w.xb);
+        } else {  // the hidden state and its norm from the stage before
+            Workspace &prev = *stages[si - 1].w;
+            const size_t n = (size_t)T * H;
+            stages[si - 1].be->download(prev.boundary.data(), prev.x, n * sizeof(float));
+            stages[si - 1].be->download(prev.boundary.data() + n, prev.xb, n * sizeof(float));
+            be.upload(w.x, prev.boundary.data(), n * sizeof(float));
+            be.upload(w.xb, prev.boundary.data() + n, n * sizeof(float));
+        }
+        for (int l = stages[si].first_layer; l < stages[si].end_layer; l++) {
+            const DecoderLayer &L = layers_[l];
+            const int set = c.rope.layer_set.empty() ? 0 : c.rope.layer_set[l];
+            for_each_run([&](int t, int g) {
+                const bool long_rope = c.rope.long_set >= 0 && rows[t + g - 1].pos + 1 > c.rope.original_context;
+                for (int i = 0; i < g; i++) w.rope[t + i] = &rope_[long_rope ? c.rope.long_set : set];
+            });
 
-    be.embed(embedding_, tokens, T, c.embedding_scale, w.x);
-    be.norm(nk, eps, layers_[0].attn_norm, layers_[0].attn_norm_bias, w.x, T, H, w.xb);
-    for (int l = 0; l < c.num_layers; l++) {
-        const DecoderLayer &L = layers_[l];
-        const int set = c.rope.layer_set.empty() ? 0 : c.rope.layer_set[l];
-        for_each_run([&](int t, int g) {
-            const bool long_rope = c.rope.long_set >= 0 && rows[t + g - 1].pos + 1 > c.rope.original_context;
-            for (int i = 0; i < g; i++) w.rope[t + i] = &rope_[long_rope ? c.rope.long_set : set];
-        });
+            // Attention block: (normed input in xb) fused QKV projection, q/k norms and RoPE into the
+            // cache, attention per run of rows, output projection, residual add.
+            be.matmul(L.qkv, L.qkv_bias, w.xb, T, w.qkv);
+            QkvStep qs{w.qkv, w.q, T, c.num_heads, c.num_kv_heads, c.head_dim, c.qk_norm ? &L.q_norm : nullptr,
+                       c.qk_norm ? &L.k_norm : nullptr, nk, eps, c.rope.dim, c.rope.interleaved, w.rope.data(), rows, l};
+            be.qkv_to_cache(qs);
+            const AttentionShape shape{c.num_heads, c.num_kv_heads, c.head_dim, scale, c.attn_softcap, c.window[l]};
+            be.attention(w.q, w.runs.data(), n_runs, l, shape, w.attn);
+            be.matmul(L.attn_output, L.attn_output_bias, w.attn, T, w.xb);
+            be.add_norm(nk, eps, L.post_attn_norm, w.xb, w.x, L.ffn_norm, L.ffn_norm_bias, T, H, w.xb);
 
-        // Attention block: (normed input in xb) fused QKV projection, q/k norms and RoPE into the
-        // cache, attention per run of rows, output projection, residual add.
-        be.matmul(L.qkv, L.qkv_bias, w.xb, T, w.qkv);
-        QkvStep qs{w.qkv, w.q, T, c.num_heads, c.num_kv_heads, c.head_dim, c.qk_norm ? &L.q_norm : nullptr,
-                   c.qk_norm ? &L.k_norm : nullptr, nk, eps, c.rope.dim, c.rope.interleaved, w.rope.data(), rows, l};
-        be.qkv_to_cache(qs);
-        const AttentionShape shape{c.num_heads, c.num_kv_heads, c.head_dim, scale, c.attn_softcap, c.window[l]};
-        be.attention(w.q, w.runs.data(), n_runs, l, shape, w.attn);
-        be.matmul(L.attn_output, L.attn_output_bias, w.attn, T, w.xb);
-        be.add_norm(nk, eps, L.post_attn_norm, w.xb, w.x, L.ffn_norm, L.ffn_norm_bias, T, H, w.xb);
-
-        // MLP block: fused gate/up projection, GLU, down projection, residual add (with the next
-        // layer's input norm).
-        be.matmul(L.gate_up, L.gate_up_bias, w.xb, T, w.gate_up);
-        be.glu(c.glu, w.gate_up, T, I, w.act);
-        be.matmul(L.down, L.down_bias, w.act, T, w.xb);
-        const bool last = l + 1 == c.num_layers;
-        be.add_norm(nk, eps, L.post_ffn_norm, w.xb, w.x, last ? Tensor{} : layers_[l + 1].attn_norm,
-                    last ? Tensor{} : layers_[l + 1].attn_norm_bias, T, H, w.xb);
-        be.flush();
-        if (cancel && cancel->load(std::memory_order_relaxed)) {  // SmolLM2, 256 tokens: 17 ms a layer
-            be.finish();
-            return false;
+            // MLP block: fused gate/up projection, GLU, down projection, residual add (with the next
+            // layer's input norm).
+            be.matmul(L.gate_up, L.gate_up_bias, w.xb, T, w.gate_up);
+            be.glu(c.glu, w.gate_up, T, I, w.act);
+            be.matmul(L.down, L.down_bias, w.act, T, w.xb);
+            const bool last = l + 1 == c.num_layers;
+            be.add_norm(nk, eps, L.post_ffn_norm, w.xb, w.x, last ? Tensor{} : layers_[l + 1].attn_norm,
+                        last ? Tensor{} : layers_[l + 1].attn_norm_bias, T, H, w.xb);
+            be.flush();
+            if (cancel && cancel->load(std::memory_order_relaxed)) {  // SmolLM2, 256 tokens: 17 ms a layer
+                finish_all();
+                return false;
+            }
         }
     }
 
-    // Output head, for the rows that want logits, kLogitRows at a time.
+    // Output head (the last stage's), for the rows that want logits, kLogitRows at a time.
+    Backend &be = *stages.back().be;
+    Workspace &w = *stages.back().w;
     int wanted[kLogitRows];
     for (int t = 0; t < T;) {
         int n = 0;
@@ -215,7 +238,7 @@ bool Decoder::forward(Backend &be, Workspace &w, const int32_t *tokens, const Fo
         for (int i = 0; i < n; i++)
             be.download(rows[wanted[i]].logits, w.logits + (size_t)i * c.vocab_size, sizeof(float) * c.vocab_size);
     }
-    be.finish();
+    finish_all();
     return true;
 }
 

@@ -37,6 +37,18 @@ struct Workspace {
     float *logits;                                   // [kLogitRows, vocab]: output-head rows before download
     std::vector<const RopeTable *> rope;             // [max_batch]: the table each row rotates with
     std::vector<AttentionRun> runs;                  // [max_batch]: the pass's runs of one cache
+    std::vector<float> boundary;                     // [2, max_batch, H] host: x and xb between stages
+};
+
+// Where layers run: consecutive layers [first_layer, end_layer) on one backend, with a workspace
+// in that backend's memory. One stage runs a whole model; a model split between the CPU and a
+// device (n_gpu_layers, as llama.cpp's) has two: the embeddings and the first layers on the CPU,
+// the last layers and the output head on the device. Between stages the hidden state (x, and xb,
+// its norm for the next layer) is copied once per pass.
+struct Stage {
+    Backend *be;
+    Workspace *w;
+    int first_layer, end_layer;
 };
 
 class Decoder {
@@ -49,8 +61,10 @@ public:
     uint64_t n_params() const { return n_params_; }
     // The longest matrix row (for the backend's scratch).
     int64_t max_row_length() const;
-    // Every weight the passes read (for Backend::prepare_weights).
-    std::vector<const Tensor *> weights() const;
+    // Every weight the passes read (for Backend::prepare_weights): of layers [first, end), with the
+    // embeddings (the first stage's) and the output head (the last stage's) where asked.
+    std::vector<const Tensor *> weights() const { return weights(0, cfg_.num_layers, true, true); }
+    std::vector<const Tensor *> weights(int first_layer, int end_layer, bool embedding, bool head) const;
 
     static constexpr int kLogitRows = 16;  // output-head rows computed per pass over its weights
     void carve(Arena &a, Workspace &w, int max_batch) const;
@@ -58,12 +72,14 @@ public:
     // Runs tokens[0..T) (T <= w.max_batch; ids already validated) with w's buffers; rows[t] says
     // where token t's K/V and logits go (see ForwardRow). With `cancel`, checks it after every
     // layer and returns false when it is set (the rows' cache entries are then incomplete).
-    bool forward(Backend &be, Workspace &w, const int32_t *tokens, const ForwardRow *rows, int T,
+    // The stages cover the layers in order, each its own workspace's buffers.
+    bool forward(const std::vector<Stage> &stages, const int32_t *tokens, const ForwardRow *rows, int T,
                  const std::atomic<bool> *cancel = nullptr) const;
     // Context shift: moves positions [from, n_rows) of the cache down by delta (from - delta >= 0),
-    // every layer, turning each moved key's rotary angle back by delta positions — the key it would
-    // have had there (RoPE rotations compose; attention factors and q/k norms are unchanged).
-    void shift_cache(Backend &be, KvCache &cache, int from, int n_rows, int delta) const;
+    // every layer (on the backend of its stage), turning each moved key's rotary angle back by
+    // delta positions — the key it would have had there (RoPE rotations compose; attention factors
+    // and q/k norms are unchanged).
+    void shift_cache(const std::vector<Stage> &stages, KvCache &cache, int from, int n_rows, int delta) const;
 
 private:
     DecoderConfig cfg_;

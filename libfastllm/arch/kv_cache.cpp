@@ -13,15 +13,17 @@ KvCache::Block::Block(Memory &m, size_t bytes) : memory(m), data(m.alloc(bytes))
 KvCache::Block::~Block() { memory.free(data); }
 
 KvCache::KvCache(int n_layers, int n_ctx, int kv_dim, KvType type_k, KvType type_v, const std::vector<int> &window,
-                 bool drop_outside_windows, int keep_prefix, Memory &memory)
-    : memory_(&memory), type_k_(type_k), type_v_(type_v), n_layers_(n_layers), n_ctx_(n_ctx), kv_dim_(kv_dim),
+                 bool drop_outside_windows, int keep_prefix, std::vector<Memory *> memory)
+    : type_k_(type_k), type_v_(type_v), n_layers_(n_layers), n_ctx_(n_ctx), kv_dim_(kv_dim),
       keep_prefix_(keep_prefix), row_k_(kv_row_bytes(type_k, kv_dim)), row_v_(kv_row_bytes(type_v, kv_dim)) {
     for (int l = 0; l < n_layers; l++) {
         const int w = l < (int)window.size() ? std::max(window[l], 0) : 0;
+        Memory *m = memory.size() == 1 ? memory[0] : memory.at((size_t)l);
         size_t g = 0;
-        while (g < groups_.size() && groups_[g].window != w) g++;
+        while (g < groups_.size() && (groups_[g].window != w || groups_[g].memory != m)) g++;
         if (g == groups_.size()) {
             groups_.emplace_back();
+            groups_.back().memory = m;
             groups_.back().window = w;
             groups_.back().drops = w > 0 && drop_outside_windows;
         }
@@ -49,7 +51,7 @@ void KvCache::prepare(int from, int to, bool windowed) {
         for (const Group &g : groups_) {
             if (!windowed && g.window > 0) continue;
             for (int b = b0; b <= b1; b++)
-                if (wants(g, b)) fresh.push_back(std::make_shared<Block>(*memory_, g.block_bytes));
+                if (wants(g, b)) fresh.push_back(std::make_shared<Block>(*g.memory, g.block_bytes));
         }
     } catch (const std::bad_alloc &) {
         fail(FASTLLM_ERR_OUT_OF_MEMORY, "cannot allocate %.1f MiB of KV cache for positions %d to %d",
@@ -61,7 +63,7 @@ void KvCache::prepare(int from, int to, bool windowed) {
         for (int b = b0; b <= b1; b++) {
             if (!wants(g, b)) continue;
             std::shared_ptr<Block> &mine = fresh[next++];
-            if (g.blocks[b]) memory_->copy(mine->data, g.blocks[b]->data, g.block_bytes);  // copy on write
+            if (g.blocks[b]) g.memory->copy(mine->data, g.blocks[b]->data, g.block_bytes);  // copy on write
             g.blocks[b] = std::move(mine);
         }
     }
@@ -91,9 +93,10 @@ bool KvCache::can_continue(int n) const {
 }
 
 void KvCache::share(const KvCache &src, int n) {
-    bool same = src.memory_ == memory_ && src.type_k_ == type_k_ && src.type_v_ == type_v_ && src.kv_dim_ == kv_dim_ &&
+    bool same = src.type_k_ == type_k_ && src.type_v_ == type_v_ && src.kv_dim_ == kv_dim_ &&
                 src.n_layers_ == n_layers_ && src.groups_.size() == groups_.size();
-    for (size_t g = 0; same && g < groups_.size(); g++) same = src.groups_[g].window == groups_[g].window;
+    for (size_t g = 0; same && g < groups_.size(); g++)
+        same = src.groups_[g].window == groups_[g].window && src.groups_[g].memory == groups_[g].memory;
     if (!same)
         fail(FASTLLM_ERR_INVALID_ARGUMENT,
              "cannot share a KV cache of another shape, type, window or backend (%s/%s and %s/%s)", kv_type_name(src.type_k_),

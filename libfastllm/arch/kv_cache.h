@@ -29,10 +29,12 @@ public:
     // layers of one window share blocks (a group), and forget() releases a group's blocks that fell
     // out of its window (keeping one block more, for a truncation by a few tokens, and the first
     // keep_prefix positions, which a context shift keeps).
-    // The blocks come from `memory` (a backend's, arch/memory.h; the host's by default). The block
-    // table — which block holds which positions, who shares it — is host data.
+    // The blocks come from `memory` (a backend's, arch/memory.h; the host's by default): per layer,
+    // or one for all (a model split between the CPU and a device keeps each layer's rows where the
+    // layer runs). The block table — which block holds which positions, who shares it — is host
+    // data.
     KvCache(int n_layers, int n_ctx, int kv_dim, KvType type_k, KvType type_v, const std::vector<int> &window = {},
-            bool drop_outside_windows = true, int keep_prefix = 0, Memory &memory = host_memory());
+            bool drop_outside_windows = true, int keep_prefix = 0, std::vector<Memory *> memory = {&host_memory()});
 
     KvType type_k() const { return type_k_; }
     KvType type_v() const { return type_v_; }
@@ -73,7 +75,7 @@ public:
     // Whether a context of n evaluated positions can go on from here: every layer holds the
     // positions a query at n sees. False after forget() when n is older than a window still holds.
     bool can_continue(int n) const;
-    // Points the blocks of positions [0, n) at src's (same shape, types, windows and memory);
+    // Points the blocks of positions [0, n) at src's (same shape, types, windows and memories);
     // blocks this cache held there are released.
     void share(const KvCache &src, int n);
 
@@ -95,9 +97,10 @@ private:
         Block(const Block &) = delete;
         Block &operator=(const Block &) = delete;
     };
-    // The layers of one window, sharing blocks: a block holds kBlock positions of each of their K
-    // rows, then of their V rows.
+    // The layers of one window and memory, sharing blocks: a block holds kBlock positions of each
+    // of their K rows, then of their V rows.
     struct Group {
+        Memory *memory = nullptr;  // its layers' backend's
         int window = 0, n_layers = 0;
         bool drops = false;  // forget() releases what falls out of the window
         size_t block_bytes = 0, v_offset = 0;
@@ -108,7 +111,6 @@ private:
         int group, index;  // a layer's group and its place in it
     };
 
-    Memory *memory_;
     KvType type_k_, type_v_;
     int n_layers_, n_ctx_, kv_dim_, keep_prefix_;
     size_t row_k_, row_v_;

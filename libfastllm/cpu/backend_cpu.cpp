@@ -25,6 +25,8 @@ void CpuBackend::carve(Arena &a, const PassShape &s) {
 
 void CpuBackend::download(void *dst, const void *src, size_t bytes) { std::memcpy(dst, src, bytes); }
 
+void CpuBackend::upload(void *dst, const void *src, size_t bytes) { std::memcpy(dst, src, bytes); }
+
 void CpuBackend::read_kv_row(const KvCache &c, int layer, bool value, int pos, void *dst) {
     std::memcpy(dst, value ? c.v_row(layer, pos) : c.k_row(layer, pos), value ? c.row_bytes_v() : c.row_bytes_k());
 }

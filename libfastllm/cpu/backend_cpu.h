@@ -19,6 +19,7 @@ public:
     void prepare_weights(const std::vector<const Tensor *> &) override {}  // read in place, mapped
     Memory &memory() override { return host_memory(); }
     void download(void *dst, const void *src, size_t bytes) override;
+    void upload(void *dst, const void *src, size_t bytes) override;
     void read_kv_row(const KvCache &c, int layer, bool value, int pos, void *dst) override;
     void write_kv_row(KvCache &c, int layer, bool value, int pos, KvType from, const void *src) override;
 

@@ -95,6 +95,7 @@ public:
         }
     }
     void download(void *dst, const void *src, size_t bytes) override { std::memcpy(dst, device().at(src, bytes), bytes); }
+    void upload(void *dst, const void *src, size_t bytes) override { std::memcpy(device().at(dst, bytes), src, bytes); }
 
     void read_kv_row(const KvCache &c, int layer, bool value, int pos, void *dst) override {
         const size_t n = value ? c.row_bytes_v() : c.row_bytes_k();

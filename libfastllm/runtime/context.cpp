@@ -41,7 +41,7 @@ void Context::keep(size_t n) {
 KvCache Context::make_cache() const {
     const DecoderConfig &c = model_.config();
     return KvCache(c.num_layers, opt_.n_ctx, c.kv_dim(), opt_.type_k, opt_.type_v, c.window, !opt_.swa_full,
-                   opt_.context_shift ? opt_.n_keep : 0, compute_.backend->memory());
+                   opt_.context_shift ? opt_.n_keep : 0, compute_.kv_memory(c.num_layers));
 }
 
 void Context::keep_or_recompute() {
@@ -84,7 +84,7 @@ void Context::shift(int discard) {
     const int evaluated = (int)n_evaluated, from = keep + discard;
     if (evaluated > from) {
         cache.prepare(keep, evaluated - discard);  // copy-on-write before moving rows into shared blocks
-        model_.decoder().shift_cache(*compute_.backend, cache, from, evaluated, discard);  // needs no pass lock
+        model_.decoder().shift_cache(compute_.stages, cache, from, evaluated, discard);  // needs no pass lock
         n_evaluated = (size_t)(evaluated - discard);
     } else {
         n_evaluated = (size_t)std::min(evaluated, keep);

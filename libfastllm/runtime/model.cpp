@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdlib>
+#include <cstring>
 #include <thread>
 
 #include "base/error.h"
@@ -31,16 +33,16 @@ Model::Model(std::unique_ptr<FlmFile> file, const ModelOptions &o) : file_(std::
     fingerprint_ = compute_fingerprint();
     device_ = resolve_device(o.device);
     const int n_layers = decoder_->config().num_layers;
-    if (device_is_gpu(device_) && o.n_gpu_layers == 0) device_ = "cpu";
-    if (device_is_gpu(device_) && o.n_gpu_layers > 0 && o.n_gpu_layers < n_layers)
-        fail(FASTLLM_ERR_UNSUPPORTED,
-             "n_gpu_layers=%d of %d: a split of the layers between the CPU and the device is not built yet (use -1: all, or 0: none)",
-             o.n_gpu_layers, n_layers);
-    // The backend takes the weights now: one that cannot run them fails the load.
-    backend_name_ = compute(n_threads_).backend->describe();
+    int gpu_layers = o.n_gpu_layers;
+    if (!o.device || !*o.device || std::strcmp(o.device, "cpu") == 0)  // the tests' FASTLLM_BACKEND=vulkan: a split too
+        if (const char *e = std::getenv("FASTLLM_GPU_LAYERS"); e && *e) gpu_layers = std::atoi(e);
+    device_layers_ = !device_is_gpu(device_) ? 0 : gpu_layers < 0 ? n_layers : std::min(gpu_layers, n_layers);
+    if (device_is_gpu(device_) && device_layers_ == 0) device_ = "cpu";
+    // The backends take the weights now: one that cannot run them fails the load.
+    backend_name_ = compute(n_threads_).describe();
     if (device_is_gpu(device_)) {
         std::vector<const void *> seen;
-        for (const Tensor *t : decoder_->weights()) {
+        for (const Tensor *t : decoder_->weights(n_layers - device_layers_, n_layers, device_layers_ == n_layers, true)) {
             if (std::find(seen.begin(), seen.end(), t->data) != seen.end()) continue;
             seen.push_back(t->data);
             device_weight_bytes_ += dtype_is_quantized(t->dtype) ? tensor_bytes(t->dtype, t->rows(), t->cols())
@@ -78,7 +80,7 @@ Compute &Model::compute(int n_threads) const {
     std::lock_guard<std::mutex> lock(compute_mutex_);
     for (auto &c : computes_)
         if (c.first == n_threads) return *c.second;
-    computes_.emplace_back(n_threads, std::make_unique<Compute>(*decoder_, BackendOptions{n_threads, device_}));
+    computes_.emplace_back(n_threads, std::make_unique<Compute>(*decoder_, ComputeOptions{n_threads, device_, device_layers_}));
     return *computes_.back().second;
 }
 

@@ -39,7 +39,7 @@ public:
     const std::string &chat_template() const { return chat_template_; }
     bool has_chat_template() const { return has_chat_template_; }
     int n_threads() const { return n_threads_; }
-    // The resolved device ("cpu", "vulkan", "vulkan:N"), what runs the passes (Backend::describe),
+    // The resolved device ("cpu", "vulkan", "vulkan:N"), what runs the passes (Compute::describe),
     // and the bytes of weights copied to a device (0 on the CPU).
     const std::string &device() const { return device_; }
     const std::string &backend_name() const { return backend_name_; }
@@ -49,8 +49,8 @@ public:
     // The vocabulary as a byte trie, for grammar masks (token_trie.h); built on first use.
     const TokenTrie &token_trie() const { return token_trie_.get(*tokenizer_); }
     // The threads and working memory of this model's sessions of n_threads threads (compute.h),
-    // made on first use; it lives as long as the model. A GPU runs every thread count's passes:
-    // one for all of them (one copy of the weights on the device).
+    // made on first use; it lives as long as the model. With layers on a device, one for every
+    // thread count (one copy of the weights on the device; the CPU's layers on the model's threads).
     Compute &compute(int n_threads) const;
     // Identifies the weights, config and vocabulary (saved session state names the model it belongs
     // to): a hash of the tensor table, the first and last 4 KiB of every tensor and the vocabulary.
@@ -64,6 +64,7 @@ private:
     std::unique_ptr<Tokenizer> tokenizer_;
     std::string architecture_, name_, chat_template_, device_, backend_name_;
     uint64_t device_weight_bytes_ = 0;
+    int device_layers_ = 0;  // the last layers, on the device
     bool has_chat_template_ = false;
     int n_threads_ = 1;
     LazyTokenTrie token_trie_;

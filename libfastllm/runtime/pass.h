@@ -15,7 +15,7 @@ namespace fastllm {
 
 class Pass {
 public:
-    // capacity <= c.work.max_batch; with `cancel`, a pass checks it between layers.
+    // capacity <= c.max_batch(); with `cancel`, a pass checks it between layers.
     Pass(const Decoder &d, Compute &c, int capacity, const std::atomic<bool> *cancel = nullptr)
         : d_(d), c_(c), capacity_(capacity), cancel_(cancel) {}
 
@@ -30,7 +30,7 @@ public:
     bool flush() {
         const int n = n_;
         n_ = 0;
-        return n == 0 || d_.forward(*c_.backend, c_.work, c_.tokens.data(), c_.rows.data(), n, cancel_);
+        return n == 0 || d_.forward(c_.stages, c_.tokens.data(), c_.rows.data(), n, cancel_);
     }
 
 private:

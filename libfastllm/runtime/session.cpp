@@ -44,7 +44,7 @@ Session::Session(const Model &model, const SessionOptions &options)
         std::snprintf(windows, sizeof windows, "; %d of %d layers keep only their sliding window: at most %.1f MiB, not %.1f",
                       ctx_.cache.n_dropping_layers(), ctx_.cache.n_layers(), ctx_.cache.capacity_bytes() / 1048576.0, full / 1048576.0);
     log(FASTLLM_LOG_INFO, "session: n_ctx %d, n_batch %d, %s, KV cache %s/%s (%.1f KiB a token, allocated as used%s)",
-        opt_.n_ctx, opt_.n_batch, compute_.backend->describe().c_str(), kv_type_name(opt_.type_k), kv_type_name(opt_.type_v),
+        opt_.n_ctx, opt_.n_batch, compute_.describe().c_str(), kv_type_name(opt_.type_k), kv_type_name(opt_.type_v),
         ctx_.cache.bytes_per_position() / 1024.0, windows);
 }
 

@@ -97,7 +97,6 @@ SamplingOptions get_options(Reader &r) {
 }  // namespace
 
 std::vector<uint8_t> Session::save_state() const {
-    Backend &be = *compute_.backend;
     if (gen_ && gen_->prefill)
         fail(FASTLLM_ERR_INVALID_ARGUMENT, "the session's generation has a deferred prompt not yet evaluated; "
              "step until its first token, or cancel the generation");
@@ -114,9 +113,9 @@ std::vector<uint8_t> Session::save_state() const {
     for (int l = 0; l < ctx_.cache.n_layers(); l++) {
         for (int b = 0; b < n_blocks; b++) w.put((uint8_t)ctx_.cache.holds(l, b * KvCache::kBlock));
         for (int p = 0; p < n_eval; p++)
-            if (ctx_.cache.holds(l, p)) be.read_kv_row(ctx_.cache, l, false, p, w.grow(ctx_.cache.row_bytes_k()));
+            if (ctx_.cache.holds(l, p)) compute_.backend_of(l).read_kv_row(ctx_.cache, l, false, p, w.grow(ctx_.cache.row_bytes_k()));
         for (int p = 0; p < n_eval; p++)
-            if (ctx_.cache.holds(l, p)) be.read_kv_row(ctx_.cache, l, true, p, w.grow(ctx_.cache.row_bytes_v()));
+            if (ctx_.cache.holds(l, p)) compute_.backend_of(l).read_kv_row(ctx_.cache, l, true, p, w.grow(ctx_.cache.row_bytes_v()));
     }
     w.put((uint8_t)(gen_ ? 1 : 0));
     if (gen_) {
@@ -162,12 +161,11 @@ void Session::load_state(const uint8_t *data, size_t size, fastllm_stream_callba
     const size_t rk = kv_row_bytes(type_k, (int)dim), rv = kv_row_bytes(type_v, (int)dim);
     KvCache cache = ctx_.make_cache();
     cache.prepare(0, (int)n_eval);
-    Backend &be = *compute_.backend;  // converts the rows when the types differ
     const int n_blocks = ((int)n_eval + KvCache::kBlock - 1) / KvCache::kBlock;
     std::vector<uint8_t> held((size_t)n_blocks, 1);
     auto copy_rows = [&](KvType from, size_t row_bytes, bool value, int l) {
         for (uint32_t p = 0; p < n_eval; p++)
-            if (held[p / KvCache::kBlock]) be.write_kv_row(cache, l, value, (int)p, from, r.take(row_bytes));
+            if (held[p / KvCache::kBlock]) compute_.backend_of(l).write_kv_row(cache, l, value, (int)p, from, r.take(row_bytes));
     };
     std::vector<std::pair<int, int>> missing;  // (layer, block): released once every layer is read, as
                                                // the layers of a window share blocks
@@ -179,9 +177,9 @@ void Session::load_state(const uint8_t *data, size_t size, fastllm_stream_callba
             for (int b = 0; b < n_blocks; b++)
                 if (!held[b]) missing.emplace_back(l, b);
         }
-        be.finish();  // a device backend's writes done before the blocks can change hands
+        compute_.finish();  // a device backend's writes done before the blocks can change hands
     } catch (...) {
-        be.finish();  // a truncated state: the writes recorded so far land before the cache is freed
+        compute_.finish();  // a truncated state: the writes recorded so far land before the cache is freed
         throw;
     }
     for (const auto &m : missing) cache.release_block(m.first, m.second * KvCache::kBlock);

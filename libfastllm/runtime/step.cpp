@@ -55,11 +55,11 @@ void Session::step(Session *const *sessions, size_t n, int32_t *done, int max_pr
     std::lock_guard<std::mutex> lock(c.mutex);
     // Plan: every session's cache blocks for this step first, so that running out of memory leaves
     // every session as it was. Deferred prompts share the step's prompt budget in the order listed.
-    int budget = prompt_budget(sessions, n, max_prompt_tokens, c.work.max_batch);
+    int budget = prompt_budget(sessions, n, max_prompt_tokens, c.max_batch());
     for (size_t i = 0; i < n; i++) sessions[i]->plan_step(budget);
     // Run: each session's rows (a sampled token and its drafts, or a chunk of its prompt) in shared
     // passes over the weights.
-    Pass pass(decoder, c, c.work.max_batch);
+    Pass pass(decoder, c, c.max_batch());
     for (size_t i = 0; i < n; i++) done[i] = sessions[i]->add_step_rows(pass) ? 0 : 1;
     pass.flush();
     // Commit: what the passes computed.

@@ -100,6 +100,11 @@ public:
         finish_locked();
         dev_.memory().download(dst, src, bytes);
     }
+    void upload(void *dst, const void *src, size_t bytes) override {
+        std::lock_guard<std::mutex> lock(mutex_);
+        finish_locked();
+        dev_.memory().upload(dst, src, bytes);
+    }
     void finish() override {
         std::lock_guard<std::mutex> lock(mutex_);
         finish_locked();

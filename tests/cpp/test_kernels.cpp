@@ -478,12 +478,12 @@ static void test_refdev_memory() {
     CHECK(refused, "refdev read past an allocation");
     // A KV cache in its memory: rows written and read back through the backend, copy on write.
     const int B = KvCache::kBlock;
-    KvCache c(1, 2 * B, 8, KvType::F32, KvType::Q8, {}, true, 0, m);
+    KvCache c(1, 2 * B, 8, KvType::F32, KvType::Q8, {}, true, 0, {&m});
     c.prepare(0, B);
     const float row[8] = {1, -2, 3, -4, 5, -6, 7, -8};
     be->write_kv_row(c, 0, false, 3, KvType::F32, row);
     be->write_kv_row(c, 0, true, 3, KvType::F32, row);
-    KvCache d(1, 2 * B, 8, KvType::F32, KvType::Q8, {}, true, 0, m);
+    KvCache d(1, 2 * B, 8, KvType::F32, KvType::Q8, {}, true, 0, {&m});
     d.share(c, B);
     d.prepare(0, B);  // copies the shared block
     CHECK(d.k_row(0, 3) != c.k_row(0, 3), "copy on write kept the shared block");
@@ -800,7 +800,7 @@ static void test_device_backend(const char *device) {
                                          {n_heads, n_kv, hd, 0.6f, 2.0f, 40}};
         for (KvType tk : {KvType::F32, KvType::F16, KvType::Q8})
             for (KvType tv : {KvType::F32, KvType::F16, KvType::Q8}) {
-                KvCache dev(1, P + KvCache::kBlock, kv_dim, tk, tv, {}, true, 0, be->memory()), host(1, P + KvCache::kBlock, kv_dim, tk, tv);
+                KvCache dev(1, P + KvCache::kBlock, kv_dim, tk, tv, {}, true, 0, {&be->memory()}), host(1, P + KvCache::kBlock, kv_dim, tk, tv);
                 dev.prepare(0, P), host.prepare(0, P);
                 for (int p = 0; p < P; p++) {
                     be->write_kv_row(dev, 0, false, p, KvType::F32, &kc[(size_t)p * kv_dim]);

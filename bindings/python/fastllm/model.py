@@ -142,7 +142,8 @@ class Model(_Handle):
 
     threads: default thread count of its sessions (0 = all cores). use_mmap: map the weights in place.
     device: what runs it: "cpu" (default), "vulkan", "vulkan:N" (N from fastllm.devices()) or "auto"
-    (a Vulkan GPU if one is usable, else the CPU). gpu_layers: layers on the device (-1: all, 0: none).
+    (a Vulkan GPU if one is usable, else the CPU). gpu_layers: the last layers on the device, the
+    rest on the CPU (-1: all, 0: none).
     """
 
     def __init__(self, path: str, threads: int = 0, use_mmap: bool = True, device: str | None = None,
