@@ -170,6 +170,27 @@ typedef struct fastllm_device_info {
     uint32_t api_version;  /* Vulkan version, VK_MAKE_API_VERSION's packing */
 } fastllm_device_info;
 
+/* A game's own Vulkan device, for fastllm to run on instead of opening a second one (docs/gpu.md).
+ * The handles are Vulkan's, as void pointers so that this header needs no Vulkan header. The
+ * device must have been created with Vulkan 1.2's bufferDeviceAddress and the core shaderInt64
+ * features enabled, and the queue must not be used from another thread while fastllm runs a
+ * pass on it (give fastllm a queue of its own where the family has more than one). fastllm never
+ * destroys any of them: they must outlive every model that uses them. */
+typedef struct fastllm_vulkan_handles {
+    void *instance;               /* VkInstance (Vulkan 1.2 or later) */
+    void *physical_device;        /* VkPhysicalDevice */
+    void *device;                 /* VkDevice */
+    uint32_t queue_family;        /* a queue family with compute */
+    uint32_t queue_index;
+    void *get_instance_proc_addr; /* PFN_vkGetInstanceProcAddr; NULL: the Vulkan loader's */
+} fastllm_vulkan_handles;
+
+/* Makes these handles the process's Vulkan device: models loaded with device "vulkan" (or
+ * "auto") afterwards run on it. Call it before any model uses Vulkan; once one has,
+ * FASTLLM_ERR_INVALID_ARGUMENT. FASTLLM_ERR_UNSUPPORTED when the physical device lacks what
+ * fastllm needs (the message says what) or the build has no Vulkan backend. */
+FASTLLM_API fastllm_status fastllm_vulkan_set_device(const fastllm_vulkan_handles *handles);
+
 /* The machine's Vulkan devices: writes at most capacity entries, *out_n receives how many there
  * are. No Vulkan on this machine (or a build without it) is not an error: *out_n is 0, and the
  * reason is the thread's message (fastllm_last_error). */

@@ -324,3 +324,18 @@ def test_the_server_runs_on_the_device(vulkan, stories_flm):
             p.terminate()
             p.wait(timeout=30)
     assert texts["vulkan"] == texts["cpu"] and texts["cpu"]
+
+
+def test_a_game_hands_its_own_device_over(vulkan, stories_flm):
+    """fastllm_vulkan_set_device: a program that made its own instance and device on the Vulkan
+    device gives them to fastllm, which runs there (the same text as the CPU) and refuses a second
+    handover once in use; the program's device stays usable (vulkan_host_device.cpp)."""
+    binary = BUILD / "vulkan_host_device"
+    assert binary.exists(), "built with the Vulkan backend (CMake finds the Vulkan loader library)"
+    r = subprocess.run([str(binary), str(stories_flm), "Once upon a time", "24"], capture_output=True, text=True,
+                       timeout=120)
+    assert r.returncode == 0, r.stdout + r.stderr
+    out = dict(line.split(": ", 1) for line in r.stdout.splitlines() if ": " in line)
+    assert out["backend"].startswith("vulkan ") and "(the application's)" in out["backend"], out
+    assert out["gpu"] == out["cpu"] and len(out["gpu"]) > 20, out
+    assert out["again"].startswith("FASTLLM_ERR_INVALID_ARGUMENT") and "is in use already" in out["again"], out

@@ -203,6 +203,14 @@ fastllm_status fastllm_model_get_info(const fastllm_model *model, fastllm_model_
     return FASTLLM_OK;
 }
 
+fastllm_status fastllm_vulkan_set_device(const fastllm_vulkan_handles *h) {
+    REQUIRE(h, "handles");
+    return guard([&] {
+        fastllm::use_host_vulkan_device(fastllm::HostVulkanDevice{h->instance, h->physical_device, h->device, h->queue_family,
+                                                                  h->queue_index, h->get_instance_proc_addr});
+    });
+}
+
 fastllm_status fastllm_devices(fastllm_device_info *out, int32_t capacity, int32_t *out_n) {
     REQUIRE(out_n, "out_n");
     *out_n = 0;

@@ -85,4 +85,14 @@ std::vector<DeviceInfo> list_devices(std::string *why) {
     return out;
 }
 
+void use_host_vulkan_device(const HostVulkanDevice &h) {
+#ifdef FASTLLM_VULKAN
+    adopt_vulkan_device(VulkanHandles{h.instance, h.physical_device, h.device, h.queue_family, h.queue_index,
+                                      h.get_instance_proc_addr});
+#else
+    (void)h;
+    fail(FASTLLM_ERR_UNSUPPORTED, "this build has no Vulkan backend");
+#endif
+}
+
 }  // namespace fastllm

@@ -38,4 +38,12 @@ struct DeviceInfo {
 };
 std::vector<DeviceInfo> list_devices(std::string *why);
 
+// A host application's own Vulkan device (fastllm_vulkan_handles' fields), made the process's.
+struct HostVulkanDevice {
+    void *instance, *physical_device, *device;
+    uint32_t queue_family, queue_index;
+    void *get_instance_proc_addr;
+};
+void use_host_vulkan_device(const HostVulkanDevice &handles);
+
 }  // namespace fastllm

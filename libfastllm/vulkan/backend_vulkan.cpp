@@ -433,6 +433,11 @@ private:
 
 std::unique_ptr<Backend> make_vulkan_backend(int index) { return std::make_unique<VulkanBackend>(vk::Device::get(index)); }
 
+void adopt_vulkan_device(const VulkanHandles &h) {
+    vk::Device::adopt((VkInstance)h.instance, (VkPhysicalDevice)h.physical_device, (VkDevice)h.device, h.queue_family,
+                      h.queue_index, (PFN_vkGetInstanceProcAddr)h.get_instance_proc_addr);
+}
+
 std::vector<VulkanDeviceInfo> vulkan_devices(std::string *why) {
     std::vector<VulkanDeviceInfo> out;
     for (const vk::DeviceInfo &d : vk::Device::list(why))

@@ -26,6 +26,14 @@ struct VulkanDeviceInfo {
     bool usable;
     std::string missing;
 };
+// A host application's device, made the process's (before any backend opened one).
+struct VulkanHandles {
+    void *instance, *physical_device, *device;
+    uint32_t queue_family, queue_index;
+    void *get_instance_proc_addr;
+};
+void adopt_vulkan_device(const VulkanHandles &handles);
+
 // The machine's Vulkan devices; empty, with *why, without a loader or instance.
 std::vector<VulkanDeviceInfo> vulkan_devices(std::string *why);
 

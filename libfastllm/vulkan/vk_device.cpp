@@ -58,11 +58,25 @@ std::string vendor_name(uint32_t id) {
 // The loader and an instance: shared by Device::get and Device::list. Empty `error` when usable.
 struct Instance {
     Api api;
+    PFN_vkGetInstanceProcAddr gipa = nullptr;  // the loader's
     VkInstance instance = VK_NULL_HANDLE;
     std::string error;
 };
 
-Instance &instance() {
+// The functions of an instance through gipa; false (and *missing) when one is absent.
+bool load_functions(PFN_vkGetInstanceProcAddr gipa, VkInstance instance, Api &api, std::string *missing) {
+#define FASTLLM_VK_LOAD(name) \
+    if (!api.name) api.name = (PFN_##name)gipa(instance, #name);
+    FASTLLM_VK_FUNCTIONS(FASTLLM_VK_LOAD)
+#undef FASTLLM_VK_LOAD
+#define FASTLLM_VK_CHECK(name) \
+    if (!api.name && missing->empty()) *missing = #name;
+    FASTLLM_VK_FUNCTIONS(FASTLLM_VK_CHECK)
+#undef FASTLLM_VK_CHECK
+    return missing->empty();
+}
+
+Instance &instance_of_loader() {
     static Instance *in = [] {
         auto *r = new Instance;  // never destroyed: drivers may run threads until the process ends
 #if defined(_WIN32)
@@ -78,6 +92,7 @@ Instance &instance() {
         for (const char *n : names)
             if ((lib = platform::open_library(n)) || (own && *own)) break;
         auto gipa = (PFN_vkGetInstanceProcAddr)platform::library_symbol(lib, "vkGetInstanceProcAddr");
+        r->gipa = gipa;
         if (!gipa) {
             r->error = std::string("no Vulkan loader (") + names[0] + ") on this machine";
             return r;
@@ -100,14 +115,8 @@ Instance &instance() {
             r->error = std::string("cannot create a Vulkan instance: ") + result_name(res);
             return r;
         }
-#define FASTLLM_VK_LOAD(name) \
-    if (!r->api.name) r->api.name = (PFN_##name)gipa(r->instance, #name);
-        FASTLLM_VK_FUNCTIONS(FASTLLM_VK_LOAD)
-#undef FASTLLM_VK_LOAD
-#define FASTLLM_VK_CHECK(name) \
-    if (!r->api.name && r->error.empty()) r->error = "the Vulkan loader lacks " #name;
-        FASTLLM_VK_FUNCTIONS(FASTLLM_VK_CHECK)
-#undef FASTLLM_VK_CHECK
+        std::string missing;
+        if (!load_functions(gipa, r->instance, r->api, &missing)) r->error = "the Vulkan loader lacks " + missing;
         return r;
     }();
     return *in;
@@ -161,7 +170,7 @@ int type_rank(const std::string &t) { return t == "discrete" ? 0 : t == "integra
 }  // namespace
 
 std::vector<DeviceInfo> Device::list(std::string *why) {
-    Instance &in = instance();
+    Instance &in = instance_of_loader();
     std::vector<DeviceInfo> out;
     if (!in.error.empty()) {
         if (why) *why = in.error;
@@ -176,30 +185,68 @@ std::vector<DeviceInfo> Device::list(std::string *why) {
     return out;
 }
 
+namespace {
+std::mutex g_device_mutex;
+Device *g_device = nullptr;                 // never destroyed, as the instance
+std::map<int, std::string> g_device_errors;  // a device that failed fails the same way again
+}  // namespace
+
 Device &Device::get(int index) {
-    static std::mutex m;
-    static Device *dev = nullptr;
-    static std::map<int, std::string> errors;  // a device that failed fails the same way again
-    std::lock_guard<std::mutex> lock(m);
-    if (dev) {
-        if (index >= 0 && index != dev->info_.index)
-            fail(FASTLLM_ERR_UNSUPPORTED, "vulkan: device %d (%s) is in use; one Vulkan device per process", dev->info_.index,
-                 dev->info_.name.c_str());
-        return *dev;
+    std::lock_guard<std::mutex> lock(g_device_mutex);
+    if (g_device) {
+        if (index >= 0 && index != g_device->info_.index)
+            fail(FASTLLM_ERR_UNSUPPORTED, "vulkan: device %d (%s) is in use; one Vulkan device per process",
+                 g_device->info_.index, g_device->info_.name.c_str());
+        return *g_device;
     }
-    auto e = errors.find(index);
-    if (e != errors.end()) fail(FASTLLM_ERR_UNSUPPORTED, "%s", e->second.c_str());
+    auto e = g_device_errors.find(index);
+    if (e != g_device_errors.end()) fail(FASTLLM_ERR_UNSUPPORTED, "%s", e->second.c_str());
     try {
-        dev = new Device(index);  // never destroyed, as the instance
+        g_device = new Device(index);
     } catch (const Error &err) {
-        if (err.status() == FASTLLM_ERR_UNSUPPORTED) errors[index] = err.what();
+        if (err.status() == FASTLLM_ERR_UNSUPPORTED) g_device_errors[index] = err.what();
         throw;
     }
-    return *dev;
+    return *g_device;
+}
+
+void Device::adopt(VkInstance instance, VkPhysicalDevice physical, VkDevice device, uint32_t queue_family,
+                   uint32_t queue_index, PFN_vkGetInstanceProcAddr gipa) {
+    std::lock_guard<std::mutex> lock(g_device_mutex);
+    if (g_device)
+        fail(FASTLLM_ERR_INVALID_ARGUMENT, "vulkan: %s is in use already; hand over a device before any model uses Vulkan",
+             g_device->info_.name.c_str());
+    if (!instance || !physical || !device) fail(FASTLLM_ERR_INVALID_ARGUMENT, "vulkan: a NULL instance, physical device or device");
+    g_device = new Device(instance, physical, device, queue_family, queue_index, gipa);
+}
+
+Device::Device(VkInstance instance, VkPhysicalDevice physical, VkDevice device, uint32_t queue_family,
+               uint32_t queue_index, PFN_vkGetInstanceProcAddr gipa) {
+    if (!gipa) {
+        Instance &in = instance_of_loader();
+        if (!in.gipa) fail(FASTLLM_ERR_UNSUPPORTED, "vulkan: %s", in.error.c_str());
+        gipa = in.gipa;
+    }
+    std::string missing;
+    if (!load_functions(gipa, instance, api_, &missing)) fail(FASTLLM_ERR_UNSUPPORTED, "vulkan: the host's instance lacks %s", missing.c_str());
+    instance_ = instance, physical_ = physical, device_ = device;
+    uint32_t compute_family = 0;
+    info_ = describe(api_, physical_, -1, &compute_family);
+    info_.name += " (the application's)";
+    if (!info_.usable) fail(FASTLLM_ERR_UNSUPPORTED, "vulkan: the application's device %s lacks %s", info_.name.c_str(), info_.missing.c_str());
+    uint32_t n = 0;
+    api_.vkGetPhysicalDeviceQueueFamilyProperties(physical_, &n, nullptr);
+    std::vector<VkQueueFamilyProperties> fams(n);
+    api_.vkGetPhysicalDeviceQueueFamilyProperties(physical_, &n, fams.data());
+    if (queue_family >= n || !(fams[queue_family].queueFlags & VK_QUEUE_COMPUTE_BIT) || queue_index >= fams[queue_family].queueCount)
+        fail(FASTLLM_ERR_INVALID_ARGUMENT, "vulkan: queue %u of family %u is not a compute queue of the device", queue_index, queue_family);
+    queue_family_ = queue_family;
+    api_.vkGetDeviceQueue(device_, queue_family_, queue_index, &queue_);
+    init();
 }
 
 Device::Device(int index) {
-    Instance &in = instance();
+    Instance &in = instance_of_loader();
     if (!in.error.empty()) fail(FASTLLM_ERR_UNSUPPORTED, "vulkan: %s", in.error.c_str());
     api_ = in.api;
     instance_ = in.instance;
@@ -227,9 +274,6 @@ Device::Device(int index) {
     }
     physical_ = pds[pick];
     info_ = describe(api_, physical_, pick, &queue_family_);
-    api_.vkGetPhysicalDeviceMemoryProperties(physical_, &mem_props_);
-    const char *st = std::getenv("FASTLLM_VULKAN_STAGING");
-    staged_only_ = st && std::strcmp(st, "1") == 0;
 
     const float priority = 1.0f;
     VkDeviceQueueCreateInfo qci{VK_STRUCTURE_TYPE_DEVICE_QUEUE_CREATE_INFO};
@@ -247,6 +291,13 @@ Device::Device(int index) {
     dci.pQueueCreateInfos = &qci;
     check(api_.vkCreateDevice(physical_, &dci, nullptr, &device_), "creating the device");
     api_.vkGetDeviceQueue(device_, queue_family_, 0, &queue_);
+    init();
+}
+
+void Device::init() {
+    api_.vkGetPhysicalDeviceMemoryProperties(physical_, &mem_props_);
+    const char *st = std::getenv("FASTLLM_VULKAN_STAGING");
+    staged_only_ = st && std::strcmp(st, "1") == 0;
 
     VkPushConstantRange range{VK_SHADER_STAGE_COMPUTE_BIT, 0, 128};
     VkPipelineLayoutCreateInfo lci{VK_STRUCTURE_TYPE_PIPELINE_LAYOUT_CREATE_INFO};

@@ -106,6 +106,10 @@ public:
     // is missing (no loader, no usable device, a feature), and for an index other than the one in
     // use (one Vulkan device per process).
     static Device &get(int index);
+    // A host application's own device becomes the process's (fastllm_vulkan_set_device): before
+    // any get(); never destroyed by fastllm.
+    static void adopt(VkInstance instance, VkPhysicalDevice physical, VkDevice device, uint32_t queue_family,
+                      uint32_t queue_index, PFN_vkGetInstanceProcAddr gipa);
     // The physical devices, or an empty list (and *why) without a loader or instance.
     static std::vector<DeviceInfo> list(std::string *why);
 
@@ -138,6 +142,9 @@ public:
 
 private:
     explicit Device(int index);
+    Device(VkInstance instance, VkPhysicalDevice physical, VkDevice device, uint32_t queue_family, uint32_t queue_index,
+           PFN_vkGetInstanceProcAddr gipa);
+    void init();  // what both constructors share, once the device and queue are there
     void begin_once();
     void end_once();
     uint32_t memory_type(uint32_t bits, bool host_visible, bool *mapped) const;
