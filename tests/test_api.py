@@ -214,3 +214,29 @@ def test_every_isa_level_generates_the_golden_text(stories_flm, isa):
     if isa in order:
         assert order.index(used) <= order.index(isa)
     assert PROMPT + text.rstrip("\n") == GOLDEN["greedy_output_text"]
+
+
+# Every struct the Python package mirrors, against the header compiled by the C compiler.
+STRUCTS = {"ModelParams": "fastllm_model_params", "ModelInfo": "fastllm_model_info", "DeviceInfo": "fastllm_device_info",
+           "SessionParams": "fastllm_session_params", "SessionMemoryInfo": "fastllm_session_memory_info",
+           "SpeculativeParams": "fastllm_speculative_params", "GenerationResult": "fastllm_generation_result",
+           "ChatMessage": "fastllm_chat_message", "ChatParams": "fastllm_chat_params", "StepParams": "fastllm_step_params"}
+
+
+def test_python_structs_match_the_header(tmp_path):
+    import ctypes
+    from fastllm import _lib as raw
+    lines = ["#include <stddef.h>", "#include <stdio.h>", '#include "fastllm.h"', "int main(void) {"]
+    want = []
+    for py, c in STRUCTS.items():
+        cls = getattr(raw, py)
+        lines.append(f'    printf("%zu\\n", sizeof({c}));')
+        want.append(ctypes.sizeof(cls))
+        for f, _ in cls._fields_:
+            lines.append(f'    printf("%zu\\n", offsetof({c}, {f}));')
+            want.append(getattr(cls, f).offset)
+    (tmp_path / "layout.c").write_text("\n".join(lines) + "\n}\n")
+    exe = tmp_path / "layout"
+    subprocess.run(["cc", "-I", str(REPO / "include"), str(tmp_path / "layout.c"), "-o", str(exe)], check=True)
+    got = [int(x) for x in subprocess.run([str(exe)], capture_output=True, text=True, check=True).stdout.split()]
+    assert got == want
