@@ -14,6 +14,8 @@ APT_PACKAGES="$APT_PACKAGES g++-mingw-w64-x86-64 wine wine64 g++-aarch64-linux-g
 # The Vulkan backend (docs/gpu.md): its headers and glslc to build it; Mesa's lavapipe, a Vulkan
 # device on the CPU, to test it (tests/test_vulkan.py), and the loader.
 APT_PACKAGES="$APT_PACKAGES libvulkan-dev glslc mesa-vulkan-drivers libvulkan1"
+# xvfb, xauth: an X server for Wine's Vulkan (winevulkan needs a display driver), tests/test_platforms.py
+APT_PACKAGES="$APT_PACKAGES xvfb xauth"
 # nodejs, npm: the Node.js client's test (bindings/examples/node); most machines already have them
 command -v node >/dev/null && command -v npm >/dev/null || APT_PACKAGES="$APT_PACKAGES nodejs npm"
 if ! dpkg -s $APT_PACKAGES >/dev/null 2>&1; then

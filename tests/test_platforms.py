@@ -179,6 +179,18 @@ def test_kernel_tests_pass_under_wine(wine, win_build):
         assert "ISA avx2\n" in r.stdout.replace("\r\n", "\n")  # the CPU has it: tested under Wine too
 
 
+def test_the_dlls_vulkan_backend_runs_under_wine(win_build):
+    """fastllm.dll opens vulkan-1.dll at run time: under Wine that is winevulkan, which needs a
+    display driver (an X server: Xvfb here) and reaches the host's Vulkan, lavapipe in CI. The
+    Vulkan ops pass against the reference there too."""
+    need("xvfb-run", "wine")
+    env = dict(os.environ, WINEPREFIX=str(win_build / "wineprefix"), WINEDEBUG="-all", WINEDLLOVERRIDES="mscoree,mshtml=")
+    r = run(["xvfb-run", "-a", "wine", win_build / "test_kernels.exe", "scalar"], env=env)
+    out = r.stdout.replace("\r\n", "\n")
+    assert r.returncode == 0 and re.search(r"\b[1-9]\d* passed, 0 failed", out), out[-3000:]
+    assert "backend vulkan: vulkan " in out, out[-3000:]
+
+
 def test_c_example_gives_the_golden_text_under_wine(wine, win_build, stories_flm):
     r = wine([win_build / "simple_c.exe", stories_flm, GOLDEN["prompt"], GOLDEN["greedy_max_new_tokens"]])
     assert r.returncode == 0, r.stderr
@@ -214,7 +226,8 @@ def test_win_amd64_wheel_carries_the_dll_and_it_runs(wine, win_build, tmp_path):
 @pytest.fixture(scope="module")
 def arm_build():
     need("aarch64-linux-gnu-g++", "aarch64-linux-gnu-objdump", "qemu-aarch64")
-    return cross_build("aarch64", "cmake/toolchain-aarch64-linux-gnu.cmake", ARM_STATIC_RUNTIME)
+    # Without the Vulkan backend: the build that a machine without the Vulkan headers or glslc makes
+    return cross_build("aarch64", "cmake/toolchain-aarch64-linux-gnu.cmake", ARM_STATIC_RUNTIME, "-DFASTLLM_VULKAN=OFF")
 
 
 def qemu(cpu, args, **kw):
@@ -234,6 +247,7 @@ def test_kernel_tests_pass_under_qemu(arm_build, cpu, tested, untested):
         assert f"ISA {isa}\n" in r.stdout
     for isa in untested:
         assert f"ISA {isa}: not supported" in r.stdout
+    assert "backend vulkan: not tested here" in r.stdout and "this build has no Vulkan backend" in r.stdout
 
 
 @pytest.mark.parametrize("cpu, isa", [("cortex-a53", "neon"), ("cortex-a76", "neon_dotprod"), ("cortex-a76", "scalar")])

@@ -99,10 +99,14 @@ Instance &instance_of_loader() {
         }
         r->api.vkCreateInstance = (PFN_vkCreateInstance)gipa(nullptr, "vkCreateInstance");
         r->api.vkEnumerateInstanceVersion = (PFN_vkEnumerateInstanceVersion)gipa(nullptr, "vkEnumerateInstanceVersion");
+        if (!r->api.vkEnumerateInstanceVersion)  // Wine's loader exports it without handing it out
+            r->api.vkEnumerateInstanceVersion = (PFN_vkEnumerateInstanceVersion)platform::library_symbol(lib, "vkEnumerateInstanceVersion");
+        if (!r->api.vkCreateInstance)
+            r->api.vkCreateInstance = (PFN_vkCreateInstance)platform::library_symbol(lib, "vkCreateInstance");
         uint32_t version = VK_API_VERSION_1_0;
         if (r->api.vkEnumerateInstanceVersion) r->api.vkEnumerateInstanceVersion(&version);
-        if (!r->api.vkCreateInstance || version < VK_API_VERSION_1_2) {
-            r->error = "the Vulkan loader is older than Vulkan 1.2";
+        if (!r->api.vkCreateInstance) {
+            r->error = "the Vulkan loader lacks vkCreateInstance";
             return r;
         }
         VkApplicationInfo app{VK_STRUCTURE_TYPE_APPLICATION_INFO};
@@ -110,9 +114,13 @@ Instance &instance_of_loader() {
         app.apiVersion = VK_API_VERSION_1_2;
         VkInstanceCreateInfo ci{VK_STRUCTURE_TYPE_INSTANCE_CREATE_INFO};
         ci.pApplicationInfo = &app;
+        // A loader reporting an older version may still create a 1.2 instance (Wine 8's says 1.0);
+        // its devices' versions decide.
         const VkResult res = r->api.vkCreateInstance(&ci, nullptr, &r->instance);
         if (res != VK_SUCCESS) {
-            r->error = std::string("cannot create a Vulkan instance: ") + result_name(res);
+            r->error = std::string("cannot create a Vulkan 1.2 instance (the loader offers ") +
+                       std::to_string(VK_API_VERSION_MAJOR(version)) + "." + std::to_string(VK_API_VERSION_MINOR(version)) +
+                       "): " + result_name(res);
             return r;
         }
         std::string missing;
