@@ -36,13 +36,14 @@ int vulkan_index(const std::string &d) {
 
 std::string resolve_device(const char *requested) {
     std::string d = requested ? requested : "";
-    if (d.empty() || d == "cpu") {
+    if (d.empty()) {
         const char *env = std::getenv("FASTLLM_BACKEND");
         if (!env || !*env) return "cpu";
         d = env;
-        if (d == "cpu" || d == "refdev") return d;
-        if (vulkan_index(d) < -1) fail(FASTLLM_ERR_INVALID_ARGUMENT, "FASTLLM_BACKEND=%s: no such backend (cpu, refdev, vulkan)", env);
+        if (d == "refdev") return d;
+        if (d != "cpu" && vulkan_index(d) < -1) fail(FASTLLM_ERR_INVALID_ARGUMENT, "FASTLLM_BACKEND=%s: no such backend (cpu, refdev, vulkan)", env);
     }
+    if (d == "cpu") return d;
     if (d == "auto") {
         std::string why;
         for (const DeviceInfo &i : list_devices(&why)) {

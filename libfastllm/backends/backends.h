@@ -15,9 +15,9 @@ struct BackendOptions {
     int n_threads = 1;
     std::string device = "cpu";  // as resolve_device gives it
 };
-// The device a model's params ask for (fastllm_model_params.device), resolved: nullptr or "cpu":
-// "cpu", unless FASTLLM_BACKEND names another backend (cpu, refdev, vulkan: how the tests run whole
-// suites through one); "auto": "vulkan" when a usable Vulkan GPU exists, else "cpu" (logged);
+// The device a model's params ask for (fastllm_model_params.device), resolved: nullptr (the
+// default): "cpu", unless FASTLLM_BACKEND names another backend (cpu, refdev, vulkan: how the tests
+// run whole suites through one); "cpu": "cpu"; "auto": "vulkan" when a usable Vulkan GPU exists, else "cpu" (logged);
 // "vulkan" or "vulkan:N" as given. Throws FASTLLM_ERR_INVALID_ARGUMENT for another name, and
 // FASTLLM_ERR_UNSUPPORTED for Vulkan in a build without it.
 std::string resolve_device(const char *requested);

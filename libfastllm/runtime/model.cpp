@@ -3,7 +3,6 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdlib>
-#include <cstring>
 #include <thread>
 
 #include "base/error.h"
@@ -34,7 +33,7 @@ Model::Model(std::unique_ptr<FlmFile> file, const ModelOptions &o) : file_(std::
     device_ = resolve_device(o.device);
     const int n_layers = decoder_->config().num_layers;
     int gpu_layers = o.n_gpu_layers;
-    if (!o.device || !*o.device || std::strcmp(o.device, "cpu") == 0)  // the tests' FASTLLM_BACKEND=vulkan: a split too
+    if (!o.device || !*o.device)  // the default device, as the tests' FASTLLM_BACKEND=vulkan makes it: a split too
         if (const char *e = std::getenv("FASTLLM_GPU_LAYERS"); e && *e) gpu_layers = std::atoi(e);
     device_layers_ = !device_is_gpu(device_) ? 0 : gpu_layers < 0 ? n_layers : std::min(gpu_layers, n_layers);
     if (device_is_gpu(device_) && device_layers_ == 0) device_ = "cpu";
