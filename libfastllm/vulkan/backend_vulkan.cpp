@@ -25,7 +25,7 @@ constexpr int kSlots = 3;             // command buffers: one recording, up to t
 // flush() submits once this many dispatches are recorded (a layer is 9): a submission costs about
 // a millisecond on lavapipe, tens of microseconds on a GPU.
 constexpr int kFlushDispatches = 40;
-constexpr uint64_t kRingStart = 1 << 20;  // per-pass parameters (row positions, block tables, tokens)
+constexpr uint64_t kRingStart = 64 << 10;  // per-pass parameters (row positions, block tables, tokens); grows
 constexpr int kMaxHeadDim = 512;      // attention keeps 8 output values per invocation of 64
 constexpr int kMaxKvDim = 4096;       // kv_row.glsl's shared row
 
@@ -52,7 +52,8 @@ public:
             dev_.check(api_.vkAllocateCommandBuffers(d.device(), &ai, &s.cb), "allocating a command buffer");
             dev_.check(api_.vkCreateFence(d.device(), &fci, nullptr, &s.fence), "creating a fence");
         }
-        grow_ring(kRingStart);
+        ring_ = dev_.make_host_buffer(kRingStart);
+        if (!ring_.buffer) fail(FASTLLM_ERR_OUT_OF_MEMORY, "vulkan: cannot allocate host-visible memory");
     }
     ~VulkanBackend() override {
         try {
@@ -350,22 +351,25 @@ private:
         return addr(mine);
     }
 
-    // Room for `bytes` of parameters until the pass's work is done.
+    // Room for `bytes` of parameters until the recorded work is done. A full ring is not reused
+    // before then (an op may still hold what it was given): a ring twice the size takes over, and
+    // finish() keeps only the largest.
     Param param(size_t bytes) {
         bytes = (bytes + 15) / 16 * 16;
         if (ring_used_ + bytes > ring_.bytes) {
-            finish_locked();  // what the ring holds is read: start over
-            if (bytes > ring_.bytes) grow_ring(std::max<uint64_t>(bytes, 2 * ring_.bytes));
+            retired_.push_back(ring_);
+            ring_ = dev_.make_host_buffer(std::max<uint64_t>(bytes, 2 * ring_.bytes));
+            if (!ring_.buffer) {
+                ring_ = retired_.back();
+                retired_.pop_back();
+                fail(FASTLLM_ERR_OUT_OF_MEMORY, "vulkan: cannot allocate %.1f MiB of host-visible memory",
+                     2.0 * ring_.bytes / 1048576.0);
+            }
+            ring_used_ = 0;
         }
         Param p{ring_.mapped + ring_used_, ring_.address + ring_used_};
         ring_used_ += bytes;
         return p;
-    }
-    void grow_ring(uint64_t bytes) {
-        dev_.destroy(ring_);
-        ring_ = dev_.make_host_buffer(bytes);
-        if (!ring_.buffer) fail(FASTLLM_ERR_OUT_OF_MEMORY, "vulkan: cannot allocate %.1f MiB of host-visible memory", bytes / 1048576.0);
-        ring_used_ = 0;
     }
 
     void dispatch(Shader s, uint32_t dtype, const void *push, size_t bytes, uint32_t gx, uint32_t gy, uint32_t gz) {
@@ -411,6 +415,8 @@ private:
         submit_recording();
         for (Slot &s : slots_)
             if (s.running) wait(s);
+        for (vk::Buffer &b : retired_) dev_.destroy(b);
+        retired_.clear();
         ring_used_ = 0;
     }
 
@@ -423,6 +429,7 @@ private:
     bool recording_ = false;
     int recorded_ = 0;  // dispatches in the command buffer being recorded
     vk::Buffer ring_;
+    std::vector<vk::Buffer> retired_;  // full rings the recorded work still reads
     uint64_t ring_used_ = 0;
     std::unordered_map<const void *, char *> weights_;  // the file's data -> the device's copy
     std::unordered_map<const RopeTable *, char *> ropes_;
