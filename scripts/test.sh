@@ -5,7 +5,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ctest --test-dir build --output-on-failure
-python3 -m pytest tests -q --durations=15
+python3 -m pytest tests -q --durations=50
 if [ "${FASTLLM_SKIP_SANITIZERS:-0}" != 1 ]; then
   bash scripts/test_sanitizers.sh
 fi

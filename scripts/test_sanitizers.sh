@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The sanitizer job (docs/reliability.md), run by scripts/test.sh: builds the library, its tests,
 # the fuzz replay programs and fastllm-server with AddressSanitizer + UndefinedBehaviorSanitizer
-# into build-asan/ (every report fatal), then runs the C++ tests (leaks checked too) and the
+# into build-asan/ (every report fatal), then runs the C++ tests (leaks checked too, but for
+# lavapipe's own: scripts/lsan.supp) and the
 # pytest files that drive the C API hardest against that build. Python loads the ASan runtime
 # first, and libstdc++ with it, so that ASan can intercept exceptions (LD_PRELOAD); leak checking
 # is off there, as CPython itself keeps memory at exit.
@@ -12,6 +13,7 @@ cd "$(dirname "$0")/.."
 cmake -S . -B build-asan -DCMAKE_BUILD_TYPE=RelWithDebInfo -DFASTLLM_SANITIZE=address >/dev/null
 cmake --build build-asan -j2 >/dev/null
 export UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1
+export LSAN_OPTIONS="suppressions=$PWD/scripts/lsan.supp"  # the Vulkan driver's own leaks only
 ASAN_OPTIONS=halt_on_error=1:detect_leaks=1 ctest --test-dir build-asan --output-on-failure
 ASAN_OPTIONS=halt_on_error=1:detect_leaks=0 LD_PRELOAD="$(gcc -print-file-name=libasan.so) $(gcc -print-file-name=libstdc++.so)" \
   FASTLLM_BUILD_DIR="$PWD/build-asan" FASTLLM_LIBRARY="$PWD/build-asan/libfastllm.so" \
