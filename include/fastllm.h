@@ -55,9 +55,9 @@ extern "C" {
  * version. The ABI version changes whenever a struct layout or a function signature changes, or a
  * function that the bindings need is added; bindings compare it with fastllm_abi_version(). */
 #define FASTLLM_VERSION_MAJOR 0
-#define FASTLLM_VERSION_MINOR 5
+#define FASTLLM_VERSION_MINOR 6
 #define FASTLLM_VERSION_PATCH 0
-#define FASTLLM_ABI_VERSION 8
+#define FASTLLM_ABI_VERSION 9
 
 typedef enum fastllm_status {
     FASTLLM_OK = 0,
@@ -233,19 +233,21 @@ typedef struct fastllm_chat_message {
 } fastllm_chat_message;
 
 /* Renders messages into prompt text with a chat template: tmpl, or the model's own when tmpl is
- * NULL. The template's family (ChatML, Qwen2.5, Qwen3, Llama-2 [INST], Mistral [INST], Llama-3
- * headers, Zephyr, Phi-3 / Phi-3.5 / Phi-4-mini, Gemma) is recognised from its text and rendered
- * as transformers' apply_chat_template renders it. Errors: FASTLLM_ERR_UNSUPPORTED for an unknown
- * template, or for messages the template would render in a way this library does not (tool
- * messages of Qwen and Mistral templates), rather than a wrong prompt;
- * FASTLLM_ERR_INVALID_ARGUMENT for a conversation transformers or the template rejects (an empty
- * one, roles not alternating, ...). add_generation_prompt: 1 to end with the opening of the
- * assistant's turn. Output buffer convention as fastllm_detokenize (NUL-terminated). Tokenize the
- * result with add_bos = 0 (templates that want BOS write it as text). Byte-level BPE models match
- * their special tokens (<|im_start|>, ...) in text as single ids; SentencePiece models match
- * their added tokens (Phi-3's <|user|>, <|end|>, ...) too, but treat the text <s>, </s> and <unk>
- * as plain text, as sentencepiece does (so a template that writes BOS as text does not give the
- * BOS id with them).
+ * NULL. The template is a Jinja program (what models ship in tokenizer_config.json's
+ * chat_template, chat_template.jinja or a GGUF's tokenizer.chat_template), run by the library's
+ * own engine in transformers' environment, so the text is what transformers'
+ * apply_chat_template gives (docs/templates.md). bos_token and eos_token are the text of the
+ * model's BOS and EOS tokens. Errors: FASTLLM_ERR_INVALID_ARGUMENT for a template error (the
+ * message gives its line and column), for a conversation the template rejects (its
+ * raise_exception message: roles not alternating, ...) and for an empty conversation (as
+ * transformers); FASTLLM_ERR_UNSUPPORTED when tmpl is NULL and the model has no template.
+ * add_generation_prompt: 1 to end with the opening of the assistant's turn. Output buffer
+ * convention as fastllm_detokenize (NUL-terminated). Tokenize the result with add_bos = 0
+ * (templates that want BOS write it as text). Byte-level BPE models match their special tokens
+ * (<|im_start|>, ...) in text as single ids; SentencePiece models match their added tokens
+ * (Phi-3's <|user|>, <|end|>, ...) too, but treat the text <s>, </s> and <unk> as plain text, as
+ * sentencepiece does (so a template that writes BOS as text does not give the BOS id with them).
+ * Messages with tool calls, content parts or other fields: fastllm_chat_apply_template_json.
  * Equivalent to fastllm_chat_apply_template_v2 with default params but this add_generation_prompt. */
 FASTLLM_API fastllm_status fastllm_chat_apply_template(const fastllm_model *model, const char *tmpl,
                                                        const fastllm_chat_message *messages, size_t n_messages,
@@ -280,6 +282,28 @@ FASTLLM_API fastllm_status fastllm_chat_apply_template_v2(const fastllm_model *m
                                                           const fastllm_chat_message *messages, size_t n_messages,
                                                           const fastllm_chat_params *params, char *out_text,
                                                           size_t out_capacity, size_t *out_len);
+
+/* The chat template (tmpl, or the model's own when NULL) over variables_json: a JSON object whose
+ * members are the template's variables, as transformers' apply_chat_template(conversation,
+ * tools=..., add_generation_prompt=..., **kwargs) passes them: "messages" (required, non-empty:
+ * OpenAI's shape, each with "role" and "content" as a string or a list of parts, and whatever
+ * else the template reads: "tool_calls", "tool_call_id", "name", "reasoning_content", ...),
+ * "tools" (OpenAI's list of {"type": "function", "function": {...}}), "add_generation_prompt"
+ * (true unless given, as fastllm_chat_default_params), "enable_thinking", "documents", any other
+ * keyword. bos_token and eos_token are the model's unless given. Errors and output as
+ * fastllm_chat_apply_template, and FASTLLM_ERR_INVALID_ARGUMENT for JSON that does not parse. */
+FASTLLM_API fastllm_status fastllm_chat_apply_template_json(const fastllm_model *model, const char *tmpl,
+                                                            const char *variables_json, char *out_text,
+                                                            size_t out_capacity, size_t *out_len);
+
+/* Renders any Jinja template tmpl, with no model: the variables are the members of variables_json
+ * (a JSON object; nothing is added, not even bos_token). The same engine and environment as the
+ * chat templates (trim_blocks, lstrip_blocks, tojson, raise_exception, strftime_now, loop
+ * controls), bounded: a template that runs past 20 million steps, nests macro calls deeper than
+ * 100 or writes more than 32 MiB fails with FASTLLM_ERR_INVALID_ARGUMENT. Output as
+ * fastllm_detokenize. Safe from any thread. */
+FASTLLM_API fastllm_status fastllm_template_render(const char *tmpl, const char *variables_json, char *out_text,
+                                                   size_t out_capacity, size_t *out_len);
 
 /* ------------------------------------------------------------------------------------------ */
 /* Session: one conversation's state (KV cache and working memory) over a shared model.        */

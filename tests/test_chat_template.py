@@ -472,11 +472,11 @@ def test_roles_must_alternate(stories_model):
         assert "alternate" in str(e.value)
 
 
-def test_unknown_template_is_an_error(stories_model):
-    with pytest.raises(fastllm.FastLLMError) as e:
-        stories_model.apply_chat_template([{"role": "user", "content": "x"}],
-                                          template="{{ messages[0]['content'] }} ### Response:")
-    assert e.value.status == raw.ERR_UNSUPPORTED and "unknown chat template" in str(e.value)
+def test_any_template_renders_as_transformers(stories_model):
+    """No template is "unknown": the engine runs whatever the model ships."""
+    template = "{{ messages[0]['content'] }} ### Response:{% if add_generation_prompt %} {% endif %}"
+    messages = [{"role": "user", "content": "x"}]
+    assert stories_model.apply_chat_template(messages, template=template) == hf_render(template, messages, True)
 
 
 def test_model_without_template(stories_model):
@@ -565,12 +565,42 @@ def test_templates_that_ignore_enable_thinking_ignore_it(stories_model, family):
         hf_render(TEMPLATES[family], with_reasoning, True)
 
 
-@pytest.mark.parametrize("family", ["qwen2.5", "qwen3", "mistral-v0.3"])
-def test_tool_messages_are_refused_not_rendered_differently(stories_model, family):
-    messages = [_u("What is the weather?"), {"role": "tool", "content": "{\"temperature\": 21}"}]
-    with pytest.raises(fastllm.FastLLMError) as e:
-        stories_model.apply_chat_template(messages, template=TEMPLATES[family])
-    assert e.value.status == raw.ERR_UNSUPPORTED and "tool messages" in str(e.value)
+TOOLS = [{"type": "function", "function": {
+    "name": "get_weather", "description": "The weather in a city.",
+    "parameters": {"type": "object", "properties": {"city": {"type": "string", "description": "The city"},
+                                                     "unit": {"type": "string", "enum": ["c", "f"]}},
+                   "required": ["city"]}}}]
+TOOL_CONVERSATIONS = [
+    [_u("What is the weather in Paris?")],
+    [SYSTEM, _u("What is the weather in Paris?"),
+     {"role": "assistant", "content": "", "tool_calls": [
+         {"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": {"city": "Paris"}}}]},
+     {"role": "tool", "tool_call_id": "call_1", "name": "get_weather", "content": "{\"temperature\": 21}"},
+     _a("It is 21 degrees in Paris.")],
+    [_u("Paris and Rome?"),
+     {"role": "assistant", "content": "Checking both.", "tool_calls": [
+         {"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": {"city": "Paris"}}},
+         {"id": "call_2", "type": "function", "function": {"name": "get_weather", "arguments": {"city": "Rome", "unit": "c"}}}]},
+     {"role": "tool", "tool_call_id": "call_1", "content": "21"},
+     {"role": "tool", "tool_call_id": "call_2", "content": "25"}],
+    # content as a list of parts
+    [{"role": "user", "content": [{"type": "text", "text": "Describe this."}]}],
+]
+
+
+@pytest.mark.parametrize("family", sorted(TEMPLATES))
+@pytest.mark.parametrize("conv", range(len(TOOL_CONVERSATIONS)))
+@pytest.mark.parametrize("with_tools", [True, False])
+def test_tools_tool_calls_and_tool_messages_render_as_transformers(stories_model, family, conv, with_tools):
+    messages = TOOL_CONVERSATIONS[conv]
+    tools = TOOLS if with_tools else None
+    try:
+        expected = hf_render(TEMPLATES[family], messages, True, tools=tools)
+    except Exception:
+        with pytest.raises(fastllm.FastLLMError):
+            stories_model.apply_chat_template(messages, template=TEMPLATES[family], tools=tools)
+        return
+    assert stories_model.apply_chat_template(messages, template=TEMPLATES[family], tools=tools) == expected
 
 
 @pytest.mark.parametrize("family", sorted(TEMPLATES))
@@ -592,8 +622,8 @@ def test_mistral_roles_must_alternate_after_the_system_message(stories_model):
         assert e.value.status == raw.ERR_INVALID_ARGUMENT and "alternate" in str(e.value)
 
 
-# Variants of the recognised families that render differently from the ones above: refused.
-UNSUPPORTED_VARIANTS = {
+# Variants of the families above that the hand-written renderers before the engine refused.
+VARIANTS = {
     # GLM-4-0414-style: system messages first, metadata and observation turns (not rendered)
     "glm4-0414-style": (r"[gMASK]<sop>{%- for msg in messages %}{%- if msg.role == 'system' %}<|system|>" "\n"
                         r"{{ msg.content }}{%- endif %}{%- endfor %}{%- for message in messages if message.role != "
@@ -633,14 +663,17 @@ UNSUPPORTED_VARIANTS = {
 }
 
 
-@pytest.mark.parametrize("variant", sorted(UNSUPPORTED_VARIANTS))
-def test_unsupported_variants_are_refused(stories_model, variant):
-    template = UNSUPPORTED_VARIANTS[variant]
-    messages = [_u("a"), _a("b"), _u("c")]
-    assert hf_render(template, messages, True) != ""  # transformers renders it ...
-    with pytest.raises(fastllm.FastLLMError) as e:  # ... and we do not guess
-        stories_model.apply_chat_template(messages, template=template)
-    assert e.value.status == raw.ERR_UNSUPPORTED
+@pytest.mark.parametrize("variant", sorted(VARIANTS))
+@pytest.mark.parametrize("conv", [0, 2, 3])
+def test_variants_render_as_transformers(stories_model, variant, conv):
+    template, messages = VARIANTS[variant], CONVERSATIONS[conv]
+    try:
+        expected = hf_render(template, messages, True)
+    except Exception:
+        with pytest.raises(fastllm.FastLLMError):
+            stories_model.apply_chat_template(messages, template=template)
+        return
+    assert stories_model.apply_chat_template(messages, template=template) == expected
 
 
 def test_chat_params_defaults_and_checks(stories_model):

@@ -4,8 +4,11 @@
 #include <cstdio>
 #include <cstring>
 #include <memory>
+#include <mutex>
 #include <new>
 #include <string>
+
+#include <nlohmann/json.hpp>
 
 #include "text/chat_template.h"
 #include "base/error.h"
@@ -22,6 +25,9 @@ struct fastllm_model {
     fastllm::Model impl;
     template <typename... A>
     explicit fastllm_model(A &&...a) : impl(std::forward<A>(a)...) {}
+    // The model's own chat template, parsed on first use (then shared by every thread).
+    std::once_flag template_once;
+    std::unique_ptr<fastllm::jinja::Template> own_template;
 };
 struct fastllm_session {
     fastllm::Session impl;
@@ -288,6 +294,40 @@ fastllm_chat_params fastllm_chat_default_params(void) {
     return p;
 }
 
+namespace {
+
+// The model's chat template or the caller's, over variables (the model's BOS / EOS text added).
+std::string render_chat(const fastllm_model *model, const char *tmpl, nlohmann::ordered_json variables) {
+    fastllm_model *m = const_cast<fastllm_model *>(model);
+    const fastllm::Model &impl = model->impl;
+    const auto &tok = impl.tokenizer();
+    std::string bos = tok.bos_id() >= 0 ? tok.piece(tok.bos_id()) : "";
+    std::string eos = tok.eos_id() >= 0 ? tok.piece(tok.eos_id()) : "";
+    if (tmpl) return fastllm::apply_chat_template(fastllm::jinja::Template(tmpl), std::move(variables), bos, eos);
+    if (!impl.has_chat_template())
+        fastllm::fail(FASTLLM_ERR_UNSUPPORTED, "the model has no chat template; pass one");
+    std::call_once(m->template_once, [&] {
+        try {
+            m->own_template = std::make_unique<fastllm::jinja::Template>(impl.chat_template());
+        } catch (const fastllm::Error &) {  // parsed again (and the error given) at each call
+        }
+    });
+    if (!m->own_template) {  // throws its parse error
+        fastllm::jinja::Template again(impl.chat_template());
+        return fastllm::apply_chat_template(again, std::move(variables), bos, eos);
+    }
+    return fastllm::apply_chat_template(*m->own_template, std::move(variables), bos, eos);
+}
+
+nlohmann::ordered_json parse_variables(const char *variables_json) {
+    nlohmann::ordered_json v = nlohmann::ordered_json::parse(variables_json, nullptr, false);
+    if (v.is_discarded()) fastllm::fail(FASTLLM_ERR_INVALID_ARGUMENT, "the template's variables are not valid JSON");
+    if (!v.is_object()) fastllm::fail(FASTLLM_ERR_INVALID_ARGUMENT, "the template's variables must be a JSON object");
+    return v;
+}
+
+}  // namespace
+
 fastllm_status fastllm_chat_apply_template_v2(const fastllm_model *model, const char *tmpl,
                                               const fastllm_chat_message *messages, size_t n_messages,
                                               const fastllm_chat_params *params, char *out_text, size_t out_capacity,
@@ -302,30 +342,45 @@ fastllm_status fastllm_chat_apply_template_v2(const fastllm_model *model, const 
                              "; expected FASTLLM_THINKING_UNSET (-1), _OFF (0) or _ON (1)");
     fastllm_status s = FASTLLM_OK;
     fastllm_status g = guard([&] {
-        std::vector<fastllm::ChatMessage> msgs;
+        nlohmann::ordered_json vars = nlohmann::ordered_json::object();
+        nlohmann::ordered_json &msgs = vars["messages"] = nlohmann::ordered_json::array();
         for (size_t i = 0; i < n_messages; i++) {
             if (!messages[i].role || !messages[i].content)
                 fastllm::fail(FASTLLM_ERR_INVALID_ARGUMENT, "message %zu has a NULL role or content", i);
-            fastllm::ChatMessage m;
-            m.role = messages[i].role;
-            m.content = messages[i].content;
-            if (p.reasoning_content && p.reasoning_content[i]) {
-                m.has_reasoning = true;
-                m.reasoning_content = p.reasoning_content[i];
-            }
+            nlohmann::ordered_json m = {{"role", messages[i].role}, {"content", messages[i].content}};
+            if (p.reasoning_content && p.reasoning_content[i]) m["reasoning_content"] = p.reasoning_content[i];
             msgs.push_back(std::move(m));
         }
-        const fastllm::Model &m = model->impl;
-        if (!tmpl && !m.has_chat_template())
-            fastllm::fail(FASTLLM_ERR_UNSUPPORTED, "the model has no chat template; pass one");
-        const auto &tok = m.tokenizer();
-        std::string bos = tok.bos_id() >= 0 ? tok.piece(tok.bos_id()) : "";
-        std::string eos = tok.eos_id() >= 0 ? tok.piece(tok.eos_id()) : "";
-        fastllm::ChatOptions options;
-        options.add_generation_prompt = p.add_generation_prompt != 0;
-        options.enable_thinking = p.enable_thinking;
-        std::string text =
-            fastllm::apply_chat_template(tmpl ? std::string(tmpl) : m.chat_template(), msgs, options, bos, eos);
+        vars["add_generation_prompt"] = p.add_generation_prompt != 0;
+        if (p.enable_thinking != FASTLLM_THINKING_UNSET) vars["enable_thinking"] = p.enable_thinking == FASTLLM_THINKING_ON;
+        s = copy_out(render_chat(model, tmpl, std::move(vars)), out_text, out_capacity, out_len, true);
+    });
+    return g ? g : s;
+}
+
+fastllm_status fastllm_chat_apply_template_json(const fastllm_model *model, const char *tmpl,
+                                                const char *variables_json, char *out_text, size_t out_capacity,
+                                                size_t *out_len) {
+    REQUIRE(model, "model");
+    REQUIRE(variables_json, "variables_json");
+    REQUIRE(out_len, "out_len");
+    fastllm_status s = FASTLLM_OK;
+    fastllm_status g = guard([&] {
+        nlohmann::ordered_json vars = parse_variables(variables_json);
+        if (!vars.contains("add_generation_prompt")) vars["add_generation_prompt"] = true;
+        s = copy_out(render_chat(model, tmpl, std::move(vars)), out_text, out_capacity, out_len, true);
+    });
+    return g ? g : s;
+}
+
+fastllm_status fastllm_template_render(const char *tmpl, const char *variables_json, char *out_text,
+                                       size_t out_capacity, size_t *out_len) {
+    REQUIRE(tmpl, "tmpl");
+    REQUIRE(variables_json, "variables_json");
+    REQUIRE(out_len, "out_len");
+    fastllm_status s = FASTLLM_OK;
+    fastllm_status g = guard([&] {
+        std::string text = fastllm::jinja::Template(tmpl).render(parse_variables(variables_json));
         s = copy_out(text, out_text, out_capacity, out_len, true);
     });
     return g ? g : s;

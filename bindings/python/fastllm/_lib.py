@@ -12,7 +12,7 @@ from ctypes import (CFUNCTYPE, POINTER, Structure, c_char, c_char_p, c_double, c
                     c_uint32, c_uint64, c_void_p)
 from pathlib import Path
 
-FASTLLM_ABI_VERSION = 8
+FASTLLM_ABI_VERSION = 9
 
 # fastllm_status
 OK = 0
@@ -135,6 +135,8 @@ _PROTOTYPES = {
     "fastllm_chat_default_params": (ChatParams, []),
     "fastllm_chat_apply_template_v2": (c_int, [c_void_p, c_char_p, POINTER(ChatMessage), c_size_t, POINTER(ChatParams),
                                                c_char_p, c_size_t, POINTER(c_size_t)]),
+    "fastllm_chat_apply_template_json": (c_int, [c_void_p, c_char_p, c_char_p, c_char_p, c_size_t, POINTER(c_size_t)]),
+    "fastllm_template_render": (c_int, [c_char_p, c_char_p, c_char_p, c_size_t, POINTER(c_size_t)]),
     "fastllm_session_truncate": (c_int, [c_void_p, c_int32]),
     "fastllm_session_default_params": (SessionParams, []),
     "fastllm_session_create": (c_int, [c_void_p, POINTER(SessionParams), POINTER(c_void_p)]),

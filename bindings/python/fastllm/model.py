@@ -61,6 +61,38 @@ def json_schema_to_grammar(schema: str | dict) -> str:
         capacity = n.value + 1
 
 
+def _text_out(call, size_hint: int) -> str:
+    """Calls call(buf, capacity, out_len) until the buffer is large enough; the NUL-terminated text."""
+    n = ctypes.c_size_t()
+    capacity = size_hint
+    while True:
+        buf = ctypes.create_string_buffer(capacity)
+        status = call(buf, capacity, ctypes.byref(n))
+        if status != raw.ERR_BUFFER_TOO_SMALL:
+            _check(status)
+            return buf.raw[: n.value].decode()
+        capacity = n.value + 1
+
+
+def render_template(template: str, messages: Sequence[dict] | None = None, *, tools: Sequence[dict] | None = None,
+                    add_generation_prompt: bool = False, **variables) -> str:
+    """Renders a Jinja chat template with the library's engine, no model needed: messages, tools
+    (when given), add_generation_prompt and every other keyword (bos_token, eos_token,
+    enable_thinking, ...) are the template's variables, as transformers' apply_chat_template passes
+    them. A template error, or the template's raise_exception, raises FastLLMError
+    (ERR_INVALID_ARGUMENT) with the engine's message (line and column)."""
+    values = dict(variables)
+    if messages is not None:
+        values["messages"] = list(messages)
+    if tools is not None:
+        values["tools"] = list(tools)
+    values["add_generation_prompt"] = bool(add_generation_prompt)
+    text = json.dumps(values, ensure_ascii=False).encode()
+    tmpl = template.encode()
+    return _text_out(lambda buf, cap, n: lib.fastllm_template_render(tmpl, text, buf, cap, n),
+                     2 * (len(text) + len(tmpl)) + 1024)
+
+
 def devices() -> list[dict]:
     """The machine's Vulkan devices (index, name, vendor, type, memory_bytes, api_version, usable,
     missing); empty without Vulkan."""
@@ -234,33 +266,25 @@ class Model(_Handle):
 
     # -- chat -------------------------------------------------------------------------------
     def apply_chat_template(self, messages: Sequence[dict], add_generation_prompt: bool = True,
-                            template: str | None = None, enable_thinking: bool | None = None) -> str:
-        """Prompt text for messages ([{"role": ..., "content": ...}], an assistant message may carry
-        "reasoning_content") rendered with the model's chat template (or `template`), as
-        transformers' apply_chat_template renders it. enable_thinking: None leaves the template's
-        variable undefined (as not passing the keyword to transformers); False / True pass it
-        (Qwen3's template reads it)."""
-        keep = [(m["role"].encode(), m["content"].encode()) for m in messages]
-        arr = (raw.ChatMessage * max(len(keep), 1))(*[raw.ChatMessage(r, c) for r, c in keep])
-        params = lib.fastllm_chat_default_params()
-        params.add_generation_prompt = int(add_generation_prompt)
+                            template: str | None = None, enable_thinking: bool | None = None, *,
+                            tools: Sequence[dict] | None = None, **variables) -> str:
+        """Prompt text for messages (OpenAI's shape: role, content as a string or a list of parts,
+        tool_calls, tool messages, reasoning_content, ...) rendered with the model's chat template
+        (or `template`) as transformers' apply_chat_template renders it. enable_thinking: None
+        leaves the template's variable undefined (as not passing the keyword to transformers);
+        False / True pass it (Qwen3's template reads it). tools: OpenAI's tool list; every other
+        keyword is a template variable too. bos_token / eos_token are the model's."""
+        values = dict(variables)
+        values["messages"] = list(messages)
+        if tools is not None:
+            values["tools"] = list(tools)
+        values["add_generation_prompt"] = bool(add_generation_prompt)
         if enable_thinking is not None:
-            params.enable_thinking = raw.THINKING_ON if enable_thinking else raw.THINKING_OFF
-        reasoning = [m.get("reasoning_content") for m in messages]
-        if any(r is not None for r in reasoning):
-            params.reasoning_content = (ctypes.c_char_p * len(reasoning))(
-                *[r.encode() if r is not None else None for r in reasoning])
+            values["enable_thinking"] = bool(enable_thinking)
+        text = json.dumps(values, ensure_ascii=False).encode()
         tmpl = template.encode() if template is not None else None
-        out_len = ctypes.c_size_t()
-        capacity = sum(len(r) + len(c) for r, c in keep) + sum(len(r or "") * 4 for r in reasoning) + 1024
-        while True:
-            buf = ctypes.create_string_buffer(capacity)
-            status = lib.fastllm_chat_apply_template_v2(self.handle, tmpl, arr, len(keep), ctypes.byref(params), buf,
-                                                        capacity, ctypes.byref(out_len))
-            if status != raw.ERR_BUFFER_TOO_SMALL:
-                _check(status)
-                return buf.raw[: out_len.value].decode()
-            capacity = out_len.value + 1
+        return _text_out(lambda buf, cap, n: lib.fastllm_chat_apply_template_json(self.handle, tmpl, text, buf, cap, n),
+                         2 * len(text) + len(self.chat_template or "") + 1024)
 
     def chat(self, messages: Sequence[dict], max_new_tokens: int = 256, *, stream: bool = False, **sampling):
         """The assistant's reply to messages, in a fresh context (str, or with stream=True an iterator
