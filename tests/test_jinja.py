@@ -126,6 +126,12 @@ CASES = [
     "{% endif %}{% endfor %}",
     # filter blocks
     "{% filter upper %}shout {{ n }}{% endfilter %}",
+    # markupsafe: Markup + str escapes the str (functionary's template relies on it)
+    "{{ \"'\"|safe + d|tojson }}|{{ 'a<' + '>b'|safe }}|{{ ('<'|e) + '<' }}|{{ '<'|e|e }}|{{ '<'|safe ~ '<' }}",
+    # dictionaries with other keys than strings (ByteDance Seed-OSS's budget table)
+    "{% set t = {0: 'zero', 512: 'half', 1.5: 'f', none: 'n'} %}{{ t[512] }} {{ t[0] }} {{ 512 in t }} {{ t }} {{ t|tojson }}",
+    # filters of the select / map family on none: nothing
+    "{% set x = none %}{{ x|selectattr('type', 'equalto', 'a')|list }}{{ x|map(attribute='a')|list }}",
 ]
 
 

@@ -42,6 +42,7 @@ struct Value {
     DictPtr dict;
     std::shared_ptr<Native> fn;
     bool tuple = false;  // a LIST that Python would hold as a tuple (prints as (a, b))
+    bool safe = false;   // a STRING that is markupsafe's Markup (|safe, |escape): what it is added to is escaped
 
     static Value none() { Value v; v.kind = NONE; return v; }
     static Value boolean(bool x) { Value v; v.kind = BOOL; v.b = x; return v; }
@@ -65,19 +66,28 @@ struct Value {
     int64_t as_int() const { return kind == INT ? i : kind == BOOL ? int64_t(b) : int64_t(f); }
 };
 
+bool values_equal(const Value &a, const Value &b);
+
 struct DictData {
-    std::vector<std::pair<std::string, Value>> items;  // in insertion order, as Python's dict
+    std::vector<std::pair<Value, Value>> items;  // in insertion order, as Python's dict; keys str, int, ...
     bool is_namespace = false;
-    const Value *find(const std::string &k) const {
+    const Value *find(const Value &k) const {
         for (auto &kv : items)
-            if (kv.first == k) return &kv.second;
+            if (values_equal(kv.first, k)) return &kv.second;
         return nullptr;
     }
-    void set(const std::string &k, Value v) {
+    const Value *find(const std::string &k) const {
         for (auto &kv : items)
-            if (kv.first == k) { kv.second = std::move(v); return; }
+            if (kv.first.kind == Value::STRING && kv.first.s == k) return &kv.second;
+        return nullptr;
+    }
+    void set(const Value &k, Value v) {
+        for (auto &kv : items)
+            if (values_equal(kv.first, k)) { kv.second = std::move(v); return; }
         items.emplace_back(k, std::move(v));
     }
+    void set(const std::string &k, Value v) { set(Value::string(k), std::move(v)); }
+    void add(const char *k, Value v) { items.emplace_back(Value::string(k), std::move(v)); }
 };
 
 Value Value::new_dict(bool ns) {
@@ -135,7 +145,7 @@ Value from_json(const json &j) {
         }
         case json::value_t::object: {
             Value v = Value::new_dict();
-            for (auto it = j.begin(); it != j.end(); ++it) v.dict->items.emplace_back(it.key(), from_json(it.value()));
+            for (auto it = j.begin(); it != j.end(); ++it) v.dict->items.emplace_back(Value::string(it.key()), from_json(it.value()));
             return v;
         }
         default: return Value::none();
@@ -285,7 +295,7 @@ std::string to_str(const Value &v, bool repr) {
             std::string out = v.dict->is_namespace ? "<Namespace {" : "{";
             bool first = true;
             for (auto &kv : v.dict->items) {
-                out += (first ? "" : ", ") + py_repr_string(kv.first) + ": " + to_str(kv.second, true);
+                out += (first ? "" : ", ") + to_str(kv.first, true) + ": " + to_str(kv.second, true);
                 first = false;
             }
             return out + (v.dict->is_namespace ? "}>" : "}");
@@ -317,8 +327,6 @@ void json_string(std::string &out, const std::string &s) {
     }
     out += '"';
 }
-
-bool values_equal(const Value &a, const Value &b);
 
 bool values_equal(const Value &a, const Value &b) {
     if (a.is_number() && b.is_number()) {
@@ -1273,7 +1281,7 @@ std::vector<Value> Renderer::iterate(const Value &v, size_t at) {
         case Value::LIST: return *v.list;
         case Value::DICT: {
             std::vector<Value> keys;
-            for (auto &kv : v.dict->items) keys.push_back(Value::string(kv.first));
+            for (auto &kv : v.dict->items) keys.push_back(kv.first);
             return keys;
         }
         case Value::STRING: {
@@ -1301,9 +1309,7 @@ Value Renderer::getattr(const Value &obj, const std::string &name, size_t at) {
 Value Renderer::getitem(const Value &obj, const Value &key, size_t at) {
     if (obj.kind == Value::UNDEFINED) fail(at, obj.s.empty() ? "subscript of an undefined value" : obj.s);
     if (obj.kind == Value::DICT) {
-        if (key.kind == Value::STRING) {
-            if (const Value *v = obj.dict->find(key.s)) return *v;
-        }
+        if (const Value *v = obj.dict->find(key)) return *v;
         return Value::undefined("'dict object' has no attribute " + to_str(key, true));
     }
     if ((obj.kind == Value::LIST || obj.kind == Value::STRING) && (key.kind == Value::INT || key.kind == Value::BOOL)) {
@@ -1348,6 +1354,17 @@ int Renderer::compare(const Value &a, const Value &b, size_t at, bool case_sensi
     fail(at, std::string("'<' not supported between instances of '") + type_name(a) + "' and '" + type_name(b) + "'");
 }
 
+// json.dumps writes a dict's keys as strings: str as is, numbers, true / false and null spelled out.
+std::string json_key(const Value &k) {
+    switch (k.kind) {
+        case Value::STRING: return k.s;
+        case Value::BOOL: return k.b ? "true" : "false";
+        case Value::NONE: return "null";
+        case Value::FLOAT: return py_float(k.f);
+        default: return to_str(k);
+    }
+}
+
 std::string Renderer::tojson(const Value &v, const Value &indent, const std::string &item_sep,
                              const std::string &key_sep, bool sort_keys, int level, size_t at) {
     step(at);
@@ -1387,17 +1404,17 @@ std::string Renderer::tojson(const Value &v, const Value &indent, const std::str
         }
         case Value::DICT: {
             if (v.dict->items.empty()) return "{}";
-            std::vector<const std::pair<std::string, Value> *> items;
+            std::vector<const std::pair<Value, Value> *> items;
             for (auto &kv : v.dict->items) items.push_back(&kv);
             if (sort_keys)
-                std::stable_sort(items.begin(), items.end(), [](auto *a, auto *b) { return a->first < b->first; });
+                std::stable_sort(items.begin(), items.end(), [&](auto *a, auto *b) { return json_key(a->first) < json_key(b->first); });
             std::string s = "{";
             bool first = true;
             for (auto *kv : items) {
                 if (!first) s += item_sep;
                 first = false;
                 if (has_indent) s += newline(level + 1);
-                json_string(s, kv->first);
+                json_string(s, json_key(kv->first));
                 s += key_sep;
                 s += tojson(kv->second, indent, item_sep, key_sep, sort_keys, level + 1, at);
                 check_size(at, s.size());
@@ -1450,6 +1467,21 @@ Value slice(Renderer &r, const Value &obj, const Value &start, const Value &stop
     return obj.kind == Value::LIST ? out : Value::string(s);
 }
 
+std::string html_escape(const std::string &s) {
+    std::string out;
+    for (char c : s) {
+        switch (c) {
+            case '&': out += "&amp;"; break;
+            case '<': out += "&lt;"; break;
+            case '>': out += "&gt;"; break;
+            case '"': out += "&#34;"; break;
+            case '\'': out += "&#39;"; break;
+            default: out += c;
+        }
+    }
+    return out;
+}
+
 Value arithmetic(Renderer &r, const std::string &op, const Value &a, const Value &b, size_t at) {
     auto bad = [&]() -> Value {
         r.fail(at, "unsupported operand type(s) for " + op + ": '" + type_name(a) + "' and '" + type_name(b) + "'");
@@ -1461,7 +1493,12 @@ Value arithmetic(Renderer &r, const std::string &op, const Value &a, const Value
     if (op == "+") {
         if (a.kind == Value::STRING && b.kind == Value::STRING) {
             r.check_size(at, a.s.size() + b.s.size());
-            return Value::string(a.s + b.s);
+            if (!a.safe && !b.safe) return Value::string(a.s + b.s);
+            // Markup + str escapes the str (markupsafe), and the sum is Markup
+            Value m = Value::string((a.safe ? a.s : html_escape(a.s)) + (b.safe ? b.s : html_escape(b.s)));
+            r.check_size(at, m.s.size());
+            m.safe = true;
+            return m;
         }
         if (a.kind == Value::LIST && b.kind == Value::LIST) {
             r.step(at, b.list->size());
@@ -1527,7 +1564,7 @@ bool contains(Renderer &r, const Value &container, const Value &item, size_t at)
             for (auto &v : *container.list)
                 if (values_equal(v, item)) return true;
             return false;
-        case Value::DICT: return item.kind == Value::STRING && container.dict->find(item.s) != nullptr;
+        case Value::DICT: return container.dict->find(item) != nullptr;
         case Value::UNDEFINED: return false;
         default: r.fail(at, std::string("argument of type '") + type_name(container) + "' is not iterable");
     }
@@ -1547,8 +1584,9 @@ Value Renderer::eval(const Expr &e) {
             Value d = Value::new_dict();
             for (size_t k = 0; k + 1 < e.args.size(); k += 2) {
                 Value key = eval(*e.args[k]);
-                if (key.kind != Value::STRING) fail(e.args[k]->at, "dictionary keys must be strings here");
-                d.dict->set(key.s, eval(*e.args[k + 1]));
+                if (key.kind == Value::LIST || key.kind == Value::DICT || key.kind == Value::UNDEFINED)
+                    fail(e.args[k]->at, std::string("unhashable type: '") + type_name(key) + "'");
+                d.dict->set(key, eval(*e.args[k + 1]));
             }
             return d;
         }
@@ -1641,18 +1679,18 @@ Value loop_value(const std::vector<Value> &items, size_t k, const Value &cycle) 
     int64_t n = int64_t(items.size()), i = int64_t(k);
     auto &d = *l.dict;
     d.items.reserve(12);
-    d.items.emplace_back("index", Value::integer(i + 1));
-    d.items.emplace_back("index0", Value::integer(i));
-    d.items.emplace_back("revindex", Value::integer(n - i));
-    d.items.emplace_back("revindex0", Value::integer(n - i - 1));
-    d.items.emplace_back("first", Value::boolean(i == 0));
-    d.items.emplace_back("last", Value::boolean(i == n - 1));
-    d.items.emplace_back("length", Value::integer(n));
-    d.items.emplace_back("depth", Value::integer(1));
-    d.items.emplace_back("depth0", Value::integer(0));
-    d.items.emplace_back("previtem", k > 0 ? items[k - 1] : Value::undefined("there is no previous item"));
-    d.items.emplace_back("nextitem", k + 1 < items.size() ? items[k + 1] : Value::undefined("there is no next item"));
-    d.items.emplace_back("cycle", cycle);
+    d.add("index", Value::integer(i + 1));
+    d.add("index0", Value::integer(i));
+    d.add("revindex", Value::integer(n - i));
+    d.add("revindex0", Value::integer(n - i - 1));
+    d.add("first", Value::boolean(i == 0));
+    d.add("last", Value::boolean(i == n - 1));
+    d.add("length", Value::integer(n));
+    d.add("depth", Value::integer(1));
+    d.add("depth0", Value::integer(0));
+    d.add("previtem", k > 0 ? items[k - 1] : Value::undefined("there is no previous item"));
+    d.add("nextitem", k + 1 < items.size() ? items[k + 1] : Value::undefined("there is no next item"));
+    d.add("cycle", cycle);
     return l;
 }
 
@@ -2043,17 +2081,17 @@ Value Renderer::call_method(const Value &obj, const std::string &name, Args &a, 
     } else if (obj.kind == Value::DICT && !obj.dict->is_namespace) {
         if (name == "items") {
             Value out = Value::new_list();
-            for (auto &kv : obj.dict->items) out.list->push_back(Value::pair(Value::string(kv.first), kv.second));
+            for (auto &kv : obj.dict->items) out.list->push_back(Value::pair(kv.first, kv.second));
             return out;
         }
         if (name == "keys" || name == "values") {
             Value out = Value::new_list();
-            for (auto &kv : obj.dict->items) out.list->push_back(name == "keys" ? Value::string(kv.first) : kv.second);
+            for (auto &kv : obj.dict->items) out.list->push_back(name == "keys" ? kv.first : kv.second);
             return out;
         }
         if (name == "get") {
             Value k = a.get(0, "key");
-            const Value *v = k.kind == Value::STRING ? obj.dict->find(k.s) : nullptr;
+            const Value *v = obj.dict->find(k);
             if (v) return *v;
             Value d = a.get(1, "default");
             return d.kind == Value::UNDEFINED ? Value::none() : d;
@@ -2115,21 +2153,11 @@ Value Renderer::apply_filter(const std::string &name, Value v, Args &a, size_t a
     a.at = at;
     auto str_of = [&](const Value &x) { return to_str(x); };
     if (name == "safe" || name == "string" || name == "e" || name == "escape" || name == "forceescape") {
-        if (name == "safe") return v;
-        std::string s = str_of(v);
-        if (name == "string") return v.kind == Value::STRING ? v : Value::string(s);
-        std::string out;
-        for (char c : s) {
-            switch (c) {
-                case '&': out += "&amp;"; break;
-                case '<': out += "&lt;"; break;
-                case '>': out += "&gt;"; break;
-                case '"': out += "&#34;"; break;
-                case '\'': out += "&#39;"; break;
-                default: out += c;
-            }
-        }
-        return Value::string(out);
+        if (name == "string") return v.kind == Value::STRING ? v : Value::string(str_of(v));
+        if (v.kind == Value::STRING && v.safe && name != "forceescape") return v;
+        Value m = Value::string(name == "safe" ? str_of(v) : html_escape(str_of(v)));
+        m.safe = true;
+        return m;
     }
     if (name == "tojson") {
         Value indent = a.get(0, "indent");
@@ -2225,6 +2253,9 @@ Value Renderer::apply_filter(const std::string &name, Value v, Args &a, size_t a
         std::reverse(items.begin(), items.end());
         return Value::new_list(items);
     }
+    if ((name == "map" || name == "select" || name == "reject" || name == "selectattr" || name == "rejectattr") &&
+        !truthy(v))
+        return Value::new_list();  // jinja2 iterates only `if seq`
     if (name == "map") {
         Value out = Value::new_list();
         Value attr;
@@ -2296,7 +2327,7 @@ Value Renderer::apply_filter(const std::string &name, Value v, Args &a, size_t a
         std::string by = str_of(a.get(1, "by", Value::string("key")));
         bool reverse = truthy(a.get(2, "reverse"));
         std::vector<Value> pairs;
-        for (auto &kv : v.dict->items) pairs.push_back(Value::pair(Value::string(kv.first), kv.second));
+        for (auto &kv : v.dict->items) pairs.push_back(Value::pair(kv.first, kv.second));
         return sorted_list(*this, pairs, Value::integer(by == "value" ? 1 : 0), reverse, cs, at);
     }
     if (name == "batch") {
