@@ -57,6 +57,14 @@ def chat_template_seeds():
         for flags in (1, 0 | 2 << 1, 1 | 8):
             write("chat_template", f"{name}-{flags}", bytes([flags]) + "\0".join([text] + convo).encode())
     write("chat_template", "own-template", bytes([1]) + "\0".join([""] + convo[2:4]).encode())
+    # the Jinja engine's constructs (tests/test_jinja.py) and hostile templates that end at a limit
+    from test_jinja import CASES
+    for i, text in enumerate(CASES):
+        write("chat_template", f"jinja-{i}", bytes([1]) + "\0".join([text] + convo).encode())
+    hostile = ["{% macro f() %}{{ f() }}{% endmacro %}{{ f() }}", "{{" + "(" * 300 + "1" + ")" * 300 + "}}",
+               "{% set s = 'x' * 4000000 %}{% for i in range(10) %}{{ s }}{% endfor %}", "{% if %}", "{{ 'a' ~ }}"]
+    for i, text in enumerate(hostile):
+        write("chat_template", f"jinja-hostile-{i}", bytes([1]) + "\0".join([text] + convo).encode())
 
 
 def server_request_seeds():
