@@ -299,7 +299,7 @@ FASTLLM_API fastllm_status fastllm_chat_apply_template_json(const fastllm_model 
 /* Renders any Jinja template tmpl, with no model: the variables are the members of variables_json
  * (a JSON object; nothing is added, not even bos_token). The same engine and environment as the
  * chat templates (trim_blocks, lstrip_blocks, tojson, raise_exception, strftime_now, loop
- * controls), bounded: a template that runs past 20 million steps, nests macro calls deeper than
+ * controls), bounded: a template that runs past 5 million steps, nests macro calls deeper than
  * 100 or writes more than 32 MiB fails with FASTLLM_ERR_INVALID_ARGUMENT. Output as
  * fastllm_detokenize. Safe from any thread. */
 FASTLLM_API fastllm_status fastllm_template_render(const char *tmpl, const char *variables_json, char *out_text,

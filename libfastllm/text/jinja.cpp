@@ -1674,24 +1674,32 @@ Value Renderer::eval(const Expr &e) {
     return Value();
 }
 
-Value loop_value(const std::vector<Value> &items, size_t k, const Value &cycle) {
+// The `loop` object: one dict per loop whose fields are updated in place at each iteration (a
+// fresh dict per iteration made a loop step 3x slower).
+Value loop_value(const std::vector<Value> &items, const Value &cycle) {
     Value l = Value::new_dict();
-    int64_t n = int64_t(items.size()), i = int64_t(k);
     auto &d = *l.dict;
-    d.items.reserve(12);
-    d.add("index", Value::integer(i + 1));
-    d.add("index0", Value::integer(i));
-    d.add("revindex", Value::integer(n - i));
-    d.add("revindex0", Value::integer(n - i - 1));
-    d.add("first", Value::boolean(i == 0));
-    d.add("last", Value::boolean(i == n - 1));
-    d.add("length", Value::integer(n));
-    d.add("depth", Value::integer(1));
-    d.add("depth0", Value::integer(0));
-    d.add("previtem", k > 0 ? items[k - 1] : Value::undefined("there is no previous item"));
-    d.add("nextitem", k + 1 < items.size() ? items[k + 1] : Value::undefined("there is no next item"));
+    for (const char *k : {"index", "index0", "revindex", "revindex0", "first", "last", "length", "depth", "depth0",
+                          "previtem", "nextitem"})
+        d.add(k, Value());
+    d.items[6].second = Value::integer(int64_t(items.size()));
+    d.items[7].second = Value::integer(1);
+    d.items[8].second = Value::integer(0);
     d.add("cycle", cycle);
     return l;
+}
+
+void loop_step(Value &l, const std::vector<Value> &items, size_t k) {
+    auto &it = l.dict->items;
+    int64_t n = int64_t(items.size()), i = int64_t(k);
+    it[0].second = Value::integer(i + 1);
+    it[1].second = Value::integer(i);
+    it[2].second = Value::integer(n - i);
+    it[3].second = Value::integer(n - i - 1);
+    it[4].second = Value::boolean(i == 0);
+    it[5].second = Value::boolean(i == n - 1);
+    it[9].second = k > 0 ? items[k - 1] : Value::undefined("there is no previous item");
+    it[10].second = k + 1 < items.size() ? items[k + 1] : Value::undefined("there is no next item");
 }
 
 void assign_targets(Renderer &r, const Stmt &s, std::unordered_map<std::string, Value> &frame, const Value &item) {
@@ -1750,16 +1758,20 @@ Renderer::Flow Renderer::exec(const Body &body) {
                     if (a.pos.empty()) r.fail(a.at, "loop.cycle needs at least one item");
                     return a.pos[*index % a.pos.size()];
                 });
+                Value loop = loop_value(items, cycle);
+                frames_.emplace_back();  // the iteration's scope, emptied at each one
+                struct Pop {
+                    Renderer &r;
+                    ~Pop() { r.frames_.pop_back(); }
+                } pop{*this};
                 for (size_t k = 0; k < items.size(); k++) {
                     step(s.at);
                     *index = k;
-                    frames_.emplace_back();
-                    struct Pop {
-                        Renderer &r;
-                        ~Pop() { r.frames_.pop_back(); }
-                    } pop{*this};
-                    frames_.back()["loop"] = loop_value(items, k, cycle);
-                    assign_targets(*this, s, frames_.back(), items[k]);
+                    auto &frame = frames_.back();
+                    frame.clear();
+                    loop_step(loop, items, k);
+                    frame["loop"] = loop;
+                    assign_targets(*this, s, frame, items[k]);
                     Flow f = exec(s.bodies[0]);
                     if (f == BREAK) break;
                 }

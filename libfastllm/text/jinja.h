@@ -25,7 +25,7 @@ namespace jinja {
 
 struct Limits {
     size_t max_output = size_t(32) << 20;  // bytes of output, and of any one string built
-    uint64_t max_steps = 20'000'000;      // loop iterations, macro calls and items made by range()
+    uint64_t max_steps = 5'000'000;        // loop iterations, macro calls and items made by range()
     int max_depth = 100;                  // nested macro calls, and of the parser: nested expressions and blocks
 };
 
