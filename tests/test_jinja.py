@@ -51,7 +51,7 @@ CASES = [
     "trailing newline of the template is dropped\n",
     "windows\r\nline\r\nbreaks\r\n{{ 'x' }}",
     # numbers and operators
-    "{{ 7 // 2 }} {{ -7 // 2 }} {{ 7 % 3 }} {{ -7 % 3 }} {{ 7 / 2 }} {{ 2 ** 10 }} {{ 1 + 2 * 3 - 4 }} {{ (1 + 2) * 3 }}",
+    "{{ 3 ** 4 }} {{ (-2) ** 5 }} {{ 1 ** 99999 }} {{ 0 ** 0 }} {{ 7 // 2 }} {{ -7 // 2 }} {{ 7 % 3 }} {{ -7 % 3 }} {{ 7 / 2 }} {{ 2 ** 10 }} {{ 1 + 2 * 3 - 4 }} {{ (1 + 2) * 3 }}",
     "{{ f * 2 }} {{ n + f }} {{ 0.1 + 0.2 }} {{ big }} {{ small }} {{ 1e3 }} {{ neg }} {{ -neg }} {{ 10 / 4 }} {{ 3.0 // 2 }}",
     "{{ 'ab' ~ 1 ~ none ~ t }} {{ 'a' + 'b' }} {{ 'ab' * 3 }} {{ [1] + [2, 3] }}",
     "{{ 1 < 2 }} {{ 'a' < 'b' }} {{ 1 == 1.0 }} {{ 1 != 2 }} {{ 'x' in 'xyz' }} {{ 2 in items }} {{ 'z' in d }} {{ 5 not in items }}",
@@ -182,6 +182,9 @@ HOSTILE = [
     ("{{ 'x' * 100000000000 }}", "bytes"),
     ("{% set ns = namespace(s='ab') %}{% for i in range(60) %}{% set ns.s = ns.s ~ ns.s %}{% endfor %}", "bytes"),
     ("{{ range(100000000)|length }}", "steps"),
+    ("{{ 1 ** 1000000000000000 }}{{ 'x'|center(1000000000000) }}", "bytes"),
+    ("{{ 'a\nb'|indent(1000000000000) }}", "bytes"),
+    ("{{ [1]|tojson(indent=1000000000000) }}", "bytes"),
 ]
 
 

@@ -1203,6 +1203,11 @@ public:
         if (steps_ > lim_.max_steps)
             fail(at, "the template ran past " + std::to_string(lim_.max_steps) + " steps (a loop without end?)");
     }
+    // A width (indent, center) as a size, refused past the output limit.
+    size_t width(int64_t w, size_t at) const {
+        if (w > 0 && uint64_t(w) > lim_.max_output) check_size(at, SIZE_MAX);
+        return size_t(std::max<int64_t>(0, w));
+    }
     void check_size(size_t at, size_t n) const {
         if (n > lim_.max_output)
             fail(at, "the output would pass " + std::to_string(lim_.max_output) + " bytes");
@@ -1371,7 +1376,7 @@ std::string Renderer::tojson(const Value &v, const Value &indent, const std::str
     if (level > 512) fail(at, "tojson: nested too deeply");
     std::string ind;
     bool has_indent = indent.kind != Value::UNDEFINED && indent.kind != Value::NONE;
-    if (has_indent) ind = indent.kind == Value::STRING ? indent.s : std::string(size_t(std::max<int64_t>(0, indent.as_int())), ' ');
+    if (has_indent) ind = indent.kind == Value::STRING ? indent.s : std::string(width(indent.as_int(), at), ' ');
     auto newline = [&](int l) {
         std::string s = "\n";
         for (int k = 0; k < l; k++) s += ind;
@@ -1530,10 +1535,12 @@ Value arithmetic(Renderer &r, const std::string &op, const Value &a, const Value
             if (m != 0 && ((m < 0) != (y < 0))) { q--; m += y; }
             return Value::integer(op == "//" ? q : m);
         }
-        if (op == "**" && y >= 0) {
-            int64_t p = 1;
-            for (int64_t k = 0; k < y; k++)
-                if (__builtin_mul_overflow(p, x, &p)) r.fail(at, "integer overflow");
+        if (op == "**" && y >= 0) {  // by squaring: 1 ** 10**15 must not loop 10**15 times
+            int64_t p = 1, b = x;
+            for (int64_t e = y; e > 0; e >>= 1) {
+                if ((e & 1) && __builtin_mul_overflow(p, b, &p)) r.fail(at, "integer overflow");
+                if (e > 1 && __builtin_mul_overflow(b, b, &b)) r.fail(at, "integer overflow");
+            }
             return Value::integer(p);
         }
     }
@@ -2364,7 +2371,7 @@ Value Renderer::apply_filter(const std::string &name, Value v, Args &a, size_t a
     if (name == "indent") {
         Value w = a.get(0, "width", Value::integer(4));
         bool first = truthy(a.get(1, "first")), blank = truthy(a.get(2, "blank"));
-        std::string ind = w.kind == Value::STRING ? w.s : std::string(size_t(std::max<int64_t>(0, w.as_int())), ' ');
+        std::string ind = w.kind == Value::STRING ? w.s : std::string(width(w.as_int(), at), ' ');
         std::string s = str_of(v) + "\n";
         std::vector<std::string> lines;
         size_t b = 0;
@@ -2449,11 +2456,11 @@ Value Renderer::apply_filter(const std::string &name, Value v, Args &a, size_t a
     }
     if (name == "attr") return getattr(v, str_of(a.get(0, "name")), at);
     if (name == "center") {
-        int64_t width = a.get(0, "width", Value::integer(80)).as_int();
+        int64_t w = int64_t(width(a.get(0, "width", Value::integer(80)).as_int(), at));
         std::string s = str_of(v);
         int64_t n = int64_t(py_len(s));
-        if (width <= n) return Value::string(s);
-        int64_t pad = width - n, left = pad / 2 + (pad & width & 1);
+        if (w <= n) return Value::string(s);
+        int64_t pad = w - n, left = pad / 2 + (pad & w & 1);
         return Value::string(std::string(size_t(left), ' ') + s + std::string(size_t(pad - left), ' '));
     }
     fail(at, "no filter named '" + name + "'");
