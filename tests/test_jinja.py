@@ -185,6 +185,9 @@ HOSTILE = [
     ("{{ 1 ** 1000000000000000 }}{{ 'x'|center(1000000000000) }}", "bytes"),
     ("{{ 'a\nb'|indent(1000000000000) }}", "bytes"),
     ("{{ [1]|tojson(indent=1000000000000) }}", "bytes"),
+    # a 30 MB string copied again and again: the copies' bytes count as steps
+    ("{% set ns = namespace(s='x' * 30000000) %}{% for i in range(1000000) %}{% set ns.t = ns.s ~ 'y' %}{% endfor %}",
+     "steps"),
 ]
 
 

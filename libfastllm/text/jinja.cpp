@@ -1203,6 +1203,9 @@ public:
         if (steps_ > lim_.max_steps)
             fail(at, "the template ran past " + std::to_string(lim_.max_steps) + " steps (a loop without end?)");
     }
+    // A string of n bytes made by copying costs a step per 256 bytes, so that copying a large string
+    // over and over ends at the step limit too.
+    void charge(size_t at, size_t n) { step(at, n >> 8); }
     // A width (indent, center) as a size, refused past the output limit.
     size_t width(int64_t w, size_t at) const {
         if (w > 0 && uint64_t(w) > lim_.max_output) check_size(at, SIZE_MAX);
@@ -1259,6 +1262,7 @@ public:
     }
     void write(const std::string &s, size_t at) {
         check_size(at, out_->size() + s.size());
+        charge(at, s.size());
         out_->append(s);
     }
 
@@ -1498,6 +1502,7 @@ Value arithmetic(Renderer &r, const std::string &op, const Value &a, const Value
     if (op == "+") {
         if (a.kind == Value::STRING && b.kind == Value::STRING) {
             r.check_size(at, a.s.size() + b.s.size());
+            r.charge(at, a.s.size() + b.s.size());
             if (!a.safe && !b.safe) return Value::string(a.s + b.s);
             // Markup + str escapes the str (markupsafe), and the sum is Markup
             Value m = Value::string((a.safe ? a.s : html_escape(a.s)) + (b.safe ? b.s : html_escape(b.s)));
@@ -1518,6 +1523,7 @@ Value arithmetic(Renderer &r, const std::string &op, const Value &a, const Value
         int64_t n = (a.kind == Value::STRING ? b : a).as_int();
         if (n <= 0) return Value::string("");
         if (uint64_t(n) > r.lim_.max_output || s.s.size() * uint64_t(n) > r.lim_.max_output) r.check_size(at, SIZE_MAX);
+        r.charge(at, s.s.size() * size_t(n));
         std::string out;
         for (int64_t k = 0; k < n; k++) out += s.s;
         return Value::string(out);
@@ -1657,6 +1663,7 @@ Value Renderer::eval(const Expr &e) {
             if (e.name == "~") {
                 std::string s = to_str(a), t = to_str(b);
                 check_size(e.at, s.size() + t.size());
+                charge(e.at, s.size() + t.size());
                 return Value::string(s + t);
             }
             return arithmetic(*this, e.name, a, b, e.at);
