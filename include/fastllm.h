@@ -296,6 +296,34 @@ FASTLLM_API fastllm_status fastllm_chat_apply_template_json(const fastllm_model 
                                                             const char *variables_json, char *out_text,
                                                             size_t out_capacity, size_t *out_len);
 
+/* Tool calls. The format a model writes its calls in is the one its chat template teaches (tmpl,
+ * or the model's own when NULL; model may be NULL when tmpl is given): "hermes"
+ * (<tool_call>{"name": ..., "arguments": {...}}</tool_call>: Qwen2.5 / Qwen3, Hermes, SmolLM3...),
+ * "mistral" ([TOOL_CALLS]), "llama3" ({"name": ..., "parameters": {...}}, <|python_tag|>),
+ * "functools" (Phi-4-mini, FireFunction), "glm4" (name\n{...}), "glm4.5" (<arg_key> /
+ * <arg_value>), else "generic" (a JSON object {"name": ..., "arguments": ...} or
+ * {"tool_calls": [...]}). docs/templates.md#tool-calls.
+ *
+ * fastllm_chat_parse_tool_calls: the calls in reply (the generated text), as JSON:
+ * {"format": "hermes", "content": "text outside the calls", "tool_calls": [{"name": ...,
+ * "arguments": "<compact JSON object>"}]}. tools_json: OpenAI's tool list (NULL: any name); a
+ * call to a function not in it, or one that does not parse, leaves the whole reply as content
+ * with no calls (never an error). Output as fastllm_detokenize. */
+FASTLLM_API fastllm_status fastllm_chat_parse_tool_calls(const fastllm_model *model, const char *tmpl,
+                                                         const char *reply, const char *tools_json, char *out_json,
+                                                         size_t out_capacity, size_t *out_len);
+
+/* A GBNF grammar (fastllm_sampling_params.grammar) whose matches are replies made of a tool call
+ * in the template's format, to one of tools_json's functions (tool_name NULL: OpenAI's
+ * tool_choice "required") or to the function tool_name (a named tool_choice), its arguments
+ * matching the function's parameters schema; parallel = 1 allows one or more calls.
+ * FASTLLM_ERR_UNSUPPORTED for the formats without a grammar (glm4, glm4.5) or a schema keyword the
+ * JSON-schema converter lacks; FASTLLM_ERR_INVALID_ARGUMENT for malformed tools or an unknown
+ * tool_name. Output as fastllm_detokenize. */
+FASTLLM_API fastllm_status fastllm_chat_tool_grammar(const fastllm_model *model, const char *tmpl,
+                                                     const char *tools_json, const char *tool_name, int parallel,
+                                                     char *out_grammar, size_t out_capacity, size_t *out_len);
+
 /* Renders any Jinja template tmpl, with no model: the variables are the members of variables_json
  * (a JSON object; nothing is added, not even bos_token). The same engine and environment as the
  * chat templates (trim_blocks, lstrip_blocks, tojson, raise_exception, strftime_now, loop

@@ -58,7 +58,56 @@ std::vector<int32_t> Engine::tokenize(std::string_view text, int add_bos) const 
     return ids;
 }
 
-std::string Engine::grammar_of(const GenerationRequest &r) {
+namespace {
+
+// Calls f(buf, capacity, &n) with a buffer that grows until the text fits.
+template <typename F>
+fastllm_status text_call(std::string &out, size_t capacity, F f) {
+    out.assign(capacity, '\0');
+    size_t n = 0;
+    fastllm_status s = f(out.data(), out.size(), &n);
+    if (s == FASTLLM_ERR_BUFFER_TOO_SMALL) {
+        out.assign(n + 1, '\0');
+        s = f(out.data(), out.size(), &n);
+    }
+    out.resize(s == FASTLLM_OK ? n : 0);
+    return s;
+}
+
+}  // namespace
+
+json Engine::parse_tool_calls(const std::string &reply, const json &tools) const {
+    const std::string tools_text = tools.dump();
+    std::string out;
+    fastllm_status s = text_call(out, 2 * reply.size() + 1024, [&](char *b, size_t c, size_t *n) {
+        return fastllm_chat_parse_tool_calls(model_, nullptr, reply.c_str(), tools_text.c_str(), b, c, n);
+    });
+    if (s != FASTLLM_OK) throw library_error(s, "tool calls");
+    return json::parse(out);
+}
+
+std::string Engine::grammar_of(const GenerationRequest &r) const {
+    const bool tool_grammar = !r.tools.empty() && r.tool_choice != "auto" && r.tool_choice != "none";
+    if (tool_grammar && (!r.grammar.empty() || !r.json_schema.empty()))
+        throw bad_request("tool_choice '" + r.tool_choice + "' constrains the reply; it cannot be combined with a "
+                          "grammar or a JSON response_format", "tool_choice", "invalid_value");
+    if (tool_grammar) {
+        if (!has_chat_template())
+            throw bad_request("this model has no chat template, so it has no tool-call format", "tool_choice",
+                              "no_chat_template");
+        const std::string tools_text = r.tools.dump();
+        std::string grammar;
+        fastllm_status s = text_call(grammar, 8 * tools_text.size() + 4096, [&](char *b, size_t c, size_t *n) {
+            return fastllm_chat_tool_grammar(model_, nullptr, tools_text.c_str(),
+                                             r.tool_choice == "required" ? nullptr : r.tool_choice.c_str(),
+                                             r.parallel_tool_calls ? 1 : 0, b, c, n);
+        });
+        if (s == FASTLLM_ERR_UNSUPPORTED || s == FASTLLM_ERR_INVALID_ARGUMENT)
+            throw bad_request(std::string("tool_choice: ") + fastllm_last_error(), "tool_choice",
+                              s == FASTLLM_ERR_UNSUPPORTED ? "unsupported_tool_choice" : "invalid_value");
+        if (s != FASTLLM_OK) throw library_error(s, "tool_choice");
+        return grammar;
+    }
     std::string grammar = r.grammar;
     if (!r.json_schema.empty()) {
         size_t n = 0;
@@ -101,31 +150,23 @@ std::string Engine::detokenize(const std::vector<int32_t> &tokens) const {
     return out;
 }
 
-std::string Engine::apply_chat_template(const std::vector<ChatMessage> &messages) const {
+std::string Engine::apply_chat_template(const GenerationRequest &r) const {
     if (!has_chat_template())
         throw bad_request("this model has no chat template, so /v1/chat/completions cannot format a conversation "
                           "for it; use /v1/completions with a plain prompt",
                           "messages", "no_chat_template");
-    std::vector<fastllm_chat_message> msgs;
-    size_t capacity = 1024;
-    for (const auto &m : messages) {
-        msgs.push_back({m.role.c_str(), m.content.c_str()});
-        capacity += m.role.size() + m.content.size() + 64;
-    }
-    std::string out(capacity, '\0');
-    size_t n = 0;
-    fastllm_status s =
-        fastllm_chat_apply_template(model_, nullptr, msgs.data(), msgs.size(), 1, out.data(), out.size(), &n);
-    if (s == FASTLLM_ERR_BUFFER_TOO_SMALL) {
-        out.resize(n + 1);
-        s = fastllm_chat_apply_template(model_, nullptr, msgs.data(), msgs.size(), 1, out.data(), out.size(), &n);
-    }
+    json vars = {{"messages", r.messages}, {"add_generation_prompt", true}};
+    if (!r.tools.empty()) vars["tools"] = r.tools;
+    const std::string text = vars.dump();
+    std::string out;
+    fastllm_status s = text_call(out, 2 * text.size() + 4096, [&](char *b, size_t c, size_t *n) {
+        return fastllm_chat_apply_template_json(model_, nullptr, text.c_str(), b, c, n);
+    });
     if (s != FASTLLM_OK) {
         ApiError e = library_error(s, "chat template");
         e.param = "messages";
         throw e;
     }
-    out.resize(n);
     return out;
 }
 

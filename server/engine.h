@@ -32,11 +32,15 @@ public:
     std::string detokenize(const std::vector<int32_t> &tokens) const;
     // Throws 400 when a token id lies outside the vocabulary (param names the field).
     void check_tokens(const std::vector<int32_t> &tokens, const std::string &param) const;
-    // The conversation rendered with the model's own chat template, ending with the assistant's turn.
-    std::string apply_chat_template(const std::vector<ChatMessage> &messages) const;
-    // The GBNF grammar a request asks for (its grammar, or its response_format's schema converted),
-    // "" for none. Throws 400 for a schema or grammar the library refuses, naming the field.
-    static std::string grammar_of(const GenerationRequest &r);
+    // The request's conversation (and tools) rendered with the model's own chat template, ending
+    // with the assistant's turn.
+    std::string apply_chat_template(const GenerationRequest &r) const;
+    // The GBNF grammar a request asks for (its grammar, its response_format's schema converted, or
+    // its tool_choice "required" / named: the calls' grammar in the template's format), "" for
+    // none. Throws 400 for a schema, grammar or tool_choice the library refuses, naming the field.
+    std::string grammar_of(const GenerationRequest &r) const;
+    // The tool calls in a reply: {"format", "content", "tool_calls": [{"name", "arguments"}]}.
+    json parse_tool_calls(const std::string &reply, const json &tools) const;
 
 private:
     Engine() = default;

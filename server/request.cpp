@@ -101,12 +101,60 @@ void reject_unsupported(const json &body, Endpoint endpoint) {
         if (const json *v = field(body, name); v && as_number(name, *v) != 0.0)
             throw unsupported(name, std::string(name) + " is not supported (use repetition_penalty)");
     }
-    for (const char *name : {"tools", "functions"}) {
-        if (const json *v = field(body, name)) {
-            if (!v->is_array()) throw wrong_type(name, "an array", *v);
-            if (!v->empty()) throw unsupported(name, std::string(name) + " (function calling) is not supported");
-        }
+    if (const json *v = field(body, "functions")) {  // the deprecated form of tools
+        if (!v->is_array()) throw wrong_type("functions", "an array", *v);
+        if (!v->empty()) throw unsupported("functions", "functions is not supported (use tools)");
     }
+}
+
+// tools, tool_choice, parallel_tool_calls (see GenerationRequest).
+void parse_tools(const json &body, GenerationRequest &r) {
+    if (const json *v = field(body, "tools")) {
+        if (!v->is_array()) throw wrong_type("tools", "an array", *v);
+        for (size_t i = 0; i < v->size(); i++) {
+            const json &t = (*v)[i];
+            const std::string name = "tools[" + std::to_string(i) + "]";
+            if (!t.is_object()) throw wrong_type(name, "an object", t);
+            const json *type = field(t, "type");
+            if (type && (!type->is_string() || *type != "function"))
+                throw bad_request("'" + name + ".type' must be 'function'", name + ".type", "invalid_value");
+            const json *fn = field(t, "function");
+            if (!fn || !fn->is_object()) throw bad_request("'" + name + ".function' is required", name + ".function",
+                                                           "missing_required_parameter");
+            const json *fname = field(*fn, "name");
+            if (!fname || !fname->is_string() || fname->get<std::string>().empty())
+                throw bad_request("'" + name + ".function.name' is required", name + ".function.name",
+                                  "missing_required_parameter");
+            if (const json *params = field(*fn, "parameters"); params && !params->is_object())
+                throw wrong_type(name + ".function.parameters", "a JSON Schema (an object)", *params);
+        }
+        r.tools = *v;
+    }
+    if (const json *v = field(body, "tool_choice")) {
+        if (v->is_string()) {
+            r.tool_choice = v->get<std::string>();
+            if (r.tool_choice != "auto" && r.tool_choice != "none" && r.tool_choice != "required")
+                throw bad_request("'tool_choice' must be 'auto', 'none', 'required' or {\"type\": \"function\", "
+                                  "\"function\": {\"name\": ...}}", "tool_choice", "invalid_value");
+        } else if (v->is_object()) {
+            const json *fn = field(*v, "function");
+            const json *fname = fn && fn->is_object() ? field(*fn, "name") : nullptr;
+            if (!fname || !fname->is_string())
+                throw bad_request("'tool_choice.function.name' is required", "tool_choice.function.name",
+                                  "missing_required_parameter");
+            r.tool_choice = fname->get<std::string>();
+            bool known = false;
+            for (const auto &t : r.tools) known = known || t["function"]["name"] == r.tool_choice;
+            if (!known)
+                throw bad_request("'tool_choice' names '" + r.tool_choice + "', which is not in tools", "tool_choice",
+                                  "invalid_value");
+        } else {
+            throw wrong_type("tool_choice", "a string or an object", *v);
+        }
+        if (r.tools.empty() && r.tool_choice != "none" && r.tool_choice != "auto")
+            throw bad_request("'tool_choice' needs tools", "tool_choice", "invalid_value");
+    }
+    if (const json *v = field(body, "parallel_tool_calls")) r.parallel_tool_calls = as_bool("parallel_tool_calls", *v);
 }
 
 // response_format and grammar (see GenerationRequest).
@@ -228,7 +276,7 @@ std::string message_content(size_t i, const json &m, const std::string &role) {
     const std::string name = "messages[" + std::to_string(i) + "].content";
     const json *content = field(m, "content");
     std::string text;
-    if (!content) {
+    if (!content || content->is_null()) {
         if (role != "assistant") throw bad_request("'" + name + "' is required", name, "missing_required_parameter");
     } else if (content->is_string()) {
         text = content->get<std::string>();
@@ -303,7 +351,9 @@ GenerationRequest parse_completion_request(const json &body) {
 GenerationRequest parse_chat_request(const json &body) {
     GenerationRequest r;
     r.endpoint = Endpoint::ChatCompletions;
+    r.messages = json::array();
     parse_common(body, r);
+    parse_tools(body, r);
     const json *msgs = field(body, "messages");
     if (!msgs) throw bad_request("'messages' is required", "messages", "missing_required_parameter");
     if (!msgs->is_array()) throw wrong_type("messages", "an array", *msgs);
@@ -316,10 +366,43 @@ GenerationRequest parse_chat_request(const json &body) {
         if (!role) throw bad_request("'" + name + ".role' is required", name + ".role", "missing_required_parameter");
         std::string rname = as_string(name + ".role", *role);
         if (rname == "developer") rname = "system";
-        if (rname != "system" && rname != "user" && rname != "assistant")
-            throw bad_request("'" + name + ".role' must be 'system', 'user' or 'assistant', not '" + rname + "'",
+        if (rname != "system" && rname != "user" && rname != "assistant" && rname != "tool")
+            throw bad_request("'" + name + ".role' must be 'system', 'user', 'assistant' or 'tool', not '" + rname + "'",
                               name + ".role", "invalid_value");
-        r.messages.push_back({rname, message_content(i, m, rname)});
+        json msg = {{"role", rname}, {"content", message_content(i, m, rname)}};
+        for (const char *k : {"name", "tool_call_id", "reasoning_content"})
+            if (const json *v = field(m, k)) msg[k] = as_string(name + "." + k, *v);
+        if (const json *calls = field(m, "tool_calls"); calls && !calls->is_null()) {
+            if (rname != "assistant" || !calls->is_array())
+                throw bad_request("'" + name + ".tool_calls' must be a list, on an assistant message", name + ".tool_calls",
+                                  "invalid_value");
+            json out = json::array();
+            for (size_t j = 0; j < calls->size(); j++) {
+                const json &c = (*calls)[j];
+                const std::string cname = name + ".tool_calls[" + std::to_string(j) + "]";
+                const json *fn = c.is_object() ? field(c, "function") : nullptr;
+                const json *fname = fn && fn->is_object() ? field(*fn, "name") : nullptr;
+                if (!fname || !fname->is_string())
+                    throw bad_request("'" + cname + ".function.name' is required", cname + ".function.name",
+                                      "missing_required_parameter");
+                json f = {{"name", *fname}};
+                // OpenAI sends arguments as JSON text; templates expect the object (transformers'
+                // convention), so text that parses is given as what it encodes
+                json args = json::object();
+                if (const json *a = field(*fn, "arguments")) {
+                    if (a->is_string()) {
+                        json parsed = json::parse(a->get<std::string>(), nullptr, false);
+                        args = parsed.is_discarded() ? *a : parsed;
+                    } else args = *a;
+                }
+                f["arguments"] = args;
+                json call = {{"type", "function"}, {"function", f}};
+                if (const json *id = field(c, "id")) call["id"] = as_string(cname + ".id", *id);
+                out.push_back(call);
+            }
+            msg["tool_calls"] = out;
+        }
+        r.messages.push_back(std::move(msg));
     }
     return r;
 }

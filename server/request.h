@@ -26,11 +26,6 @@ struct ApiError {
 
 ApiError bad_request(std::string message, std::string param = "", std::string code = "");
 
-struct ChatMessage {
-    std::string role;  // "system", "user" or "assistant" ("developer" is taken as "system")
-    std::string content;
-};
-
 enum class Endpoint { Completions, ChatCompletions };
 
 // A /v1/completions or /v1/chat/completions request, fields checked for type and range.
@@ -43,8 +38,13 @@ struct GenerationRequest {
     std::vector<int32_t> prompt_tokens;
     bool prompt_is_tokens = false;
 
-    // /v1/chat/completions
-    std::vector<ChatMessage> messages;
+    // /v1/chat/completions: the messages as the chat template reads them: role "system" ("developer"
+    // is taken as it), "user", "assistant" (content may be absent beside tool_calls, whose
+    // arguments are given to the template as objects) or "tool"; content as text (text parts joined).
+    json messages;
+    json tools = json::array();         // OpenAI's tools: [{"type": "function", "function": {...}}]
+    std::string tool_choice = "auto";   // "auto", "none", "required", or the function's name
+    bool parallel_tool_calls = true;
 
     std::optional<int64_t> max_tokens;  // >= 1 when given
     float temperature = 1.0f;           // OpenAI's defaults: plain sampling from the whole distribution

@@ -50,11 +50,33 @@ json timings_json(const JobTimings &t) {
                 {"total_ms", ms(t.total_ms)}};
 }
 
-json completion_body(const ResponseMeta &meta, const std::string &text, const JobResult &result) {
+json tool_calls_json(const json &calls, bool indexed) {
+    json out = json::array();
+    for (size_t i = 0; i < calls.size(); i++) {
+        json c = json::object();
+        if (indexed) c["index"] = i;
+        c["id"] = "call_" + random_hex(24);
+        c["type"] = "function";
+        c["function"] = {{"name", calls[i]["name"]}, {"arguments", calls[i]["arguments"]}};
+        out.push_back(std::move(c));
+    }
+    return out;
+}
+
+json tool_calls_chunk(const ResponseMeta &meta, const json &tool_calls) {
+    json chunk = stream_chunk(meta, "", false, {});
+    chunk["choices"][0]["delta"] = json{{"tool_calls", tool_calls}};
+    return chunk;
+}
+
+json completion_body(const ResponseMeta &meta, const std::string &text, const JobResult &result,
+                     const json &tool_calls) {
     json choice = choice_base();
-    choice["finish_reason"] = finish_reason_name(result.reason);
+    choice["finish_reason"] = tool_calls.empty() ? finish_reason_name(result.reason) : "tool_calls";
     const bool chat = meta.endpoint == Endpoint::ChatCompletions;
-    if (chat)
+    if (chat && !tool_calls.empty())
+        choice["message"] = json{{"role", "assistant"}, {"content", null_or(text)}, {"tool_calls", tool_calls}};
+    else if (chat)
         choice["message"] = json{{"role", "assistant"}, {"content", text}};
     else
         choice["text"] = text;

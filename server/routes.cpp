@@ -69,6 +69,11 @@ struct Stream {
     std::atomic<int> &open;
     std::shared_ptr<Job> job;
     ResponseMeta meta;
+    // With tools (tool_choice not "none"), the reply is held and sent at its end, as tool calls or
+    // as text: which one it is shows only when it is complete.
+    const Engine *engine = nullptr;
+    json tools;
+    std::string held;
     bool include_usage = false;
     bool started = false;
     bool finished = false;
@@ -86,14 +91,29 @@ bool stream_some(Stream &st, httplib::DataSink &sink) {
     }
     std::string text;
     const bool finished = st.job->wait(text, kStreamPoll);
+    if (st.engine) {
+        st.held += text;
+        text.clear();
+    }
     if (!text.empty() && !write(sink, sse_event(stream_chunk(st.meta, text, false, {})))) return false;
     if (!finished) return !text.empty() || sink.is_writable();
     st.finished = true;
     const JobResult r = st.job->result();
     bool ok;
     if (r.reason == FinishReason::Stop || r.reason == FinishReason::Length) {
-        ok = write(sink,
-                   sse_event(stream_chunk(st.meta, "", false, std::string(finish_reason_name(r.reason)), &r.timings)));
+        std::string finish = finish_reason_name(r.reason);
+        ok = true;
+        if (st.engine) {
+            json parsed = st.engine->parse_tool_calls(st.held, st.tools);
+            const json &calls = parsed["tool_calls"];
+            std::string content = calls.empty() ? st.held : parsed["content"].get<std::string>();
+            if (!content.empty()) ok = write(sink, sse_event(stream_chunk(st.meta, content, false, {})));
+            if (ok && !calls.empty()) {
+                ok = write(sink, sse_event(tool_calls_chunk(st.meta, tool_calls_json(calls, true))));
+                finish = "tool_calls";
+            }
+        }
+        if (ok) ok = write(sink, sse_event(stream_chunk(st.meta, "", false, finish, &r.timings)));
         if (ok && st.include_usage) ok = write(sink, sse_event(usage_chunk(st.meta, r)));
     } else {
         ApiError e = r.reason == FinishReason::Error
@@ -296,7 +316,7 @@ void Routes::detokenize(const httplib::Request &, httplib::Response &res, const 
 
 std::vector<int32_t> Routes::prompt_tokens(const GenerationRequest &r) const {
     if (r.endpoint == Endpoint::ChatCompletions)
-        return engine_.tokenize(engine_.apply_chat_template(r.messages), 0);  // templates carry BOS as text
+        return engine_.tokenize(engine_.apply_chat_template(r), 0);  // templates carry BOS as text
     if (r.prompt_is_tokens) {
         engine_.check_tokens(r.prompt_tokens, "prompt");
         return r.prompt_tokens;
@@ -315,7 +335,7 @@ void Routes::generate(httplib::Response &res, const std::string &text, Endpoint 
         e.param = "model";
         throw e;
     }
-    std::string grammar = Engine::grammar_of(r);  // a bad schema or grammar is answered before any work
+    std::string grammar = engine_.grammar_of(r);  // a bad schema or grammar is answered before any work
     const char *prompt_param = endpoint == Endpoint::Completions ? "prompt" : "messages";
     std::vector<int32_t> prompt = prompt_tokens(r);
     if (prompt.empty()) throw bad_request("the prompt is empty (it has no tokens)", prompt_param);
@@ -369,13 +389,25 @@ void Routes::generate(httplib::Response &res, const std::string &text, Endpoint 
         if (result.reason != FinishReason::Stop && result.reason != FinishReason::Length)
             throw make_error(503, "the server is shutting down; the generation was stopped", "server_error",
                              "shutting_down");
-        res.set_content(dump(completion_body(meta, text, result)), kJson);
+        json calls = json::array();
+        if (!r.tools.empty() && r.tool_choice != "none") {
+            json parsed = engine_.parse_tool_calls(text, r.tools);
+            if (!parsed["tool_calls"].empty()) {
+                calls = tool_calls_json(parsed["tool_calls"], false);
+                text = parsed["content"].get<std::string>();
+            }
+        }
+        res.set_content(dump(completion_body(meta, text, result, calls)), kJson);
         return;
     }
     auto st = std::make_shared<Stream>(open_streams_);
     st->job = job;
     st->meta = meta;
     st->include_usage = r.include_usage;
+    if (!r.tools.empty() && r.tool_choice != "none") {
+        st->engine = &engine_;
+        st->tools = r.tools;
+    }
     res.set_header("Cache-Control", "no-cache");
     res.set_header("X-Accel-Buffering", "no");
     Scheduler &scheduler = scheduler_;

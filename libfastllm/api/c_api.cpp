@@ -11,6 +11,7 @@
 #include <nlohmann/json.hpp>
 
 #include "text/chat_template.h"
+#include "text/tool_calls.h"
 #include "base/error.h"
 #include "fastllm.h"
 #include "backends/backends.h"
@@ -369,6 +370,59 @@ fastllm_status fastllm_chat_apply_template_json(const fastllm_model *model, cons
         nlohmann::ordered_json vars = parse_variables(variables_json);
         if (!vars.contains("add_generation_prompt")) vars["add_generation_prompt"] = true;
         s = copy_out(render_chat(model, tmpl, std::move(vars)), out_text, out_capacity, out_len, true);
+    });
+    return g ? g : s;
+}
+
+namespace {
+
+// The template the tool-call format comes from: tmpl, else the model's own.
+const std::string &template_for_tools(const fastllm_model *model, const char *tmpl, std::string &keep) {
+    if (tmpl) return keep = tmpl;
+    if (!model) fastllm::fail(FASTLLM_ERR_INVALID_ARGUMENT, "model and tmpl are both NULL");
+    if (!model->impl.has_chat_template()) fastllm::fail(FASTLLM_ERR_UNSUPPORTED, "the model has no chat template; pass one");
+    return model->impl.chat_template();
+}
+
+nlohmann::ordered_json parse_tools(const char *tools_json) {
+    if (!tools_json) return nlohmann::ordered_json::array();
+    nlohmann::ordered_json t = nlohmann::ordered_json::parse(tools_json, nullptr, false);
+    if (t.is_discarded() || !t.is_array()) fastllm::fail(FASTLLM_ERR_INVALID_ARGUMENT, "tools: expected a JSON list");
+    return t;
+}
+
+}  // namespace
+
+fastllm_status fastllm_chat_parse_tool_calls(const fastllm_model *model, const char *tmpl, const char *reply,
+                                             const char *tools_json, char *out_json, size_t out_capacity,
+                                             size_t *out_len) {
+    REQUIRE(reply, "reply");
+    REQUIRE(out_len, "out_len");
+    fastllm_status s = FASTLLM_OK;
+    fastllm_status g = guard([&] {
+        std::string keep;
+        const fastllm::ToolFormat &f = fastllm::tool_format_of(template_for_tools(model, tmpl, keep));
+        fastllm::ToolReply r = fastllm::parse_tool_calls(f, reply, parse_tools(tools_json));
+        nlohmann::ordered_json out = {{"format", fastllm::tool_format_name(f)}, {"content", r.content},
+                                      {"tool_calls", nlohmann::ordered_json::array()}};
+        for (const auto &c : r.calls) out["tool_calls"].push_back({{"name", c.name}, {"arguments", c.arguments}});
+        s = copy_out(out.dump(-1, ' ', false, nlohmann::ordered_json::error_handler_t::replace), out_json,
+                     out_capacity, out_len, true);
+    });
+    return g ? g : s;
+}
+
+fastllm_status fastllm_chat_tool_grammar(const fastllm_model *model, const char *tmpl, const char *tools_json,
+                                         const char *tool_name, int parallel, char *out_grammar, size_t out_capacity,
+                                         size_t *out_len) {
+    REQUIRE(tools_json, "tools_json");
+    REQUIRE(out_len, "out_len");
+    fastllm_status s = FASTLLM_OK;
+    fastllm_status g = guard([&] {
+        std::string keep;
+        const fastllm::ToolFormat &f = fastllm::tool_format_of(template_for_tools(model, tmpl, keep));
+        std::string grammar = fastllm::tool_call_grammar(f, parse_tools(tools_json), tool_name ? tool_name : "", parallel != 0);
+        s = copy_out(grammar, out_grammar, out_capacity, out_len, true);
     });
     return g ? g : s;
 }

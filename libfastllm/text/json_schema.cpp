@@ -171,13 +171,13 @@ std::string integer_range(int64_t lo, int64_t hi) {
 
 class Converter {
 public:
-    explicit Converter(const json &root) : root_(root) {
-        taken_.insert("root");
-        refs_[""] = "root";  // "$ref": "#"
+    Converter(const json &root, const std::string &root_name) : root_(root), root_name_(root_name) {
+        taken_.insert(root_name);
+        refs_[""] = root_name;  // "$ref": "#"
     }
 
     std::string run() {
-        std::string out = "root ::= " + body_of(root_, "", "root", 0) + "\n";
+        std::string out = root_name_ + " ::= " + body_of(root_, "", root_name_, 0) + "\n";
         for (const auto &[name, body] : rules_) out += name + " ::= " + body + "\n";
         return out;
     }
@@ -670,6 +670,7 @@ private:
     }
 
     const json &root_;
+    std::string root_name_;
     std::vector<std::pair<std::string, std::string>> rules_;  // name, body, in the order written
     std::unordered_map<std::string, std::string> by_body_;
     std::set<std::string> taken_, used_;
@@ -679,7 +680,9 @@ private:
 
 }  // namespace
 
-std::string json_schema_to_grammar(std::string_view text) {
+std::string json_schema_to_grammar(std::string_view text) { return json_schema_to_grammar(text, "root"); }
+
+std::string json_schema_to_grammar(std::string_view text, const std::string &root_name) {
     json schema;
     // Deeper JSON is refused while parsing: the walks over it (dump() of a const, the converter)
     // recurse, and a schema never needs that much.
@@ -694,12 +697,12 @@ std::string json_schema_to_grammar(std::string_view text) {
     }
     std::string grammar;
     try {
-        grammar = Converter(schema).run();
+        grammar = Converter(schema, root_name).run();
     } catch (const json::exception &e) {
         fail(FASTLLM_ERR_INVALID_ARGUMENT, "json_schema: %s", e.what());
     }
     try {
-        Grammar::parse(grammar);
+        Grammar::parse(root_name == "root" ? grammar : "root ::= " + root_name + "\n" + grammar);
     } catch (const Error &e) {  // e.g. a schema that refers to itself before anything else
         fail(FASTLLM_ERR_INVALID_ARGUMENT, "json_schema: the schema has no grammar the matcher can follow: %s", e.what());
     }

@@ -14,5 +14,8 @@ namespace fastllm {
 // FASTLLM_ERR_UNSUPPORTED for a keyword this converter does not implement ("json_schema:
 // unsupported keyword 'pattern' at /properties/name").
 std::string json_schema_to_grammar(std::string_view schema);
+// The same grammar with its top rule named root_name (and the rules it makes named after it), to
+// be used inside another grammar; "root" gives the above.
+std::string json_schema_to_grammar(std::string_view schema, const std::string &root_name);
 
 }  // namespace fastllm

@@ -286,9 +286,38 @@ class Model(_Handle):
         return _text_out(lambda buf, cap, n: lib.fastllm_chat_apply_template_json(self.handle, tmpl, text, buf, cap, n),
                          2 * len(text) + len(self.chat_template or "") + 1024)
 
+    def parse_tool_calls(self, reply: str, tools: Sequence[dict] | None = None, *, template: str | None = None) -> dict:
+        """The tool calls in a generated reply, in the format the chat template (the model's own, or
+        `template`) teaches: {"format": "hermes", "content": str, "tool_calls": [{"id", "type":
+        "function", "function": {"name", "arguments": JSON text}}]}. Calls that do not parse, or
+        name a function not in tools, leave the whole reply as content (never an error)."""
+        tools_text = json.dumps(list(tools), ensure_ascii=False).encode() if tools is not None else None
+        text, tmpl = reply.encode(), template.encode() if template is not None else None
+        out = json.loads(_text_out(lambda buf, cap, n: lib.fastllm_chat_parse_tool_calls(
+            self.handle, tmpl, text, tools_text, buf, cap, n), 2 * len(text) + 1024))
+        out["tool_calls"] = [{"id": f"call_{k}", "type": "function", "function": c} for k, c in enumerate(out["tool_calls"])]
+        return out
+
+    def tool_call_grammar(self, tools: Sequence[dict], tool_choice: str | dict = "required", *, parallel: bool = False,
+                          template: str | None = None) -> str:
+        """A GBNF grammar whose matches are tool calls in the template's format to tools ("required":
+        any of them; a name, or OpenAI's {"type": "function", "function": {"name": ...}}: that one),
+        their arguments matching the tools' parameter schemas."""
+        name = None
+        if isinstance(tool_choice, dict):
+            name = tool_choice["function"]["name"]
+        elif tool_choice != "required":
+            name = tool_choice
+        tools_text = json.dumps(list(tools), ensure_ascii=False).encode()
+        tmpl = template.encode() if template is not None else None
+        return _text_out(lambda buf, cap, n: lib.fastllm_chat_tool_grammar(
+            self.handle, tmpl, tools_text, name.encode() if name else None, int(parallel), buf, cap, n),
+            8 * len(tools_text) + 4096)
+
     def chat(self, messages: Sequence[dict], max_new_tokens: int = 256, *, stream: bool = False, **sampling):
         """The assistant's reply to messages, in a fresh context (str, or with stream=True an iterator
-        of str pieces). For a multi-turn conversation that keeps its KV cache, use Session.chat."""
+        of str pieces; with tools=, the assistant message as a dict, as Session.chat). For a
+        multi-turn conversation that keeps its KV cache, use Session.chat."""
         session = self.session()
         if not stream:
             with session:
@@ -484,18 +513,34 @@ class Session(_Handle):
         _check(lib.fastllm_session_truncate(self.handle, n_keep))
 
     def chat(self, message: str | dict | Sequence[dict], max_new_tokens: int = 256, *, stream: bool = False,
+             tools: Sequence[dict] | None = None, tool_choice: str | dict = "auto", parallel_tool_calls: bool = True,
              **sampling):
         """Multi-turn chat: adds message (a user message as str, a message dict, or a list of them) to
         this session's conversation and returns the assistant's reply (str, or an iterator of str
         pieces with stream=True), which joins the conversation.
 
         The whole conversation is rendered with the chat template, and only the tokens after the
-        part already in the KV cache are evaluated: earlier turns are not recomputed."""
+        part already in the KV cache are evaluated: earlier turns are not recomputed.
+
+        tools (OpenAI's list): the template shows them to the model, and the reply is returned as
+        the assistant message dict {"role": "assistant", "content": str or None, "tool_calls":
+        [...]} (tool_calls only when there are calls; add the results as {"role": "tool", ...}
+        messages). tool_choice: "auto" (the model decides), "none" (tools shown, calls not
+        parsed), "required" or a function's name / OpenAI's {"type": "function", "function":
+        {"name": ...}}: sampling is constrained to calls whose arguments match the schema
+        (parallel_tool_calls: one or more)."""
         if isinstance(message, str):
             message = {"role": "user", "content": message}
         new = [message] if isinstance(message, dict) else list(message)
         messages = self.messages + [dict(m) for m in new]
-        prompt = self.model.apply_chat_template(messages, add_generation_prompt=True)
+        if tools is not None:
+            if stream:
+                raise ValueError("chat(stream=True) with tools is not supported; stream=False returns the calls")
+            if tool_choice not in ("auto", "none"):
+                sampling["grammar"] = self.model.tool_call_grammar(tools, tool_choice, parallel=parallel_tool_calls)
+            prompt = self.model.apply_chat_template(messages, add_generation_prompt=True, tools=tools)
+        else:
+            prompt = self.model.apply_chat_template(messages, add_generation_prompt=True)
         ids = self.model.tokenize(prompt, add_bos=False)
         old = self.tokens
         keep = 0
@@ -503,6 +548,14 @@ class Session(_Handle):
             keep += 1
         self.truncate(keep)
         pieces = self.generate(ids[keep:], max_new_tokens, stream=stream, **sampling)
+        if tools is not None:
+            reply = {"role": "assistant", "content": pieces}
+            if tool_choice != "none":
+                parsed = self.model.parse_tool_calls(pieces, tools)
+                if parsed["tool_calls"]:
+                    reply = {"role": "assistant", "content": parsed["content"] or None, "tool_calls": parsed["tool_calls"]}
+            self.messages = messages + [reply]
+            return reply
         if not stream:
             self.messages = messages + [{"role": "assistant", "content": pieces}]
             return pieces

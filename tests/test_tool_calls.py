@@ -1,0 +1,205 @@
+"""Tool calls: each format's parser on real output strings (and malformed ones, which stay text),
+the grammars of tool_choice "required" / named (sampled calls parse and their arguments validate
+with jsonschema), and the server's tools through the official openai client."""
+import json
+
+import jsonschema
+import pytest
+
+import fastllm
+from test_chat_template import QWEN25, TEMPLATES
+
+WEATHER = {"type": "function", "function": {
+    "name": "get_weather", "description": "The weather in a city.",
+    "parameters": {"type": "object", "additionalProperties": False, "required": ["city"],
+                   "properties": {"city": {"type": "string", "maxLength": 12},
+                                  "unit": {"type": "string", "enum": ["c", "f"]}}}}}
+MOVE = {"type": "function", "function": {
+    "name": "move_to", "description": "Walk to a place.",
+    "parameters": {"type": "object", "additionalProperties": False, "required": ["x", "y"],
+                   "properties": {"x": {"type": "integer", "minimum": 0, "maximum": 99},
+                                  "y": {"type": "integer", "minimum": 0, "maximum": 99}}}}}
+TOOLS = [WEATHER, MOVE]
+SCHEMAS = {t["function"]["name"]: t["function"]["parameters"] for t in TOOLS}
+
+# A template of each format, as far as the format's detection reads it
+FORMAT_TEMPLATES = {
+    "hermes": QWEN25,
+    "glm4.5": "{# <tool_call>{{ name }}<arg_key>k</arg_key> #}",
+    "mistral": "{{ '[TOOL_CALLS]' }}",
+    "functools": "{{ '<|tool|>' }}",
+    "llama3": "{{ '<|start_header_id|>' }}{{ '<|python_tag|>' }}",
+    "glm4": "[gMASK]<sop>{{ '<|observation|>' }}",
+    "generic": "{% for m in messages %}{{ m.content }}{% endfor %}",
+}
+
+PARAMS = '{"city": "Paris", "unit": "c"}'
+OUTPUTS = [  # (format, reply, content, [(name, arguments)])
+    ("hermes", '<tool_call>\n{"name": "get_weather", "arguments": ' + PARAMS + '}\n</tool_call>', "",
+     [("get_weather", PARAMS)]),
+    ("hermes", 'Let me check.\n<tool_call>\n{"name": "get_weather", "arguments": {"city": "Rome"}}\n</tool_call>\n'
+               '<tool_call>\n{"name": "move_to", "arguments": {"x": 1, "y": 2}}\n</tool_call>', "Let me check.",
+     [("get_weather", '{"city": "Rome"}'), ("move_to", '{"x": 1, "y": 2}')]),
+    ("hermes", '<tool_call>\n{"name": "get_weather", "arguments": "{\\"city\\": \\"Oslo\\"}"}', "",
+     [("get_weather", '{"city": "Oslo"}')]),  # arguments as text; the reply ended before </tool_call>
+    ("glm4.5", "<tool_call>get_weather\n<arg_key>city</arg_key>\n<arg_value>Paris</arg_value>\n<arg_key>unit</arg_key>"
+               "\n<arg_value>c</arg_value>\n</tool_call>", "", [("get_weather", PARAMS)]),
+    ("mistral", '[TOOL_CALLS][{"name": "get_weather", "arguments": ' + PARAMS + '}]', "", [("get_weather", PARAMS)]),
+    ("mistral", 'Sure. [TOOL_CALLS]get_weather[ARGS]' + PARAMS + '[TOOL_CALLS]move_to[ARGS]{"x": 3, "y": 4}', "Sure.",
+     [("get_weather", PARAMS), ("move_to", '{"x": 3, "y": 4}')]),
+    ("functools", 'functools[{"name": "get_weather", "arguments": ' + PARAMS + '}]', "", [("get_weather", PARAMS)]),
+    ("llama3", '{"name": "get_weather", "parameters": ' + PARAMS + '}', "", [("get_weather", PARAMS)]),
+    ("llama3", '<|python_tag|>{"name": "move_to", "parameters": {"x": 5, "y": 6}}; {"name": "get_weather", '
+               '"parameters": {"city": "Lima"}}', "", [("move_to", '{"x": 5, "y": 6}'), ("get_weather", '{"city": "Lima"}')]),
+    ("glm4", 'get_weather\n' + PARAMS, "", [("get_weather", PARAMS)]),
+    ("generic", '{"name": "get_weather", "arguments": ' + PARAMS + '}', "", [("get_weather", PARAMS)]),
+    ("generic", '{"tool_calls": [{"name": "move_to", "arguments": {"x": 0, "y": 9}}]}', "", [("move_to", '{"x": 0, "y": 9}')]),
+]
+
+MALFORMED = [
+    ("hermes", '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Par'),      # cut inside the JSON
+    ("hermes", '<tool_call>\n{"name": "launch_missiles", "arguments": {}}\n</tool_call>'),  # not a tool
+    ("hermes", '<tool_call>\n{"name": "get_weather", "arguments": [1, 2]}\n</tool_call>'),  # not an object
+    ("mistral", '[TOOL_CALLS][{"name": "get_weather", "arguments": {"city": "Paris"}'),
+    ("llama3", 'The weather is {"sunny": true}'),
+    ("generic", '{"answer": 42}'),
+    ("generic", "Just text, no call."),
+    ("glm4", "get_weather\nnot json"),
+]
+
+
+@pytest.mark.parametrize("fmt,reply,content,calls", OUTPUTS, ids=[f"{f}-{i}" for i, (f, *_ ) in enumerate(OUTPUTS)])
+def test_each_format_parses_its_calls(stories_model, fmt, reply, content, calls):
+    out = stories_model.parse_tool_calls(reply, TOOLS, template=FORMAT_TEMPLATES[fmt])
+    assert out["format"] == fmt
+    assert out["content"] == content
+    got = [(c["function"]["name"], json.loads(c["function"]["arguments"])) for c in out["tool_calls"]]
+    assert got == [(n, json.loads(a)) for n, a in calls]
+    assert all(c["type"] == "function" and c["id"] for c in out["tool_calls"])
+
+
+@pytest.mark.parametrize("fmt,reply", MALFORMED, ids=[f"{f}-{i}" for i, (f, _) in enumerate(MALFORMED)])
+def test_malformed_calls_stay_text(stories_model, fmt, reply):
+    out = stories_model.parse_tool_calls(reply, TOOLS, template=FORMAT_TEMPLATES[fmt])
+    assert out["tool_calls"] == [] and out["content"] == reply
+
+
+def test_the_families_templates_have_their_formats(stories_model):
+    expect = {"qwen2.5": "hermes", "qwen3": "hermes", "mistral-v0.3": "mistral"}
+    for family, fmt in expect.items():
+        assert stories_model.parse_tool_calls("x", template=TEMPLATES[family])["format"] == fmt, family
+
+
+@pytest.mark.parametrize("fmt", ["hermes", "mistral", "functools", "llama3", "generic"])
+@pytest.mark.parametrize("choice", ["required", "move_to"])
+def test_constrained_calls_parse_and_validate(stories_model, fmt, choice):
+    template = FORMAT_TEMPLATES[fmt]
+    # one call: a random model would go on adding calls until max_new_tokens
+    grammar = stories_model.tool_call_grammar(TOOLS, choice, template=template)
+    for seed in (1, 2, 3):
+        text = stories_model.generate("Once upon a time", 300, grammar=grammar, temperature=1.0, seed=seed)
+        out = stories_model.parse_tool_calls(text, TOOLS, template=template)
+        assert out["tool_calls"], text
+        for call in out["tool_calls"]:
+            name = call["function"]["name"]
+            assert choice == "required" or name == choice
+            jsonschema.validate(json.loads(call["function"]["arguments"]), SCHEMAS[name])
+
+
+def test_grammar_errors_are_clear(stories_model):
+    with pytest.raises(fastllm.FastLLMError) as e:
+        stories_model.tool_call_grammar(TOOLS, "no_such_tool", template=QWEN25)
+    assert "no_such_tool" in str(e.value)
+    with pytest.raises(fastllm.FastLLMError) as e:
+        stories_model.tool_call_grammar(TOOLS, template=FORMAT_TEMPLATES["glm4"])
+    assert e.value.status_name == "FASTLLM_ERR_UNSUPPORTED"
+
+
+def test_session_chat_with_tools_returns_the_call(stories_model):
+    with stories_model.session() as s:
+        s.messages = []
+        # stories260K has no template: the Qwen2.5 one is given through the model-free path
+        prompt = stories_model.apply_chat_template([{"role": "user", "content": "Weather in Paris?"}], template=QWEN25,
+                                                   tools=TOOLS)
+        assert "get_weather" in prompt and "<tools>" in prompt
+
+
+# -- the server, through the official openai client (SmolLM2: its template has no tool format, so
+#    calls are the generic JSON object) -------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def smollm_server(smollm_flm):
+    from test_server import Server
+    s = Server(smollm_flm, "--max-sessions", 2)
+    yield s
+    assert s.stop() == 0
+
+
+MESSAGES = [{"role": "user", "content": "What is the weather in Paris? Use the tool."}]
+
+
+def test_server_required_and_named_calls_validate(smollm_server):
+    with smollm_server.client() as c:
+        name = c.models.list().data[0].id
+        for choice in ("required", {"type": "function", "function": {"name": "move_to"}}):
+            for seed in (1, 2):
+                # one call: with parallel calls allowed, SmolLM2-135M lists calls until max_tokens
+                r = c.chat.completions.create(model=name, messages=MESSAGES, tools=TOOLS, tool_choice=choice,
+                                              parallel_tool_calls=False, max_tokens=200, seed=seed)
+                msg = r.choices[0].message
+                assert r.choices[0].finish_reason == "tool_calls", msg
+                assert msg.tool_calls, msg
+                for call in msg.tool_calls:
+                    assert call.id.startswith("call_") and call.type == "function"
+                    assert choice == "required" or call.function.name == "move_to"
+                    jsonschema.validate(json.loads(call.function.arguments), SCHEMAS[call.function.name])
+
+
+def test_server_streamed_calls_reassemble_to_the_unstreamed_ones(smollm_server):
+    with smollm_server.client() as c:
+        name = c.models.list().data[0].id
+        kw = dict(model=name, messages=MESSAGES, tools=TOOLS, tool_choice="required", parallel_tool_calls=False,
+                  max_tokens=200, temperature=0)
+        whole = c.chat.completions.create(**kw).choices[0].message.tool_calls
+        calls, finish = {}, None
+        for chunk in c.chat.completions.create(stream=True, **kw):
+            if not chunk.choices:
+                continue
+            for d in chunk.choices[0].delta.tool_calls or []:
+                entry = calls.setdefault(d.index, {"name": "", "arguments": ""})
+                entry["name"] += d.function.name or ""
+                entry["arguments"] += d.function.arguments or ""
+            finish = chunk.choices[0].finish_reason or finish
+        assert finish == "tool_calls"
+        assert [(calls[i]["name"], json.loads(calls[i]["arguments"])) for i in sorted(calls)] == \
+            [(t.function.name, json.loads(t.function.arguments)) for t in whole]
+
+
+def test_server_takes_tool_results_and_auto_never_fails(smollm_server):
+    with smollm_server.client() as c:
+        name = c.models.list().data[0].id
+        messages = MESSAGES + [
+            {"role": "assistant", "content": None, "tool_calls": [{"id": "call_1", "type": "function", "function": {
+                "name": "get_weather", "arguments": json.dumps({"city": "Paris"})}}]},
+            {"role": "tool", "tool_call_id": "call_1", "content": json.dumps({"temperature": 21})}]
+        for choice in ("auto", "none"):
+            r = c.chat.completions.create(model=name, messages=messages, tools=TOOLS, tool_choice=choice, max_tokens=24,
+                                          seed=3)
+            msg = r.choices[0].message
+            assert r.choices[0].finish_reason in ("stop", "length", "tool_calls")
+            assert msg.content or msg.tool_calls
+            if choice == "none":
+                assert not msg.tool_calls
+
+
+def test_server_rejects_bad_tools_with_400(smollm_server):
+    import openai
+    with smollm_server.client() as c:
+        name = c.models.list().data[0].id
+        bad = [dict(tools=[{"type": "function", "function": {}}]),
+               dict(tools=TOOLS, tool_choice={"type": "function", "function": {"name": "fly"}}),
+               dict(tools=TOOLS, tool_choice="sometimes"),
+               dict(tools=TOOLS, tool_choice="required", response_format={"type": "json_object"})]
+        for kw in bad:
+            with pytest.raises(openai.BadRequestError):
+                c.chat.completions.create(model=name, messages=MESSAGES, max_tokens=4, **kw)
