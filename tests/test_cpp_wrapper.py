@@ -111,24 +111,24 @@ def test_moved_handles(hpp_check):
     assert hpp_check["moved.assign_ok"] == "1"
 
 
-NPC_ACTION_SCHEMA = {  # the demo's kActionSchema
-    "type": "object",
-    "properties": {"action": {"enum": ["talk", "trade", "guard", "leave"]},
-                   "target": {"enum": ["Guard", "Merchant", "Smith", "player"]},
-                   "mood": {"enum": ["calm", "angry", "happy"]}},
-    "required": ["action", "target", "mood"], "additionalProperties": False}
+def npc_tools():
+    """The demo's kTools, read from its source."""
+    src = (NPC_DIR / "npc_dialogue.cpp").read_text()
+    return json.loads(src.split('kTools = R"(', 1)[1].split(')";', 1)[0])
 
 
-def test_npc_demo_forks_acts_in_json_and_restores_a_saved_npc(npc_exe, stories_flm):
+def test_npc_demo_forks_acts_through_tools_and_restores_a_saved_npc(npc_exe, stories_flm):
     import jsonschema
+    schemas = {t["function"]["name"]: t["function"]["parameters"] for t in npc_tools()}
     r = run(npc_exe, stories_flm, 6, 12)
     assert r.returncode == 0, r.stderr
     lines = r.stdout.splitlines()
     spoken = [l for l in lines if not l.startswith("[")]
     names = ["Guard", "Merchant", "Smith"] * 2
     assert [l.split(":")[0] for l in spoken] == [x for n in names for x in (n, n + " does")], r.stdout
-    for l in spoken[1::2]:
-        jsonschema.validate(json.loads(l.split(" does: ", 1)[1]), NPC_ACTION_SCHEMA)
+    for l in spoken[1::2]:  # every action is a call to one of the tools, its arguments valid
+        name, args = l.split(" does: ", 1)[1].split(" ", 1)
+        jsonschema.validate(json.loads(args), schemas[name])
     saved = [i for i, l in enumerate(lines) if l.startswith("[saved Merchant")]
     restored = [i for i, l in enumerate(lines) if l.startswith("[restored Merchant")]
     assert len(saved) == len(restored) == 1 and saved[0] < restored[0], r.stdout

@@ -194,8 +194,40 @@ public:
                                                c_messages.size(), add_generation_prompt ? 1 : 0, out, cap, n);
         });
     }
+    // The chat template over variables (a JSON object's text: "messages" with tool_calls, tool
+    // messages, content parts, "tools", any other variable), as fastllm_chat_apply_template_json.
+    std::string apply_chat_template_json(const std::string &variables_json,
+                                         std::optional<std::string_view> tmpl = std::nullopt) const {
+        const std::string tmpl_z = tmpl ? std::string(*tmpl) : std::string();
+        return detail::read_string(variables_json.size() * 2 + 1024, 1, [&](char *out, size_t cap, size_t *n) {
+            return fastllm_chat_apply_template_json(model_, tmpl ? tmpl_z.c_str() : nullptr, variables_json.c_str(),
+                                                    out, cap, n);
+        });
+    }
+
+    // Tool calls (docs/templates.md#tool-calls) in the format of the model's chat template, or, for
+    // a model without one, the generic JSON object. tools_json: OpenAI's tool list as JSON text.
+    // A GBNF grammar (SamplingParams::grammar) whose matches are a call to one of the tools (to
+    // `only` when given) with arguments matching its schema.
+    std::string tool_call_grammar(const std::string &tools_json, const std::string &only = "",
+                                  bool parallel = false) const {
+        return detail::read_string(tools_json.size() * 8 + 4096, 1, [&](char *out, size_t cap, size_t *n) {
+            return fastllm_chat_tool_grammar(model_, tool_template(), tools_json.c_str(),
+                                             only.empty() ? nullptr : only.c_str(), parallel ? 1 : 0, out, cap, n);
+        });
+    }
+    // The calls in a reply, as the library's JSON text: {"format", "content", "tool_calls":
+    // [{"name", "arguments"}]} (no calls, and the whole reply as content, when they do not parse).
+    std::string parse_tool_calls(const std::string &reply, const std::string &tools_json) const {
+        return detail::read_string(reply.size() * 2 + 1024, 1, [&](char *out, size_t cap, size_t *n) {
+            return fastllm_chat_parse_tool_calls(model_, tool_template(), reply.c_str(), tools_json.c_str(), out, cap, n);
+        });
+    }
 
 private:
+    // nullptr: the model's own template; "" (no template): the generic format
+    const char *tool_template() const { return fastllm_model_chat_template(model_) ? nullptr : ""; }
+
     fastllm_model *model_ = nullptr;
 };
 

@@ -1,8 +1,9 @@
 // npc_dialogue.cpp — a game-style demo of many NPCs over one model in memory:
 //   - the world's description (the shared persona) is evaluated once; each NPC's session is forked
 //     from it, sharing its KV cache blocks instead of evaluating or copying them;
-//   - NPCs take turns: each says a line (streamed as it is generated), then picks an action, which
-//     is JSON under a schema (constrained sampling: it always parses and fits);
+//   - NPCs take turns: each says a line (streamed as it is generated), then acts by calling one of
+//     the game's functions (tools: move_to, give_item, say), sampled under the tools' grammar so
+//     that the call always parses and its arguments fit the function's schema;
 //   - halfway through, the Merchant's conversation is saved to a file and its session freed, as a
 //     game does when the player leaves; at its next turn it is restored from the file and goes on
 //     exactly where it was (run with --no-save for the same game without it: the output is equal).
@@ -25,29 +26,33 @@ const char *const kWorld =
     "Once upon a time, there was a small town with a castle. At the gate stood a guard, in the square a "
     "merchant sold apples from a cart, and by the river a smith made swords. Every day they talked.";
 
-// What an NPC may do after it speaks; the game reads this JSON.
-const char *const kActionSchema = R"({
-  "type": "object",
-  "properties": {
-    "action": {"enum": ["talk", "trade", "guard", "leave"]},
-    "target": {"enum": ["Guard", "Merchant", "Smith", "player"]},
-    "mood": {"enum": ["calm", "angry", "happy"]}
-  },
-  "required": ["action", "target", "mood"],
-  "additionalProperties": false
-})";
+// What an NPC may do after it speaks: the game's functions, as OpenAI's tools. The game runs the
+// call it gets back.
+const char *const kTools = R"([
+  {"type": "function", "function": {"name": "move_to", "description": "Walk to a place in town.",
+    "parameters": {"type": "object", "additionalProperties": false, "required": ["place"],
+      "properties": {"place": {"enum": ["gate", "square", "river", "castle"]}}}}},
+  {"type": "function", "function": {"name": "give_item", "description": "Give an item to someone.",
+    "parameters": {"type": "object", "additionalProperties": false, "required": ["item", "to"],
+      "properties": {"item": {"enum": ["apple", "sword", "coin"]},
+                     "to": {"enum": ["Guard", "Merchant", "Smith", "player"]}}}}},
+  {"type": "function", "function": {"name": "say", "description": "Shout a short word.",
+    "parameters": {"type": "object", "additionalProperties": false, "required": ["word"],
+      "properties": {"word": {"enum": ["hello", "halt", "bargain", "farewell"]}}}}}
+])";
 
 class Npc {
 public:
-    Npc(const fastllm::Session &world, std::string name, std::string intro, uint64_t seed)
-        : session_(world.fork()), name_(std::move(name)), pending_(" " + std::move(intro)), seed_(seed) {}
+    Npc(const fastllm::Session &world, std::string name, std::string intro, uint64_t seed, const std::string &grammar)
+        : session_(world.fork()), name_(std::move(name)), pending_(" " + std::move(intro)), seed_(seed),
+          grammar_(grammar) {}
 
     const std::string &name() const { return name_; }
     fastllm::Session &session() { return session_; }
 
-    // Hears a line (appended to its context), answers with a streamed line of its own, then
-    // decides on an action (JSON under kActionSchema).
-    std::string speak(const std::string &heard, int max_tokens) {
+    // Hears a line (appended to its context), answers with a streamed line of its own, then acts:
+    // a call to one of kTools, sampled under their grammar (returned as the model wrote it).
+    std::string speak(const std::string &heard, int max_tokens, std::string &call) {
         if (!heard.empty()) pending_ += " " + heard;
         fastllm::SamplingParams line;
         line.temperature = 0.7f;
@@ -66,17 +71,12 @@ public:
         fastllm::SamplingParams act;
         act.temperature = 0.7f;
         act.seed = seed_++;
-        // Room for the longest action, so that it always ends: "{" and "}", 7 whitespace runs of at
-        // most 21 bytes (a newline and 20 spaces or tabs), the three keys, ":" and "," and the longest
-        // values come to 200 bytes, and a token is at least a byte.
-        act.max_new_tokens = 256;
-        act.json_schema = kActionSchema;
-        std::string action = session_.generate("\n" + name_ + " does:", act).text;
-        // One line a turn: a newline or tab of the JSON's whitespace becomes a space (still the same JSON;
-        // strings hold neither unescaped).
-        for (char &c : action)
-            if (c == '\n' || c == '\t') c = ' ';
-        std::printf("%s does: %s\n", name_.c_str(), action.c_str());
+        // Room for the longest call, so that it always ends: every value is an enum, so a call is a
+        // few fixed strings plus at most 9 whitespace runs of 21 bytes: under 300 bytes, and a token
+        // is at least a byte.
+        act.max_new_tokens = 320;
+        act.grammar = grammar_;
+        call = session_.generate("\n" + name_ + " does:", act).text;
         return said.text;
     }
 
@@ -96,6 +96,7 @@ private:
     std::string name_;
     std::string pending_;  // text this NPC has not seen yet: first its intro, then what it hears
     uint64_t seed_;
+    const std::string &grammar_;
 };
 
 }  // namespace
@@ -118,10 +119,13 @@ int main(int argc, char **argv) {
         fastllm::Model model(args[0]);
         fastllm::Session world(model);
         world.eval(model.tokenize(kWorld));  // the persona, evaluated once for all of them
+        // The calls' format is the one the model's chat template teaches (the generic JSON object
+        // for a model without one); the grammar makes every action a valid call.
+        const std::string grammar = model.tool_call_grammar(kTools);
         std::vector<Npc> npcs;
-        npcs.emplace_back(world, "Guard", "The guard was grumpy.", 1);
-        npcs.emplace_back(world, "Merchant", "The merchant was cheerful.", 100);
-        npcs.emplace_back(world, "Smith", "The smith was tired.", 200);
+        npcs.emplace_back(world, "Guard", "The guard was grumpy.", 1, grammar);
+        npcs.emplace_back(world, "Merchant", "The merchant was cheerful.", 100, grammar);
+        npcs.emplace_back(world, "Smith", "The smith was tired.", 200, grammar);
         const fastllm_session_memory_info m = npcs[0].session().memory();
 
         std::string line;
@@ -131,7 +135,27 @@ int main(int argc, char **argv) {
                 npc.restore(model, save_path);
                 std::printf("[restored %s: %d tokens]\n", npc.name().c_str(), npc.session().n_tokens());
             }
-            line = npc.speak(line, tokens);
+            std::string call;
+            line = npc.speak(line, tokens, call);
+            // The game reads the call: the library's JSON {"tool_calls": [{"name", "arguments"}]},
+            // printed as one line ("Guard does: move_to {"place":"gate"}").
+            const std::string parsed = model.parse_tool_calls(call, kTools);
+            const size_t at = parsed.find("\"tool_calls\":[{\"name\":\"");
+            if (at == std::string::npos) {
+                std::printf("%s does nothing (no call in %s)\n", npc.name().c_str(), call.c_str());
+            } else {
+                const size_t name_at = at + 23, name_end = parsed.find('"', name_at);
+                const size_t args_at = parsed.find("\"arguments\":", name_end) + 12;
+                const size_t args_end = parsed.rfind("}]}");  // the arguments' JSON text, quoted
+                std::string args = parsed.substr(args_at, args_end - args_at);
+                std::string plain;  // unquoted: the JSON object itself
+                for (size_t k = 1; k + 1 < args.size(); k++) {
+                    if (args[k] == '\\' && k + 2 < args.size()) k++;
+                    plain += args[k];
+                }
+                std::printf("%s does: %s %s\n", npc.name().c_str(), parsed.substr(name_at, name_end - name_at).c_str(),
+                            plain.c_str());
+            }
             if (save && t == 1) {  // the Merchant has spoken once: save it, free its session
                 npcs[1].save(save_path);
                 std::printf("[saved Merchant to %s]\n", save_path.c_str());
