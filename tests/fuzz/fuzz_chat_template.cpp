@@ -1,6 +1,7 @@
 // The chat-template renderer on any template and conversation: the input is NUL-separated
 // fields — template text (empty: the model's own), then role / content pairs; the first byte's
-// bits choose add_generation_prompt, enable_thinking and whether messages carry reasoning_content.
+// bits choose add_generation_prompt, enable_thinking, whether messages carry reasoning_content and
+// (16) whether the tool-call parser, run on the last message's content, is given a tool list.
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -42,6 +43,19 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         st = fastllm_chat_apply_template_v2(g_model, tmpl, messages.data(), messages.size(), &p, out.data(),
                                             out.size(), &len);
         if (st != FASTLLM_OK || out[len] != '\0') __builtin_trap();  // the size it asked for must do
+    }
+    // The tool-call parser of the template's format on text: the last message's content as a reply.
+    if (!messages.empty()) {
+        std::string parsed(256, '\0');
+        size_t n = 0;
+        const char *reply = messages.back().content;
+        const char *tools = (flags & 16) ? "[{\"type\": \"function\", \"function\": {\"name\": \"f\"}}]" : nullptr;
+        st = fastllm_chat_parse_tool_calls(g_model, tmpl ? tmpl : "", reply, tools, parsed.data(), parsed.size(), &n);
+        if (st == FASTLLM_ERR_BUFFER_TOO_SMALL) {
+            parsed.resize(n + 1);
+            st = fastllm_chat_parse_tool_calls(g_model, tmpl ? tmpl : "", reply, tools, parsed.data(), parsed.size(), &n);
+        }
+        if (st != FASTLLM_OK) __builtin_trap();  // a reply is text or calls, never an error
     }
     return 0;
 }

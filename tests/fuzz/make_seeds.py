@@ -61,6 +61,11 @@ def chat_template_seeds():
     from test_jinja import CASES
     for i, text in enumerate(CASES):
         write("chat_template", f"jinja-{i}", bytes([1]) + "\0".join([text] + convo).encode())
+    # replies in each tool-call format, for the parser (the last message's content)
+    from test_tool_calls import FORMAT_TEMPLATES, OUTPUTS, MALFORMED
+    for i, (fmt, reply, *_) in enumerate(OUTPUTS + MALFORMED):
+        write("chat_template", f"tool-reply-{i}", bytes([1 | 16]) + "\0".join([FORMAT_TEMPLATES[fmt], "user", "x",
+                                                                               "assistant", reply]).encode())
     hostile = ["{% macro f() %}{{ f() }}{% endmacro %}{{ f() }}", "{{" + "(" * 300 + "1" + ")" * 300 + "}}",
                "{% set s = 'x' * 4000000 %}{% for i in range(10) %}{{ s }}{% endfor %}", "{% if %}", "{{ 'a' ~ }}"]
     for i, text in enumerate(hostile):
