@@ -313,6 +313,14 @@ FASTLLM_API fastllm_status fastllm_chat_parse_tool_calls(const fastllm_model *mo
                                                          const char *reply, const char *tools_json, char *out_json,
                                                          size_t out_capacity, size_t *out_len);
 
+/* For a stream that sends a reply's text on while it is generated: *out_safe receives how many
+ * bytes of text (the reply so far) are surely not part of a tool call in the template's format:
+ * the text before a call marker ("<tool_call>", "[TOOL_CALLS]", ...) or the part of one that the
+ * next text could complete; 0 while a reply that may be a JSON call ("generic", "llama3": it
+ * starts with '{' or '[') or a "glm4" reply is undecided; all of it when done = 1. */
+FASTLLM_API fastllm_status fastllm_chat_tool_text_safe(const fastllm_model *model, const char *tmpl, const char *text,
+                                                       int done, size_t *out_safe);
+
 /* A GBNF grammar (fastllm_sampling_params.grammar) whose matches are replies made of a tool call
  * in the template's format, to one of tools_json's functions (tool_name NULL: OpenAI's
  * tool_choice "required") or to the function tool_name (a named tool_choice), its arguments

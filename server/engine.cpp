@@ -86,6 +86,13 @@ json Engine::parse_tool_calls(const std::string &reply, const json &tools) const
     return json::parse(out);
 }
 
+size_t Engine::tool_text_safe(const std::string &text) const {
+    size_t n = 0;
+    fastllm_status s = fastllm_chat_tool_text_safe(model_, nullptr, text.c_str(), 0, &n);
+    if (s != FASTLLM_OK) throw library_error(s, "tool calls");
+    return n;
+}
+
 std::string Engine::grammar_of(const GenerationRequest &r) const {
     const bool tool_grammar = !r.tools.empty() && r.tool_choice != "auto" && r.tool_choice != "none";
     if (tool_grammar && (!r.grammar.empty() || !r.json_schema.empty()))

@@ -41,6 +41,8 @@ public:
     std::string grammar_of(const GenerationRequest &r) const;
     // The tool calls in a reply: {"format", "content", "tool_calls": [{"name", "arguments"}]}.
     json parse_tool_calls(const std::string &reply, const json &tools) const;
+    // How many bytes of a reply so far can be streamed as text: not (yet) part of a tool call.
+    size_t tool_text_safe(const std::string &text) const;
 
 private:
     Engine() = default;

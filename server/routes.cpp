@@ -69,11 +69,12 @@ struct Stream {
     std::atomic<int> &open;
     std::shared_ptr<Job> job;
     ResponseMeta meta;
-    // With tools (tool_choice not "none"), the reply is held and sent at its end, as tool calls or
-    // as text: which one it is shows only when it is complete.
+    // With tools (tool_choice not "none"), the reply's text is sent on up to where a call may begin
+    // in the template's format; the rest is held and sent at its end, as tool calls or as text.
     const Engine *engine = nullptr;
     json tools;
-    std::string held;
+    std::string held;   // the whole reply so far
+    size_t sent = 0;    // bytes of it sent as content
     bool include_usage = false;
     bool started = false;
     bool finished = false;
@@ -93,7 +94,9 @@ bool stream_some(Stream &st, httplib::DataSink &sink) {
     const bool finished = st.job->wait(text, kStreamPoll);
     if (st.engine) {
         st.held += text;
-        text.clear();
+        size_t safe = std::max(st.sent, st.engine->tool_text_safe(st.held));
+        text = st.held.substr(st.sent, safe - st.sent);
+        st.sent = safe;
     }
     if (!text.empty() && !write(sink, sse_event(stream_chunk(st.meta, text, false, {})))) return false;
     if (!finished) return !text.empty() || sink.is_writable();
@@ -106,8 +109,12 @@ bool stream_some(Stream &st, httplib::DataSink &sink) {
         if (st.engine) {
             json parsed = st.engine->parse_tool_calls(st.held, st.tools);
             const json &calls = parsed["tool_calls"];
-            std::string content = calls.empty() ? st.held : parsed["content"].get<std::string>();
-            if (!content.empty()) ok = write(sink, sse_event(stream_chunk(st.meta, content, false, {})));
+            // the text not yet sent: all of the rest without calls; with calls, what was held goes
+            // (the text between and after calls is rare; it is the calls' content in the unstreamed answer)
+            std::string rest;
+            if (calls.empty()) rest = st.held.substr(st.sent);
+            else if (st.sent == 0) rest = parsed["content"].get<std::string>();
+            if (!rest.empty()) ok = write(sink, sse_event(stream_chunk(st.meta, rest, false, {})));
             if (ok && !calls.empty()) {
                 ok = write(sink, sse_event(tool_calls_chunk(st.meta, tool_calls_json(calls, true))));
                 finish = "tool_calls";

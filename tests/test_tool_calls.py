@@ -84,6 +84,26 @@ def test_malformed_calls_stay_text(stories_model, fmt, reply):
     assert out["tool_calls"] == [] and out["content"] == reply
 
 
+SAFE = [  # (format, text so far, bytes that may be streamed as text)
+    ("hermes", "Hello", 5), ("hermes", "Hello <tool", 6), ("hermes", "Hello <tool_call>{", 6), ("hermes", "a < b", 5),
+    ("mistral", "Sure [TOOL_", 5), ("functools", "ok functools[", 3),
+    ("generic", "  {", 0), ("generic", "   ", 0), ("generic", "Hi {", 4), ("llama3", "[", 0), ("llama3", "Hi", 2),
+    ("llama3", "Hi <|python_tag|>", 3), ("glm4", "get_weather", 0),
+]
+
+
+@pytest.mark.parametrize("fmt,text,safe", SAFE, ids=[f"{f}-{i}" for i, (f, *_ ) in enumerate(SAFE)])
+def test_the_text_a_stream_may_send_before_calls(stories_model, fmt, text, safe):
+    import ctypes
+    from fastllm import _lib as raw
+    n = ctypes.c_size_t()
+    t = FORMAT_TEMPLATES[fmt].encode()
+    assert raw.lib.fastllm_chat_tool_text_safe(stories_model.handle, t, text.encode(), 0, ctypes.byref(n)) == raw.OK
+    assert n.value == safe
+    assert raw.lib.fastllm_chat_tool_text_safe(stories_model.handle, t, text.encode(), 1, ctypes.byref(n)) == raw.OK
+    assert n.value == len(text.encode())
+
+
 def test_the_families_templates_have_their_formats(stories_model):
     expect = {"qwen2.5": "hermes", "qwen3": "hermes", "mistral-v0.3": "mistral"}
     for family, fmt in expect.items():
@@ -190,6 +210,13 @@ def test_server_takes_tool_results_and_auto_never_fails(smollm_server):
             assert msg.content or msg.tool_calls
             if choice == "none":
                 assert not msg.tool_calls
+        # auto, streamed: text is sent as it comes (up to where a call could begin) and adds up to
+        # the unstreamed reply
+        kw = dict(model=name, messages=messages, tools=TOOLS, max_tokens=24, temperature=0)
+        whole = c.chat.completions.create(**kw).choices[0].message
+        pieces = [ch.choices[0].delta.content or "" for ch in c.chat.completions.create(stream=True, **kw) if ch.choices]
+        if not whole.tool_calls:
+            assert "".join(pieces) == whole.content
 
 
 def test_server_rejects_bad_tools_with_400(smollm_server):

@@ -412,6 +412,16 @@ fastllm_status fastllm_chat_parse_tool_calls(const fastllm_model *model, const c
     return g ? g : s;
 }
 
+fastllm_status fastllm_chat_tool_text_safe(const fastllm_model *model, const char *tmpl, const char *text, int done,
+                                          size_t *out_safe) {
+    REQUIRE(text, "text");
+    REQUIRE(out_safe, "out_safe");
+    return guard([&] {
+        std::string keep;
+        *out_safe = fastllm::tool_text_safe(fastllm::tool_format_of(template_for_tools(model, tmpl, keep)), text, done != 0);
+    });
+}
+
 fastllm_status fastllm_chat_tool_grammar(const fastllm_model *model, const char *tmpl, const char *tools_json,
                                          const char *tool_name, int parallel, char *out_grammar, size_t out_capacity,
                                          size_t *out_len) {

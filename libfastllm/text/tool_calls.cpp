@@ -247,26 +247,33 @@ struct ToolFormat {
     const char *args_key;     // the call object's arguments member in a grammar
     const char *one;          // GBNF of one call around the rule `call`, or nullptr: no grammar
     const char *many;         // GBNF of one or more calls (parallel)
+    // Where calls can begin, for a stream that sends text until then: after `marker` anywhere
+    // (nullptr: none), or (json_start) at a reply's start with '{' or '['; anywhere (hold).
+    const char *marker;
+    bool json_start;
+    bool hold;
 };
 
 namespace {
 
 const ToolFormat kFormats[] = {
     {"glm4.5", [](const std::string &t) { return has(t, "<tool_call>") && has(t, "<arg_key>"); }, parse_glm45, nullptr,
-     kGrammarNone, kGrammarNone},
+     kGrammarNone, kGrammarNone, "<tool_call>", false, false},
     {"hermes", [](const std::string &t) { return has(t, "<tool_call>"); }, parse_hermes, "arguments",
      "root ::= \"<tool_call>\\n\" call \"\\n</tool_call>\"",
-     "root ::= one ( \"\\n\" one )*\none ::= \"<tool_call>\\n\" call \"\\n</tool_call>\""},
+     "root ::= one ( \"\\n\" one )*\none ::= \"<tool_call>\\n\" call \"\\n</tool_call>\"", "<tool_call>", false, false},
     {"mistral", [](const std::string &t) { return has(t, "[TOOL_CALLS]"); }, parse_mistral, "arguments",
-     "root ::= \"[TOOL_CALLS][\" call \"]\"", "root ::= \"[TOOL_CALLS][\" call ( \", \" call )* \"]\""},
+     "root ::= \"[TOOL_CALLS][\" call \"]\"", "root ::= \"[TOOL_CALLS][\" call ( \", \" call )* \"]\"", "[TOOL_CALLS]",
+     false, false},
     {"functools", [](const std::string &t) { return has(t, "functools") || has(t, "<|tool|>"); }, parse_functools,
-     "arguments", "root ::= \"functools[\" call \"]\"", "root ::= \"functools[\" call ( \", \" call )* \"]\""},
+     "arguments", "root ::= \"functools[\" call \"]\"", "root ::= \"functools[\" call ( \", \" call )* \"]\"", "functools",
+     false, false},
     {"llama3", [](const std::string &t) { return has(t, "<|python_tag|>") || (has(t, "<|start_header_id|>") && has(t, "tools")); },
-     parse_llama3, "parameters", "root ::= call", "root ::= call ( \"; \" call )*"},
+     parse_llama3, "parameters", "root ::= call", "root ::= call ( \"; \" call )*", "<|python_tag|>", true, false},
     {"glm4", [](const std::string &t) { return has(t, "[gMASK]") && has(t, "observation"); }, parse_glm4, nullptr,
-     kGrammarNone, kGrammarNone},
+     kGrammarNone, kGrammarNone, nullptr, false, true},
     {"generic", [](const std::string &) { return true; }, parse_generic, "arguments", "root ::= call",
-     "root ::= \"[\" call ( \", \" call )* \"]\""},
+     "root ::= \"[\" call ( \", \" call )* \"]\"", nullptr, true, false},
 };
 
 }  // namespace
@@ -284,6 +291,21 @@ const ToolFormat *tool_format_named(const std::string &name) {
 }
 
 const char *tool_format_name(const ToolFormat &f) { return f.name; }
+
+size_t tool_text_safe(const ToolFormat &f, const std::string &text, bool done) {
+    if (done) return text.size();
+    if (f.hold) return 0;
+    size_t first = text.find_first_not_of(" \t\r\n");
+    if (f.json_start && (first == std::string::npos || text[first] == '{' || text[first] == '[')) return 0;
+    if (!f.marker) return text.size();
+    const std::string marker = f.marker;
+    size_t at = text.find(marker);
+    if (at != std::string::npos) return at;
+    // not past the start of a marker that the next text may complete
+    for (size_t k = std::min(text.size(), marker.size() - 1); k > 0; k--)
+        if (text.compare(text.size() - k, k, marker, 0, k) == 0) return text.size() - k;
+    return text.size();
+}
 
 ToolReply parse_tool_calls(const ToolFormat &f, const std::string &reply, const json &tools) {
     ToolReply r;

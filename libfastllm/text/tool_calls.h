@@ -33,6 +33,10 @@ const ToolFormat &tool_format_of(const std::string &chat_template);
 const ToolFormat *tool_format_named(const std::string &name);  // nullptr for an unknown name
 const char *tool_format_name(const ToolFormat &f);
 
+// How much of a reply generated so far (text) can be sent on as plain text: the bytes before where
+// a call may begin in format f (text.size() when done).
+size_t tool_text_safe(const ToolFormat &f, const std::string &text, bool done);
+
 // The calls in reply. tools: OpenAI's tool list; a call must name one of them.
 ToolReply parse_tool_calls(const ToolFormat &f, const std::string &reply, const nlohmann::ordered_json &tools);
 

@@ -138,6 +138,7 @@ _PROTOTYPES = {
     "fastllm_chat_apply_template_json": (c_int, [c_void_p, c_char_p, c_char_p, c_char_p, c_size_t, POINTER(c_size_t)]),
     "fastllm_chat_parse_tool_calls": (c_int, [c_void_p, c_char_p, c_char_p, c_char_p, c_char_p, c_size_t,
                                               POINTER(c_size_t)]),
+    "fastllm_chat_tool_text_safe": (c_int, [c_void_p, c_char_p, c_char_p, c_int, POINTER(c_size_t)]),
     "fastllm_chat_tool_grammar": (c_int, [c_void_p, c_char_p, c_char_p, c_char_p, c_int, c_char_p, c_size_t,
                                           POINTER(c_size_t)]),
     "fastllm_template_render": (c_int, [c_char_p, c_char_p, c_char_p, c_size_t, POINTER(c_size_t)]),
