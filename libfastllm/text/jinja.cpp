@@ -1179,7 +1179,6 @@ struct Args {
     std::vector<Value> pos;
     std::vector<std::pair<std::string, Value>> kw;
     size_t at = 0;
-    const char *what = "";  // the function's name, for messages
 
     // Argument i by position or by name, or the default (UNDEFINED when none given).
     Value get(size_t i, const char *name, Value dflt = Value()) const {
@@ -1189,8 +1188,6 @@ struct Args {
         return dflt;
     }
 };
-
-struct Macro;
 
 class Renderer {
 public:
@@ -1281,8 +1278,8 @@ public:
     uint64_t steps_ = 0;
 };
 
-// A macro as a value: its definition and the frame it was made in.
-Value make_macro(Renderer &r, const Stmt &s, Value caller);
+// A macro (or a call block's caller) as a callable value.
+Value make_macro(const Stmt &s);
 
 std::vector<Value> Renderer::iterate(const Value &v, size_t at) {
     switch (v.kind) {
@@ -1802,10 +1799,10 @@ Renderer::Flow Renderer::exec(const Body &body) {
                 break;
             }
             case Stmt::SET_BLOCK: frames_.back()[s.text] = Value::string(capture(s.bodies[0])); break;
-            case Stmt::MACRO: frames_.back()[s.text] = make_macro(*this, s, Value()); break;
+            case Stmt::MACRO: frames_.back()[s.text] = make_macro(s); break;
             case Stmt::CALL_BLOCK: {
                 const Expr &c = *s.exprs.back();
-                Value caller = make_macro(*this, s, Value());
+                Value caller = make_macro(s);
                 Args args;
                 for (size_t k = 1; k < c.args.size(); k++) args.pos.push_back(eval(*c.args[k]));
                 for (auto &kv : c.kwargs) args.kw.emplace_back(kv.first, eval(*kv.second));
@@ -1842,8 +1839,7 @@ Renderer::Flow Renderer::exec(const Body &body) {
     return NORMAL;
 }
 
-Value make_macro(Renderer &r, const Stmt &s, Value) {
-    (void)r;
+Value make_macro(const Stmt &s) {
     const Stmt *def = &s;
     return Value::func([def](Renderer &r, Args &a) -> Value {
         if (++r.depth_ > r.lim_.max_depth) {
@@ -2539,10 +2535,9 @@ std::string strftime_now(const std::string &fmt) {
 }
 
 void add_globals(std::unordered_map<std::string, Value> &g) {
-    g["raise_exception"] = Value::func([](Renderer &r, Args &a) -> Value {
+    g["raise_exception"] = Value::func([](Renderer &, Args &a) -> Value {
         // the template rejects the conversation: its message is the error's, as transformers raises it
         throw Error(FASTLLM_ERR_INVALID_ARGUMENT, to_str(a.get(0, "message")));
-        (void)r;
     });
     g["strftime_now"] = Value::func([](Renderer &, Args &a) -> Value { return Value::string(strftime_now(to_str(a.get(0, "format")))); });
     g["range"] = Value::func([](Renderer &r, Args &a) -> Value {

@@ -234,10 +234,6 @@ bool parse_glm4(const std::string &text, const json &tools, ToolReply &r) {
     return true;
 }
 
-// ---- grammars: a reply that is one call (or several), arguments matching the schema
-
-const char *const kGrammarNone = nullptr;
-
 }  // namespace
 
 struct ToolFormat {
@@ -258,7 +254,7 @@ namespace {
 
 const ToolFormat kFormats[] = {
     {"glm4.5", [](const std::string &t) { return has(t, "<tool_call>") && has(t, "<arg_key>"); }, parse_glm45, nullptr,
-     kGrammarNone, kGrammarNone, "<tool_call>", false, false},
+     nullptr, nullptr, "<tool_call>", false, false},
     {"hermes", [](const std::string &t) { return has(t, "<tool_call>"); }, parse_hermes, "arguments",
      "root ::= \"<tool_call>\\n\" call \"\\n</tool_call>\"",
      "root ::= one ( \"\\n\" one )*\none ::= \"<tool_call>\\n\" call \"\\n</tool_call>\"", "<tool_call>", false, false},
@@ -271,7 +267,7 @@ const ToolFormat kFormats[] = {
     {"llama3", [](const std::string &t) { return has(t, "<|python_tag|>") || (has(t, "<|start_header_id|>") && has(t, "tools")); },
      parse_llama3, "parameters", "root ::= call", "root ::= call ( \"; \" call )*", "<|python_tag|>", true, false},
     {"glm4", [](const std::string &t) { return has(t, "[gMASK]") && has(t, "observation"); }, parse_glm4, nullptr,
-     kGrammarNone, kGrammarNone, nullptr, false, true},
+     nullptr, nullptr, nullptr, false, true},
     {"generic", [](const std::string &) { return true; }, parse_generic, "arguments", "root ::= call",
      "root ::= \"[\" call ( \", \" call )* \"]\"", nullptr, true, false},
 };
