@@ -185,6 +185,13 @@ HOSTILE = [
     ("{{ 1 ** 1000000000000000 }}{{ 'x'|center(1000000000000) }}", "bytes"),
     ("{{ 'a\nb'|indent(1000000000000) }}", "bytes"),
     ("{{ [1]|tojson(indent=1000000000000) }}", "bytes"),
+    # values nested a million deep (printing or freeing them would recurse that deep), and cycles
+    ("{% set ns = namespace(x=1) %}{% for i in range(1000000) %}{% set ns.x = [ns.x] %}{% endfor %}{{ ns.x }}",
+     "nested deeper"),
+    ("{% set a = 1 %}" + "{% set a = [a] %}" * 2000 + "{{ a }}", "nested deeper"),
+    ("{% set ns = namespace(x=1) %}{% set ns.x = [ns] %}{{ ns }}", "nested deeper"),
+    ("{% set ns = namespace(x=1) %}{% for i in range(1000000) %}{% set ns.x = [ns.x]|batch(1)|list %}{% endfor %}",
+     "nested deeper"),
     # a 30 MB string copied again and again: the copies' bytes count as steps
     ("{% set ns = namespace(s='x' * 30000000) %}{% for i in range(1000000) %}{% set ns.t = ns.s ~ 'y' %}{% endfor %}",
      "steps"),
@@ -201,7 +208,8 @@ def test_hostile_templates_end_with_an_error(template, what):
 
 
 def test_bad_variables_are_errors_not_crashes():
-    for text in (b"not json", b"[1, 2]", b"{\"a\": "):
+    deep = b"{\"a\": " + b"[" * 100000 + b"]" * 100000 + b"}"  # converted recursively: refused, not a stack overflow
+    for text in (b"not json", b"[1, 2]", b"{\"a\": ", deep):
         n = ctypes.c_size_t()
         buf = ctypes.create_string_buffer(64)
         assert raw.lib.fastllm_template_render(b"{{ a }}", text, buf, 64, ctypes.byref(n)) == raw.ERR_INVALID_ARGUMENT

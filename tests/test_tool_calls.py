@@ -65,6 +65,7 @@ MALFORMED = [
     ("generic", '{"answer": 42}'),
     ("generic", "Just text, no call."),
     ("glm4", "get_weather\nnot json"),
+    ("hermes", '<tool_call>{"name": "get_weather", "arguments": {"city": ' + "[" * 50000 + "]" * 50000 + "}}</tool_call>"),
 ]
 
 

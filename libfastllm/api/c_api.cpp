@@ -321,7 +321,13 @@ std::string render_chat(const fastllm_model *model, const char *tmpl, nlohmann::
 }
 
 nlohmann::ordered_json parse_variables(const char *variables_json) {
-    nlohmann::ordered_json v = nlohmann::ordered_json::parse(variables_json, nullptr, false);
+    // The engine converts the variables recursively: deeper JSON is refused while parsing (no
+    // conversation or tool schema comes near 256 levels).
+    const auto depth_limit = [](int depth, nlohmann::ordered_json::parse_event_t, nlohmann::ordered_json &) {
+        if (depth > 256) fastllm::fail(FASTLLM_ERR_INVALID_ARGUMENT, "the template's variables nest deeper than 256 levels");
+        return true;
+    };
+    nlohmann::ordered_json v = nlohmann::ordered_json::parse(variables_json, depth_limit, false);
     if (v.is_discarded()) fastllm::fail(FASTLLM_ERR_INVALID_ARGUMENT, "the template's variables are not valid JSON");
     if (!v.is_object()) fastllm::fail(FASTLLM_ERR_INVALID_ARGUMENT, "the template's variables must be a JSON object");
     return v;
@@ -386,7 +392,11 @@ const std::string &template_for_tools(const fastllm_model *model, const char *tm
 
 nlohmann::ordered_json parse_tools(const char *tools_json) {
     if (!tools_json) return nlohmann::ordered_json::array();
-    nlohmann::ordered_json t = nlohmann::ordered_json::parse(tools_json, nullptr, false);
+    const auto depth_limit = [](int depth, nlohmann::ordered_json::parse_event_t, nlohmann::ordered_json &) {
+        if (depth > 256) fastllm::fail(FASTLLM_ERR_INVALID_ARGUMENT, "tools: nested deeper than 256 levels");
+        return true;
+    };
+    nlohmann::ordered_json t = nlohmann::ordered_json::parse(tools_json, depth_limit, false);
     if (t.is_discarded() || !t.is_array()) fastllm::fail(FASTLLM_ERR_INVALID_ARGUMENT, "tools: expected a JSON list");
     return t;
 }

@@ -43,6 +43,7 @@ struct Value {
     std::shared_ptr<Native> fn;
     bool tuple = false;  // a LIST that Python would hold as a tuple (prints as (a, b))
     bool safe = false;   // a STRING that is markupsafe's Markup (|safe, |escape): what it is added to is escaped
+    uint16_t depth = 0;  // a LIST's or DICT's nesting as made (Renderer::seal)
 
     static Value none() { Value v; v.kind = NONE; return v; }
     static Value boolean(bool x) { Value v; v.kind = BOOL; v.b = x; return v; }
@@ -1203,6 +1204,33 @@ public:
     // A string of n bytes made by copying costs a step per 256 bytes, so that copying a large string
     // over and over ends at the step limit too.
     void charge(size_t at, size_t n) { step(at, n >> 8); }
+    // Containers nest at most kMaxNesting levels: printing, comparing, writing JSON and freeing a
+    // value recurse over it, and a hostile template could otherwise nest a value a million deep.
+    // seal() records a new container's depth from its items' records; a namespace, the one
+    // mutable container, has what is assigned into it measured in full (check_nesting), which
+    // also refuses cycles (ns.x = [ns]).
+    static constexpr int kMaxNesting = 256;
+    void seal(Value &v, size_t at) {
+        int d = 0;
+        if (v.kind == Value::LIST)
+            for (const auto &x : *v.list) d = std::max<int>(d, x.depth);
+        else if (v.kind == Value::DICT)
+            for (const auto &kv : v.dict->items) d = std::max<int>(d, kv.second.depth);
+        else return;
+        if (d + 1 > kMaxNesting) fail(at, "values nested deeper than " + std::to_string(kMaxNesting) + " levels");
+        v.depth = uint16_t(d + 1);
+    }
+    int check_nesting(const Value &v, size_t at, int level = 0) {
+        if (level > kMaxNesting)
+            fail(at, "values nested deeper than " + std::to_string(kMaxNesting) + " levels (or a namespace that holds itself)");
+        int d = 0;
+        if (v.kind == Value::LIST)
+            for (const auto &x : *v.list) { step(at); d = std::max(d, check_nesting(x, at, level + 1)); }
+        else if (v.kind == Value::DICT)
+            for (const auto &kv : v.dict->items) { step(at); d = std::max(d, check_nesting(kv.second, at, level + 1)); }
+        else return 0;
+        return d + 1;
+    }
     // A width (indent, center) as a size, refused past the output limit.
     size_t width(int64_t w, size_t at) const {
         if (w > 0 && uint64_t(w) > lim_.max_output) check_size(at, SIZE_MAX);
@@ -1588,6 +1616,7 @@ Value Renderer::eval(const Expr &e) {
             Value l = Value::new_list();
             l.tuple = e.negated;
             for (auto &a : e.args) l.list->push_back(eval(*a));
+            seal(l, e.at);
             return l;
         }
         case Expr::DICT: {
@@ -1598,6 +1627,7 @@ Value Renderer::eval(const Expr &e) {
                     fail(e.args[k]->at, std::string("unhashable type: '") + type_name(key) + "'");
                 d.dict->set(key, eval(*e.args[k + 1]));
             }
+            seal(d, e.at);
             return d;
         }
         case Expr::ATTR: return getattr(eval(*e.args[0]), e.name, e.at);
@@ -1795,6 +1825,7 @@ Renderer::Flow Renderer::exec(const Body &body) {
                     if (ns.kind != Value::DICT || !ns.dict->is_namespace)
                         fail(s.at, "cannot assign attribute on non-namespace object");
                     ns.dict->set(s.attr, std::move(v));
+                    check_nesting(ns, s.at);  // after: a cycle through ns shows as endless depth
                 } else frames_.back()[s.text] = std::move(v);
                 break;
             }
@@ -2360,6 +2391,7 @@ Value Renderer::apply_filter(const std::string &name, Value v, Args &a, size_t a
         for (auto &x : iterate(v, at)) {
             cur.list->push_back(x);
             if (int64_t(cur.list->size()) == n) {
+                seal(cur, at);
                 out.list->push_back(cur);
                 cur = Value::new_list();
             }
@@ -2367,8 +2399,10 @@ Value Renderer::apply_filter(const std::string &name, Value v, Args &a, size_t a
         if (!cur.list->empty()) {
             if (fill.kind != Value::UNDEFINED)
                 while (int64_t(cur.list->size()) < n) cur.list->push_back(fill);
+            seal(cur, at);
             out.list->push_back(cur);
         }
+        seal(out, at);
         return out;
     }
     if (name == "indent") {
@@ -2565,6 +2599,7 @@ void add_globals(std::unordered_map<std::string, Value> &g) {
             for (auto &kv : p.dict->items) ns.dict->set(kv.first, kv.second);
         }
         for (auto &kv : a.kw) ns.dict->set(kv.first, kv.second);
+        r.check_nesting(ns, a.at);
         return ns;
     });
     g["dict"] = Value::func([](Renderer &r, Args &a) -> Value {
@@ -2574,6 +2609,7 @@ void add_globals(std::unordered_map<std::string, Value> &g) {
             for (auto &kv : p.dict->items) d.dict->set(kv.first, kv.second);
         }
         for (auto &kv : a.kw) d.dict->set(kv.first, kv.second);
+        r.seal(d, a.at);
         return d;
     });
 }

@@ -37,8 +37,19 @@ size_t json_end(const std::string &text, size_t i) {
     return std::string::npos;
 }
 
+// JSON text a model wrote: false when it does not parse, or nests past 256 levels (what is
+// parsed is written out again, recursively).
 bool parse_json(const std::string &text, json &out) {
-    out = json::parse(text, nullptr, false);
+    struct TooDeep {};
+    const auto depth_limit = [](int depth, json::parse_event_t, json &) {
+        if (depth > 256) throw TooDeep{};
+        return true;
+    };
+    try {
+        out = json::parse(text, depth_limit, false);
+    } catch (const TooDeep &) {
+        return false;
+    }
     return !out.is_discarded();
 }
 
