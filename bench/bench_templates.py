@@ -10,24 +10,14 @@ Default template: Qwen2.5-Instruct's (tests/test_chat_template.py). Prints the C
 from __future__ import annotations
 
 import argparse
-import platform
 import statistics
 import sys
 import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(REPO / "tests"), str(REPO / "bindings" / "python")]
-
-
-def cpu_name() -> str:
-    try:
-        for line in open("/proc/cpuinfo"):
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown CPU"
+sys.path[:0] = [str(REPO / "bench"), str(REPO / "tests"), str(REPO / "bindings" / "python")]
+from bench_before_after import cpu_name  # noqa: E402
 
 
 def conversation():

@@ -41,23 +41,6 @@ std::unique_ptr<Engine> Engine::load(const std::string &path, int n_threads, con
     return e;
 }
 
-Engine::~Engine() { fastllm_model_free(model_); }
-
-bool Engine::has_chat_template() const { return fastllm_model_chat_template(model_) != nullptr; }
-
-std::vector<int32_t> Engine::tokenize(std::string_view text, int add_bos) const {
-    std::vector<int32_t> ids(text.size() + 8);
-    size_t n = 0;
-    fastllm_status s = fastllm_tokenize(model_, text.data(), text.size(), add_bos, ids.data(), ids.size(), &n);
-    if (s == FASTLLM_ERR_BUFFER_TOO_SMALL) {
-        ids.resize(n);
-        s = fastllm_tokenize(model_, text.data(), text.size(), add_bos, ids.data(), ids.size(), &n);
-    }
-    if (s != FASTLLM_OK) throw library_error(s, "tokenize");
-    ids.resize(n);
-    return ids;
-}
-
 namespace {
 
 // Calls f(buf, capacity, &n) with a buffer that grows until the text fits.
@@ -75,6 +58,23 @@ fastllm_status text_call(std::string &out, size_t capacity, F f) {
 }
 
 }  // namespace
+
+Engine::~Engine() { fastllm_model_free(model_); }
+
+bool Engine::has_chat_template() const { return fastllm_model_chat_template(model_) != nullptr; }
+
+std::vector<int32_t> Engine::tokenize(std::string_view text, int add_bos) const {
+    std::vector<int32_t> ids(text.size() + 8);
+    size_t n = 0;
+    fastllm_status s = fastllm_tokenize(model_, text.data(), text.size(), add_bos, ids.data(), ids.size(), &n);
+    if (s == FASTLLM_ERR_BUFFER_TOO_SMALL) {
+        ids.resize(n);
+        s = fastllm_tokenize(model_, text.data(), text.size(), add_bos, ids.data(), ids.size(), &n);
+    }
+    if (s != FASTLLM_OK) throw library_error(s, "tokenize");
+    ids.resize(n);
+    return ids;
+}
 
 json Engine::parse_tool_calls(const std::string &reply, const json &tools) const {
     const std::string tools_text = tools.dump();
@@ -117,18 +117,13 @@ std::string Engine::grammar_of(const GenerationRequest &r) const {
     }
     std::string grammar = r.grammar;
     if (!r.json_schema.empty()) {
-        size_t n = 0;
-        std::vector<char> buf(4096 + 4 * r.json_schema.size());
-        fastllm_status s = fastllm_json_schema_to_grammar(r.json_schema.c_str(), buf.data(), buf.size(), &n);
-        if (s == FASTLLM_ERR_BUFFER_TOO_SMALL) {
-            buf.resize(n + 1);
-            s = fastllm_json_schema_to_grammar(r.json_schema.c_str(), buf.data(), buf.size(), &n);
-        }
+        fastllm_status s = text_call(grammar, 4096 + 4 * r.json_schema.size(), [&](char *b, size_t c, size_t *n) {
+            return fastllm_json_schema_to_grammar(r.json_schema.c_str(), b, c, n);
+        });
         if (s == FASTLLM_ERR_UNSUPPORTED || s == FASTLLM_ERR_INVALID_ARGUMENT)
             throw bad_request(std::string("response_format: ") + fastllm_last_error(), "response_format",
                               s == FASTLLM_ERR_UNSUPPORTED ? "unsupported_json_schema" : "invalid_json_schema");
         if (s != FASTLLM_OK) throw library_error(s, "response_format");
-        grammar.assign(buf.data(), n);
     } else if (!grammar.empty()) {
         if (fastllm_grammar_check(grammar.c_str()) != FASTLLM_OK)
             throw bad_request(fastllm_last_error(), "grammar", "invalid_grammar");
@@ -145,15 +140,11 @@ void Engine::check_tokens(const std::vector<int32_t> &tokens, const std::string 
 }
 
 std::string Engine::detokenize(const std::vector<int32_t> &tokens) const {
-    std::string out(tokens.size() * 8 + 16, '\0');
-    size_t n = 0;
-    fastllm_status s = fastllm_detokenize(model_, tokens.data(), tokens.size(), out.data(), out.size(), &n);
-    if (s == FASTLLM_ERR_BUFFER_TOO_SMALL) {
-        out.resize(n + 1);
-        s = fastllm_detokenize(model_, tokens.data(), tokens.size(), out.data(), out.size(), &n);
-    }
+    std::string out;
+    fastllm_status s = text_call(out, tokens.size() * 8 + 16, [&](char *b, size_t c, size_t *n) {
+        return fastllm_detokenize(model_, tokens.data(), tokens.size(), b, c, n);
+    });
     if (s != FASTLLM_OK) throw library_error(s, "detokenize");
-    out.resize(n);
     return out;
 }
 

@@ -320,14 +320,19 @@ std::string render_chat(const fastllm_model *model, const char *tmpl, nlohmann::
     return fastllm::apply_chat_template(*m->own_template, std::move(variables), bos, eos);
 }
 
-nlohmann::ordered_json parse_variables(const char *variables_json) {
-    // The engine converts the variables recursively: deeper JSON is refused while parsing (no
-    // conversation or tool schema comes near 256 levels).
-    const auto depth_limit = [](int depth, nlohmann::ordered_json::parse_event_t, nlohmann::ordered_json &) {
-        if (depth > 256) fastllm::fail(FASTLLM_ERR_INVALID_ARGUMENT, "the template's variables nest deeper than 256 levels");
+// A JSON argument (what: its name in messages), discarded when it does not parse. The engine converts values
+// recursively and writes them out again: deeper JSON is refused while parsing (no conversation or
+// tool schema comes near 256 levels).
+nlohmann::ordered_json parse_json_arg(const char *text, const char *what) {
+    const auto depth_limit = [what](int depth, nlohmann::ordered_json::parse_event_t, nlohmann::ordered_json &) {
+        if (depth > 256) fastllm::fail(FASTLLM_ERR_INVALID_ARGUMENT, "%s: nested deeper than 256 levels", what);
         return true;
     };
-    nlohmann::ordered_json v = nlohmann::ordered_json::parse(variables_json, depth_limit, false);
+    return nlohmann::ordered_json::parse(text, depth_limit, false);
+}
+
+nlohmann::ordered_json parse_variables(const char *variables_json) {
+    nlohmann::ordered_json v = parse_json_arg(variables_json, "the template's variables");
     if (v.is_discarded()) fastllm::fail(FASTLLM_ERR_INVALID_ARGUMENT, "the template's variables are not valid JSON");
     if (!v.is_object()) fastllm::fail(FASTLLM_ERR_INVALID_ARGUMENT, "the template's variables must be a JSON object");
     return v;
@@ -382,21 +387,17 @@ fastllm_status fastllm_chat_apply_template_json(const fastllm_model *model, cons
 
 namespace {
 
-// The template the tool-call format comes from: tmpl, else the model's own.
-const std::string &template_for_tools(const fastllm_model *model, const char *tmpl, std::string &keep) {
-    if (tmpl) return keep = tmpl;
+// The tool-call format of tmpl, else of the model's own template.
+const fastllm::ToolFormat &tool_format(const fastllm_model *model, const char *tmpl) {
+    if (tmpl) return fastllm::tool_format_of(tmpl);
     if (!model) fastllm::fail(FASTLLM_ERR_INVALID_ARGUMENT, "model and tmpl are both NULL");
     if (!model->impl.has_chat_template()) fastllm::fail(FASTLLM_ERR_UNSUPPORTED, "the model has no chat template; pass one");
-    return model->impl.chat_template();
+    return fastllm::tool_format_of(model->impl.chat_template());
 }
 
 nlohmann::ordered_json parse_tools(const char *tools_json) {
     if (!tools_json) return nlohmann::ordered_json::array();
-    const auto depth_limit = [](int depth, nlohmann::ordered_json::parse_event_t, nlohmann::ordered_json &) {
-        if (depth > 256) fastllm::fail(FASTLLM_ERR_INVALID_ARGUMENT, "tools: nested deeper than 256 levels");
-        return true;
-    };
-    nlohmann::ordered_json t = nlohmann::ordered_json::parse(tools_json, depth_limit, false);
+    nlohmann::ordered_json t = parse_json_arg(tools_json, "tools");
     if (t.is_discarded() || !t.is_array()) fastllm::fail(FASTLLM_ERR_INVALID_ARGUMENT, "tools: expected a JSON list");
     return t;
 }
@@ -410,8 +411,7 @@ fastllm_status fastllm_chat_parse_tool_calls(const fastllm_model *model, const c
     REQUIRE(out_len, "out_len");
     fastllm_status s = FASTLLM_OK;
     fastllm_status g = guard([&] {
-        std::string keep;
-        const fastllm::ToolFormat &f = fastllm::tool_format_of(template_for_tools(model, tmpl, keep));
+        const fastllm::ToolFormat &f = tool_format(model, tmpl);
         fastllm::ToolReply r = fastllm::parse_tool_calls(f, reply, parse_tools(tools_json));
         nlohmann::ordered_json out = {{"format", fastllm::tool_format_name(f)}, {"content", r.content},
                                       {"tool_calls", nlohmann::ordered_json::array()}};
@@ -427,8 +427,7 @@ fastllm_status fastllm_chat_tool_text_safe(const fastllm_model *model, const cha
     REQUIRE(text, "text");
     REQUIRE(out_safe, "out_safe");
     return guard([&] {
-        std::string keep;
-        *out_safe = fastllm::tool_text_safe(fastllm::tool_format_of(template_for_tools(model, tmpl, keep)), text, done != 0);
+        *out_safe = fastllm::tool_text_safe(tool_format(model, tmpl), text, done != 0);
     });
 }
 
@@ -439,9 +438,7 @@ fastllm_status fastllm_chat_tool_grammar(const fastllm_model *model, const char 
     REQUIRE(out_len, "out_len");
     fastllm_status s = FASTLLM_OK;
     fastllm_status g = guard([&] {
-        std::string keep;
-        const fastllm::ToolFormat &f = fastllm::tool_format_of(template_for_tools(model, tmpl, keep));
-        std::string grammar = fastllm::tool_call_grammar(f, parse_tools(tools_json), tool_name ? tool_name : "", parallel != 0);
+        std::string grammar = fastllm::tool_call_grammar(tool_format(model, tmpl), parse_tools(tools_json), tool_name ? tool_name : "", parallel != 0);
         s = copy_out(grammar, out_grammar, out_capacity, out_len, true);
     });
     return g ? g : s;

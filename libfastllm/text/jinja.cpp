@@ -656,9 +656,12 @@ struct Stmt {
     std::vector<std::string> names;     // FOR targets; MACRO / CALL_BLOCK parameters
     std::vector<ExprP> exprs;           // OUTPUT [e]; IF conditions; FOR [iter, cond or null]; SET [value];
                                         // MACRO / CALL_BLOCK defaults per parameter (null: none), CALL_BLOCK's call last;
-                                        // FILTER_BLOCK [filter applied to a LITERAL placeholder]
+                                        // FILTER_BLOCK [filters applied to the name kBlockText]
     std::vector<Body> bodies;           // IF branches (+ else); FOR [body, else]; others [body]
 };
+
+// The name a {% filter %} block's text is bound to while its filters run (no template can spell it).
+const char *const kBlockText = "\x01block";
 
 class Parser {
 public:
@@ -847,8 +850,9 @@ private:
             expect_block_end();
         } else if (n == "filter") {
             s->kind = Stmt::FILTER_BLOCK;
-            auto placeholder = std::make_unique<Expr>();
-            placeholder->kind = Expr::LITERAL;
+            auto placeholder = std::make_unique<Expr>();  // the block's text, bound when it runs
+            placeholder->kind = Expr::NAME;
+            placeholder->name = kBlockText;
             placeholder->at = tag.at;
             ExprP f = make(Expr::FILTER, peek().at);  // {% filter name(args) | more %}
             f->name = expect_name();
@@ -1263,6 +1267,13 @@ public:
     }
 
     Value eval(const Expr &e);
+    // The arguments of a call, filter or test: e.args[1:] by position, e.kwargs by name.
+    Args eval_args(const Expr &e) {
+        Args args;
+        for (size_t k = 1; k < e.args.size(); k++) args.pos.push_back(eval(*e.args[k]));
+        for (auto &kv : e.kwargs) args.kw.emplace_back(kv.first, eval(*kv.second));
+        return args;
+    }
     Value call(const Value &f, Args &args, size_t at) {
         if (f.kind != Value::FUNC) {
             if (f.kind == Value::UNDEFINED) fail(at, f.s.empty() ? "call of an undefined value" : f.s);
@@ -1640,9 +1651,7 @@ Value Renderer::eval(const Expr &e) {
             return slice(*this, obj, parts[0], parts[1], parts[2], e.at);
         }
         case Expr::CALL: {
-            Args args;
-            for (size_t k = 1; k < e.args.size(); k++) args.pos.push_back(eval(*e.args[k]));
-            for (auto &kv : e.kwargs) args.kw.emplace_back(kv.first, eval(*kv.second));
+            Args args = eval_args(e);
             const Expr &callee = *e.args[0];
             if (callee.kind == Expr::ATTR) {  // a method of a str, list or dict, or a callable member
                 Value obj = eval(*callee.args[0]);
@@ -1655,16 +1664,12 @@ Value Renderer::eval(const Expr &e) {
         }
         case Expr::FILTER: {
             Value v = eval(*e.args[0]);
-            Args args;
-            for (size_t k = 1; k < e.args.size(); k++) args.pos.push_back(eval(*e.args[k]));
-            for (auto &kv : e.kwargs) args.kw.emplace_back(kv.first, eval(*kv.second));
+            Args args = eval_args(e);
             return apply_filter(e.name, std::move(v), args, e.at);
         }
         case Expr::TEST: {
             Value v = eval(*e.args[0]);
-            Args args;
-            for (size_t k = 1; k < e.args.size(); k++) args.pos.push_back(eval(*e.args[k]));
-            for (auto &kv : e.kwargs) args.kw.emplace_back(kv.first, eval(*kv.second));
+            Args args = eval_args(e);
             return Value::boolean(apply_test(e.name, v, args, e.at) != e.negated);
         }
         case Expr::NEG: case Expr::POS: {
@@ -1834,28 +1839,22 @@ Renderer::Flow Renderer::exec(const Body &body) {
             case Stmt::CALL_BLOCK: {
                 const Expr &c = *s.exprs.back();
                 Value caller = make_macro(s);
-                Args args;
-                for (size_t k = 1; k < c.args.size(); k++) args.pos.push_back(eval(*c.args[k]));
-                for (auto &kv : c.kwargs) args.kw.emplace_back(kv.first, eval(*kv.second));
+                Args args = eval_args(c);
                 args.kw.emplace_back("caller", caller);
                 Value r = call(eval(*c.args[0]), args, c.at);
                 write(to_str(r), s.at);
                 break;
             }
             case Stmt::FILTER_BLOCK: {
-                std::string text = capture(s.bodies[0]);
-                // the filter expression applied to the block's text (the LITERAL placeholder's place)
-                const Expr *f = s.exprs[0].get();
-                std::vector<const Expr *> chain;
-                for (; f->kind == Expr::FILTER; f = f->args[0].get()) chain.push_back(f);
-                Value v = Value::string(text);
-                for (size_t k = chain.size(); k-- > 0;) {
-                    Args args;
-                    for (size_t a = 1; a < chain[k]->args.size(); a++) args.pos.push_back(eval(*chain[k]->args[a]));
-                    for (auto &kv : chain[k]->kwargs) args.kw.emplace_back(kv.first, eval(*kv.second));
-                    v = apply_filter(chain[k]->name, v, args, chain[k]->at);
-                }
-                write(to_str(v), s.at);
+                // the filter expression, whose operand is the name kBlockText, over the block's text
+                Value text = Value::string(capture(s.bodies[0]));
+                frames_.emplace_back();
+                struct Pop {
+                    Renderer &r;
+                    ~Pop() { r.frames_.pop_back(); }
+                } pop{*this};
+                frames_.back()[kBlockText] = text;
+                write(to_str(eval(*s.exprs[0])), s.at);
                 break;
             }
             case Stmt::BREAK: return BREAK;
