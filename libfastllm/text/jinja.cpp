@@ -934,7 +934,7 @@ private:
         return parse_compare();
     }
     ExprP parse_compare() {
-        ExprP e = parse_concat();
+        ExprP e = parse_binary(0);
         while (true) {
             std::string op;
             bool negated = false;
@@ -955,52 +955,31 @@ private:
             c->name = op;
             c->negated = negated;
             c->args.push_back(std::move(e));
-            c->args.push_back(parse_concat());
+            c->args.push_back(parse_binary(0));
             e = std::move(c);
         }
         return e;
     }
-    ExprP binary(const char *op, size_t at, ExprP a, ExprP b) {
-        ExprP e = make(Expr::BINARY, at);
-        e->name = op;
-        e->args.push_back(std::move(a));
-        e->args.push_back(std::move(b));
-        return e;
+    // The binary operators from the loosest level to the tightest, each left-associative:
+    // ~, then + -, then * / // %, then **.
+    static constexpr int kBinaryLevels = 4;
+    bool binary_op_at(int level) const {
+        static const std::vector<std::vector<std::string>> ops = {{"~"}, {"+", "-"}, {"*", "/", "//", "%"}, {"**"}};
+        if (peek().kind != T_OP) return false;
+        for (const auto &o : ops[size_t(level)])
+            if (peek().text == o) return true;
+        return false;
     }
-    ExprP parse_concat() {
-        ExprP e = parse_math1();
-        while (is_op("~")) {
-            size_t at = next().at;
-            e = binary("~", at, std::move(e), parse_math1());
-        }
-        return e;
-    }
-    ExprP parse_math1() {
-        ExprP e = parse_math2();
-        while (is_op("+") || is_op("-")) {
+    ExprP parse_binary(int level) {
+        if (level == kBinaryLevels) return parse_unary(true);
+        ExprP e = parse_binary(level + 1);
+        while (binary_op_at(level)) {
             const Token &t = next();
-            std::string op = t.text;
-            e = binary(op == "+" ? "+" : "-", t.at, std::move(e), parse_math2());
-        }
-        return e;
-    }
-    ExprP parse_math2() {
-        ExprP e = parse_pow();
-        while (is_op("*") || is_op("/") || is_op("//") || is_op("%")) {
-            const Token &t = next();
-            static const char *ops[] = {"*", "/", "//", "%"};
-            const char *op = "*";
-            for (const char *o : ops)
-                if (t.text == o) op = o;
-            e = binary(op, t.at, std::move(e), parse_pow());
-        }
-        return e;
-    }
-    ExprP parse_pow() {
-        ExprP e = parse_unary(true);
-        while (is_op("**")) {
-            size_t at = next().at;
-            e = binary("**", at, std::move(e), parse_unary(true));
+            ExprP b = make(Expr::BINARY, t.at);
+            b->name = t.text;
+            b->args.push_back(std::move(e));
+            b->args.push_back(parse_binary(level + 1));
+            e = std::move(b);
         }
         return e;
     }
