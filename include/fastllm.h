@@ -57,7 +57,7 @@ extern "C" {
 #define FASTLLM_VERSION_MAJOR 0
 #define FASTLLM_VERSION_MINOR 6
 #define FASTLLM_VERSION_PATCH 0
-#define FASTLLM_ABI_VERSION 9
+#define FASTLLM_ABI_VERSION 10
 
 typedef enum fastllm_status {
     FASTLLM_OK = 0,
@@ -332,6 +332,14 @@ FASTLLM_API fastllm_status fastllm_chat_tool_grammar(const fastllm_model *model,
                                                      const char *tools_json, const char *tool_name, int parallel,
                                                      char *out_grammar, size_t out_capacity, size_t *out_len);
 
+/* For tool_choice "auto": the triggers (fastllm_sampling_params.grammar_triggers) that make
+ * fastllm_chat_tool_grammar's grammar lazy, so that a reply is free text until a call begins and
+ * the call is then constrained, as a JSON array of strings: ["<tool_call>"] for hermes,
+ * ["^{", "^["] for the generic JSON format (a reply that begins with '{' or '[' is a call).
+ * FASTLLM_ERR_UNSUPPORTED for the formats without a grammar. Output as fastllm_detokenize. */
+FASTLLM_API fastllm_status fastllm_chat_tool_triggers(const fastllm_model *model, const char *tmpl, char *out_json,
+                                                      size_t out_capacity, size_t *out_len);
+
 /* Renders any Jinja template tmpl, with no model: the variables are the members of variables_json
  * (a JSON object; nothing is added, not even bos_token). The same engine and environment as the
  * chat templates (trim_blocks, lstrip_blocks, tojson, raise_exception, strftime_now, loop
@@ -475,6 +483,16 @@ typedef struct fastllm_sampling_params {
      * fastllm_json_schema_to_grammar and used as grammar (its errors: see there). Setting both
      * grammar and json_schema is FASTLLM_ERR_INVALID_ARGUMENT. */
     const char *json_schema;
+    /* Lazy grammar (docs/grammar.md), as tool_choice "auto" needs: n_grammar_triggers strings
+     * (NULL / 0, the default: the grammar constrains from the first token). The text is then free
+     * until one of them appears in it, and the grammar (or JSON schema) constrains the text from
+     * that trigger's first byte on, so its matches begin with the trigger; "^x" counts only where
+     * x begins the generated text after leading whitespace. Before a trigger, only the tokens that
+     * would complete one with text the grammar rejects are disallowed; a generation without a
+     * trigger ends as one without a grammar. fastllm_chat_tool_triggers gives a chat format's.
+     * Triggers without a grammar, or an empty trigger, are FASTLLM_ERR_INVALID_ARGUMENT. */
+    const char *const *grammar_triggers;
+    int32_t n_grammar_triggers;
 } fastllm_sampling_params;
 
 FASTLLM_API fastllm_sampling_params fastllm_sampling_default_params(void);

@@ -35,10 +35,12 @@ public:
     // The request's conversation (and tools) rendered with the model's own chat template, ending
     // with the assistant's turn.
     std::string apply_chat_template(const GenerationRequest &r) const;
-    // The GBNF grammar a request asks for (its grammar, its response_format's schema converted, or
-    // its tool_choice "required" / named: the calls' grammar in the template's format), "" for
-    // none. Throws 400 for a schema, grammar or tool_choice the library refuses, naming the field.
-    std::string grammar_of(const GenerationRequest &r) const;
+    // The grammar a request asks for (its grammar, its response_format's schema converted, or
+    // its tool_choice "required" / named: the calls' grammar in the template's format; for
+    // tool_choice "auto" without another grammar, the same made lazy by the format's triggers,
+    // where the format has a grammar), "" for none. Throws 400 for a schema, grammar or
+    // tool_choice the library refuses, naming the field.
+    Constraint constraint_of(const GenerationRequest &r) const;
     // The tool calls in a reply: {"format", "content", "tool_calls": [{"name", "arguments"}]}.
     json parse_tool_calls(const std::string &reply, const json &tools) const;
     // How many bytes of a reply so far can be streamed as text: not (yet) part of a tool call.

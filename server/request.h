@@ -28,6 +28,12 @@ ApiError bad_request(std::string message, std::string param = "", std::string co
 
 enum class Endpoint { Completions, ChatCompletions };
 
+// A request's constrained output: GBNF ("" for none) and its triggers (fastllm_sampling_params).
+struct Constraint {
+    std::string grammar;
+    std::vector<std::string> triggers;
+};
+
 // A /v1/completions or /v1/chat/completions request, fields checked for type and range.
 struct GenerationRequest {
     Endpoint endpoint = Endpoint::Completions;

@@ -342,7 +342,7 @@ void Routes::generate(httplib::Response &res, const std::string &text, Endpoint 
         e.param = "model";
         throw e;
     }
-    std::string grammar = engine_.grammar_of(r);  // a bad schema or grammar is answered before any work
+    Constraint constraint = engine_.constraint_of(r);  // a bad schema or grammar is answered before any work
     const char *prompt_param = endpoint == Endpoint::Completions ? "prompt" : "messages";
     std::vector<int32_t> prompt = prompt_tokens(r);
     if (prompt.empty()) throw bad_request("the prompt is empty (it has no tokens)", prompt_param);
@@ -363,7 +363,7 @@ void Routes::generate(httplib::Response &res, const std::string &text, Endpoint 
     p.repetition_penalty = r.repetition_penalty;
     p.seed = r.seed ? *r.seed : random_seed();
     p.ignore_eos = r.ignore_eos ? 1 : 0;
-    auto job = std::make_shared<Job>(std::move(prompt), p, std::move(r.stop), std::move(grammar));
+    auto job = std::make_shared<Job>(std::move(prompt), p, std::move(r.stop), std::move(constraint));
     const std::string mode = r.speculative.empty() ? config_.speculative : r.speculative;
     if (mode == "draft" && !config_.draft_model)
         throw bad_request("'speculative': \"draft\" needs a server started with --draft-model", "speculative",

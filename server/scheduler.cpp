@@ -21,13 +21,16 @@ const char *finish_reason_name(FinishReason r) {
 // Job
 
 Job::Job(std::vector<int32_t> prompt, const fastllm_sampling_params &params, std::vector<std::string> stops,
-         std::string grammar)
-    : prompt_(std::move(prompt)), stops_(std::move(stops)), grammar_(std::move(grammar)), params_(params),
+         Constraint constraint)
+    : prompt_(std::move(prompt)), stops_(std::move(stops)), constraint_(std::move(constraint)), params_(params),
       arrived_(clock::now()) {
     for (const auto &s : stops_) stop_ptrs_.push_back(s.c_str());
     params_.stop = stop_ptrs_.empty() ? nullptr : stop_ptrs_.data();
     params_.n_stop = (int32_t)stop_ptrs_.size();
-    params_.grammar = grammar_.empty() ? nullptr : grammar_.c_str();
+    params_.grammar = constraint_.grammar.empty() ? nullptr : constraint_.grammar.c_str();
+    for (const auto &t : constraint_.triggers) trigger_ptrs_.push_back(t.c_str());
+    params_.grammar_triggers = trigger_ptrs_.empty() ? nullptr : trigger_ptrs_.data();
+    params_.n_grammar_triggers = (int32_t)trigger_ptrs_.size();
     params_.json_schema = nullptr;  // a schema comes converted, as grammar
 }
 

@@ -58,9 +58,9 @@ class Job {
 public:
     using clock = std::chrono::steady_clock;
 
-    // grammar: GBNF for params.grammar ("" for none); the job keeps it, as it keeps the stops.
+    // constraint: for params.grammar and its triggers; the job keeps it, as it keeps the stops.
     Job(std::vector<int32_t> prompt, const fastllm_sampling_params &params, std::vector<std::string> stops,
-        std::string grammar = "");
+        Constraint constraint = {});
 
     // HTTP side. Waits until there is text or the job has ended (or until timeout); moves the new
     // text into text. Returns true once the job has ended and all its text has been taken.
@@ -83,7 +83,8 @@ private:
     std::vector<int32_t> prompt_;
     std::vector<std::string> stops_;
     std::vector<const char *> stop_ptrs_;  // into stops_, for params_.stop
-    std::string grammar_;                  // params_.grammar points here
+    Constraint constraint_;                // params_.grammar and grammar_triggers point here
+    std::vector<const char *> trigger_ptrs_;
     fastllm_sampling_params params_;
     fastllm_speculative_params speculative_{};
     bool has_speculative_ = false;

@@ -437,6 +437,96 @@ def test_allowed_tokens_equal_llguidance_on_random_walks(tmp_path, smollm_flm, v
     assert steps >= 30
 
 
+# -- lazy grammars (grammar triggers) ----------------------------------------------------------------
+
+def _first_trigger(text: bytes, triggers):
+    """Where the first trigger begins in text, as docs/grammar.md defines it, or None."""
+    found = []
+    for t in triggers:
+        t = t.encode()
+        if t.startswith(b"^"):
+            start = len(text) - len(text.lstrip(b" \t\r\n"))
+            if text[start:].startswith(t[1:]):
+                found.append(start)
+        elif t in text:
+            found.append(text.index(t))
+    return min(found, default=None)
+
+
+LAZY = [  # (grammar, triggers, prefixes the mask is checked after)
+    ('root ::= "<tool_call>\n{" [a-z]{1,8} "}\n</tool_call>"', ["<tool_call>"],
+     [b"", b"Sure", b"Let me check. <tool", b"x <tool_call", b"<tool_call>\n{ab", b"a <tool_call>\n{abc}\n</tool_call>"]),
+    ('root ::= ("{" | "[") [0-9, ]* ("}" | "]")', ["^{", "^["], [b"", b"  \n", b" {1, 2", b"x", b"Hi {", b"[1]"]),
+    ('root ::= "ing " [a-z]{2,12} "."', ["ing"], [b"", b"The k", b"sing", b"A bor", b"going to"]),
+]
+
+
+@pytest.mark.parametrize("case", range(len(LAZY)))
+def test_lazy_grammar_masks_only_tokens_that_trigger_into_a_dead_end(tmp_path, smollm_flm, smollm, vocab, case):
+    """A lazy matcher's allowed tokens after a prefix, against brute force over the whole vocabulary:
+    a token is allowed when prefix + token holds no trigger, or when the text from the first
+    trigger on is a valid prefix for the plain (non-lazy) matcher; EOS as text with no grammar
+    before a trigger, as the grammar after one."""
+    grammar, triggers, prefixes = LAZY[case]
+    g = write(tmp_path, "g.gbnf", grammar)
+    eos = smollm.info["eos_id"]
+    masked = 0
+    for prefix in prefixes:
+        r = subprocess.run([str(TOOL), "mask", str(smollm_flm), str(g), *triggers], input=prefix.hex() + "\n",
+                           capture_output=True, text=True, timeout=120)
+        assert r.returncode == 0, r.stderr
+        got = np.unpackbits(np.frombuffer(bytes.fromhex(r.stdout.strip()), dtype=np.uint8), bitorder="little")
+        got = got[:len(vocab)]
+        at = _first_trigger(prefix, triggers)
+        # the plain matcher's verdicts on every text from a trigger on
+        texts, where = [], {}
+        for i, piece in enumerate(vocab):
+            text = prefix + piece
+            k = _first_trigger(text, triggers)
+            if k is not None and piece:
+                where[i] = len(texts)
+                texts.append(text[k:])
+        texts.append(prefix[at:] if at is not None else b"")
+        rr = subprocess.run([str(TOOL), "match", str(g)], input="".join(t.hex() + "\n" for t in texts),
+                            capture_output=True, text=True, timeout=300)
+        verdicts = rr.stdout.split()
+        complete = at is not None and verdicts[-1] in ("complete", "final")
+        want = np.array([(verdicts[where[i]] != "reject") if i in where else
+                         (at is None if piece or i != eos else (at is None or complete))
+                         for i, piece in enumerate(vocab)], dtype=np.uint8)
+        diff = np.nonzero(got != want)[0]
+        assert len(diff) == 0, (prefix, [(int(i), vocab[i], int(got[i]), int(want[i])) for i in diff[:10]])
+        if at is None:
+            masked += len(vocab) - int(got.sum())
+    assert masked > 0  # some token would have triggered into a dead end
+
+
+def test_lazy_grammar_generation_is_free_until_the_trigger(stories_model):
+    """Sampled text: before the trigger anything; from it on, the grammar's match, then stop."""
+    grammar = 'root ::= " the" " end of the " [a-z]{3,6} "."'
+    triggered = 0
+    with stories_model.session() as s:
+        for seed in range(6):
+            s.reset()
+            out = s.generate("Once upon a time", 120, temperature=1.0, seed=seed, grammar=grammar,
+                             grammar_triggers=[" the"])
+            if " the" in out:
+                triggered += 1
+                head, _, tail = out.partition(" the")
+                if s.last_result.stop_reason == "grammar":
+                    assert re.fullmatch(r" end of the [a-z]{3,6}\.", tail), out
+                else:  # cut by max_new_tokens inside the match
+                    assert s.last_result.stop_reason == "max_tokens", out
+                    assert " end of the "[:len(tail)] == tail or re.fullmatch(r" end of the [a-z]{0,6}", tail), out
+            else:
+                assert s.last_result.stop_reason in ("eos", "max_tokens"), out
+    assert triggered >= 3  # " the" is in nearly every sentence of a story
+    with pytest.raises(fastllm.FastLLMError, match="without a grammar"):
+        stories_model.generate("Once", 4, grammar_triggers=["x"])
+    with pytest.raises(fastllm.FastLLMError, match="empty trigger"):
+        stories_model.generate("Once", 4, grammar="root ::= \"x\"", grammar_triggers=["^"])
+
+
 def test_greedy_under_a_grammar_is_the_argmax_of_the_allowed_logits(smollm, vocab, llg_tokenizer):
     """The first 12 tokens of a greedy generation with the NPC schema are, step by step, the token of
     highest logit among those llguidance allows (logits from the same model, without the grammar)."""

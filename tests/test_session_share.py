@@ -322,6 +322,34 @@ def test_state_saved_mid_generation_keeps_the_grammar(stories_model):
         assert raw.STOP_REASONS[result.stop_reason] == "grammar"
 
 
+def test_state_saved_mid_generation_keeps_a_lazy_grammar(stories_model):
+    """A lazy grammar's generation saved before its trigger, and after, resumes the same."""
+    p = lib.fastllm_sampling_default_params()
+    p.temperature, p.max_new_tokens, p.seed = 1.0, 120, 5
+    p.grammar = b'root ::= " the" (" " [a-z]{1,8}){2,5} "."'
+    keep = (ctypes.c_char_p * 1)(b" the")
+    p.grammar_triggers, p.n_grammar_triggers = ctypes.cast(keep, ctypes.POINTER(ctypes.c_char_p)), 1
+    ids, n = fastllm.model._ids_array(stories_model.tokenize("Once upon a time"))
+    cb = raw.StreamCallback(lambda t, l, _u: 0)
+    result = raw.GenerationResult()
+    with stories_model.session() as a:
+        _begin(a, ids, n, p, cb)
+        want = _step_tokens(a, 200)
+        lib.fastllm_session_generation_result(a.handle, ctypes.byref(result))
+        reason = raw.STOP_REASONS[result.stop_reason]
+    text = stories_model.detokenize(want[n:])
+    assert " the" in text and (reason == "grammar") == bool(re.search(r" the( [a-z]{1,8}){2,5}\.$", text)), text
+    at = len(stories_model.tokenize(text.partition(" the")[0], add_bos=False))  # about where it triggered
+    for save_at in (1, at + 2):
+        with stories_model.session() as a, stories_model.session() as b:
+            _begin(a, ids, n, p, cb)
+            _step_tokens(a, save_at)
+            b.load_state(a.save_state())
+            assert _step_tokens(b, 200) == want, save_at
+            lib.fastllm_session_generation_result(b.handle, ctypes.byref(result))
+            assert raw.STOP_REASONS[result.stop_reason] == reason
+
+
 def _fnv1a(data: bytes) -> int:
     h = 0xcbf29ce484222325
     for b in data:

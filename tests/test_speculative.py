@@ -51,7 +51,8 @@ def test_greedy_output_is_identical(stories_model, draft_model, mode):
 
 
 def test_identical_with_stop_strings_max_tokens_and_grammar(stories_model, draft_model):
-    for kw in (dict(stop=["Lily"]), dict(stop=[" the"]), dict(grammar='root ::= [a-zA-Z ,.]+ "."')):
+    for kw in (dict(stop=["Lily"]), dict(stop=[" the"]), dict(grammar='root ::= [a-zA-Z ,.]+ "."'),
+               dict(grammar='root ::= " the" (" " [a-z]{1,8}){1,3} "."', grammar_triggers=[" the"])):
         for n in (1, 7, 40):
             want = run(stories_model, "Once upon a time", n, temperature=0.0, **kw)
             got = run(stories_model, "Once upon a time", n, draft=draft_model, temperature=0.0, **kw)

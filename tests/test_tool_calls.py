@@ -127,6 +127,22 @@ def test_constrained_calls_parse_and_validate(stories_model, fmt, choice):
             jsonschema.validate(json.loads(call["function"]["arguments"]), SCHEMAS[name])
 
 
+def test_each_format_has_its_auto_triggers(stories_model):
+    want = {"hermes": ["<tool_call>"], "mistral": ["[TOOL_CALLS]"], "functools": ["functools"], "llama3": ["^{"],
+            "generic": ["^{", "^["]}
+    for fmt, triggers in want.items():
+        assert stories_model.tool_call_triggers(template=FORMAT_TEMPLATES[fmt]) == triggers, fmt
+        # the grammars begin where the triggers are: a required call matches from a trigger on
+        grammar = stories_model.tool_call_grammar(TOOLS, parallel=True, template=FORMAT_TEMPLATES[fmt])
+        text = stories_model.generate("Once upon a time", 300, grammar=grammar, temperature=1.0, seed=4)
+        assert any(text.lstrip().startswith(t.lstrip("^")) if t.startswith("^") else text.startswith(t)
+                   for t in triggers), (fmt, text)
+    for fmt in ("glm4", "glm4.5"):
+        with pytest.raises(fastllm.FastLLMError) as e:
+            stories_model.tool_call_triggers(template=FORMAT_TEMPLATES[fmt])
+        assert e.value.status_name == "FASTLLM_ERR_UNSUPPORTED"
+
+
 def test_grammar_errors_are_clear(stories_model):
     with pytest.raises(fastllm.FastLLMError) as e:
         stories_model.tool_call_grammar(TOOLS, "no_such_tool", template=QWEN25)
@@ -218,6 +234,64 @@ def test_server_takes_tool_results_and_auto_never_fails(smollm_server):
         pieces = [ch.choices[0].delta.content or "" for ch in c.chat.completions.create(stream=True, **kw) if ch.choices]
         if not whole.tool_calls:
             assert "".join(pieces) == whole.content
+
+
+def _shot(question, call):
+    return [{"role": "user", "content": question}, {"role": "assistant", "content": json.dumps(call)}]
+
+
+# SmolLM2-135M answers in its own words when told about tools, but after three calls in the generic
+# format it begins its reply with '{' nearly always; free, the arguments it then writes often break
+# the schema (city for move_to, "country" for get_weather).
+FEW_SHOT = (_shot("What is the weather in Rome?", {"name": "get_weather", "arguments": {"city": "Rome"}})
+            + _shot("Walk to 3, 4.", {"name": "move_to", "arguments": {"x": 3, "y": 4}})
+            + _shot("What is the weather in Oslo?", {"name": "get_weather", "arguments": {"city": "Oslo"}})
+            + [{"role": "user", "content": "What is the weather in Paris?"}])
+
+
+def _valid_or_text(content, calls):
+    """auto: a reply that begins a call (generic format: '{' or '[') is calls that validate."""
+    if calls:
+        for c in calls:
+            jsonschema.validate(json.loads(c["function"]["arguments"]), SCHEMAS[c["function"]["name"]])
+        return 1
+    assert not (content or "").lstrip().startswith(("{", "[")), content
+    return 0
+
+
+def test_session_chat_auto_constrains_a_call_once_it_begins(smollm):
+    n_calls = 0
+    for seed in (0, 1, 5):
+        with smollm.session() as s:
+            r = s.chat(FEW_SHOT, 60, tools=TOOLS, temperature=1.0, seed=seed)
+            n_calls += _valid_or_text(r["content"], r.get("tool_calls"))
+    assert n_calls >= 2
+
+
+def test_server_auto_constrains_a_call_once_it_begins(smollm_server):
+    with smollm_server.client() as c:
+        name = c.models.list().data[0].id
+        n_calls = 0
+        for seed in (1, 2, 5):
+            r = c.chat.completions.create(model=name, messages=FEW_SHOT, tools=TOOLS, max_tokens=60, seed=seed,
+                                          temperature=1.0)
+            msg = r.choices[0].message
+            calls = [t.model_dump() for t in msg.tool_calls or []]
+            n_calls += _valid_or_text(msg.content, calls)
+            if calls:
+                assert r.choices[0].finish_reason == "tool_calls"
+        assert n_calls >= 2
+        # streamed: the same calls
+        kw = dict(model=name, messages=FEW_SHOT, tools=TOOLS, max_tokens=60, seed=2, temperature=1.0)
+        whole = c.chat.completions.create(**kw).choices[0].message.tool_calls or []
+        calls = {}
+        for chunk in c.chat.completions.create(stream=True, **kw):
+            for d in (chunk.choices[0].delta.tool_calls or []) if chunk.choices else []:
+                entry = calls.setdefault(d.index, {"name": "", "arguments": ""})
+                entry["name"] += d.function.name or ""
+                entry["arguments"] += d.function.arguments or ""
+        assert [(calls[i]["name"], json.loads(calls[i]["arguments"])) for i in sorted(calls)] == \
+            [(t.function.name, json.loads(t.function.arguments)) for t in whole]
 
 
 def test_server_rejects_bad_tools_with_400(smollm_server):

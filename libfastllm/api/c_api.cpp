@@ -103,6 +103,14 @@ fastllm::SamplingOptions sampling_options(const fastllm_sampling_params *params)
     if (p.grammar && !*p.grammar) fastllm::fail(FASTLLM_ERR_INVALID_ARGUMENT, "grammar is empty (it needs a rule 'root')");
     if (p.grammar) o.grammar = p.grammar;
     if (p.json_schema) o.grammar = fastllm::json_schema_to_grammar(p.json_schema);
+    if (p.n_grammar_triggers < 0 || (p.n_grammar_triggers > 0 && !p.grammar_triggers))
+        fastllm::fail(FASTLLM_ERR_INVALID_ARGUMENT, "invalid grammar_triggers list");
+    if (p.n_grammar_triggers > 0 && o.grammar.empty())
+        fastllm::fail(FASTLLM_ERR_INVALID_ARGUMENT, "grammar_triggers without a grammar or json_schema");
+    for (int i = 0; i < p.n_grammar_triggers; i++) {
+        if (!p.grammar_triggers[i]) fastllm::fail(FASTLLM_ERR_INVALID_ARGUMENT, "grammar trigger %d is NULL", i);
+        o.grammar_triggers.emplace_back(p.grammar_triggers[i]);
+    }
     return o;
 }
 
@@ -444,6 +452,17 @@ fastllm_status fastllm_chat_tool_grammar(const fastllm_model *model, const char 
     return g ? g : s;
 }
 
+fastllm_status fastllm_chat_tool_triggers(const fastllm_model *model, const char *tmpl, char *out_json,
+                                          size_t out_capacity, size_t *out_len) {
+    REQUIRE(out_len, "out_len");
+    fastllm_status s = FASTLLM_OK;
+    fastllm_status g = guard([&] {
+        const nlohmann::ordered_json triggers = fastllm::tool_call_triggers(tool_format(model, tmpl));
+        s = copy_out(triggers.dump(), out_json, out_capacity, out_len, true);
+    });
+    return g ? g : s;
+}
+
 fastllm_status fastllm_template_render(const char *tmpl, const char *variables_json, char *out_text,
                                        size_t out_capacity, size_t *out_len) {
     REQUIRE(tmpl, "tmpl");
@@ -645,6 +664,8 @@ fastllm_sampling_params fastllm_sampling_default_params(void) {
     p.ignore_eos = 0;
     p.grammar = nullptr;
     p.json_schema = nullptr;
+    p.grammar_triggers = nullptr;
+    p.n_grammar_triggers = 0;
     return p;
 }
 

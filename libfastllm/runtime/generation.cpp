@@ -23,7 +23,7 @@ void Session::begin_generation(const int32_t *prompt, size_t n_prompt, const Sam
     cancel_ = false;
     if (p.max_new_tokens < 0) fail(FASTLLM_ERR_INVALID_ARGUMENT, "max_new_tokens must not be negative");
     // A bad grammar fails here, before anything changes.
-    auto grammar = p.grammar.empty() ? nullptr : std::make_unique<GrammarMatcher>(Grammar::parse(p.grammar));
+    auto grammar = matcher_of(p);
     ctx_.check_tokens(prompt, n_prompt);
     if (ctx_.tokens.empty() && n_prompt == 0) fail(FASTLLM_ERR_INVALID_ARGUMENT, "empty prompt and empty session");
 

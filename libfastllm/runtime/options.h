@@ -33,6 +33,7 @@ struct SamplingOptions {
     std::vector<std::string> stop;
     bool ignore_eos = false;
     std::string grammar;  // GBNF; empty: none (a JSON schema is converted at the C boundary)
+    std::vector<std::string> grammar_triggers;  // empty: the grammar applies from the start (grammar.h)
 };
 
 struct GenerationResult {

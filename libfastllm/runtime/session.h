@@ -93,7 +93,7 @@ private:
         SamplingOptions params;
         Sampler sampler;
         TextStream stream;
-        std::unique_ptr<GrammarMatcher> grammar;  // of params.grammar, when it has one
+        std::unique_ptr<GrammarMatcher> grammar;  // of params.grammar, when it has one (matcher_of)
         std::chrono::steady_clock::time_point start;
         int32_t exclude = -1;  // a draft rejected at the next position: the next token is drawn from the others
         // A deferred prompt: steps evaluate ctx_.tokens[n_evaluated..] (`chunk` of them this step) before
@@ -105,9 +105,12 @@ private:
         Generation(const SamplingOptions &p, int vocab, fastllm_stream_callback cb, void *user,
                    std::unique_ptr<GrammarMatcher> matcher = nullptr)
             : params(p), sampler(p, vocab), stream(p.stop, cb, user),
-              grammar(matcher || p.grammar.empty() ? std::move(matcher)
-                                                   : std::make_unique<GrammarMatcher>(Grammar::parse(p.grammar))) {}
+              grammar(matcher ? std::move(matcher) : matcher_of(p)) {}
     };
+    // The matcher of p's grammar and triggers, nullptr without a grammar.
+    static std::unique_ptr<GrammarMatcher> matcher_of(const SamplingOptions &p) {
+        return p.grammar.empty() ? nullptr : std::make_unique<GrammarMatcher>(Grammar::parse(p.grammar), p.grammar_triggers);
+    }
 
     // After the prompt: ends a generation that has nothing to sample (max_new_tokens 0, a grammar
     // matching only ""); returns false then.

@@ -4,7 +4,8 @@
 //   per layer: u8 held[ceil(n_evaluated / 32)] (version 2: which blocks of 32 positions follow;
 //     a sliding-window layer holds only its window), then the key rows of the held positions below
 //     n_evaluated, then their value rows (in type_k / type_v); version 1: every block, no flags
-//   u8 generating; if 1: the sampling options (stop strings, grammar), the RNG state, n_prompt /
+//   u8 generating; if 1: the sampling options (stop strings, grammar, its triggers from version 3),
+//     the RNG state, n_prompt /
 //     n_generated, the text the stream holds back, the text the grammar has accepted (replayed
 //     into a new matcher on load), and the last logits (vocab floats)
 //   u64 FNV-1a of everything before
@@ -23,7 +24,8 @@ namespace fastllm {
 namespace {
 
 constexpr char kMagic[8] = {'F', 'L', 'M', 'S', 'T', 'A', 'T', 'E'};
-constexpr uint32_t kStateVersion = 2;  // version 1 (fastllm 0.4): every position of every layer
+// version 1 (fastllm 0.4): every position of every layer; version 2 (0.5): no grammar triggers
+constexpr uint32_t kStateVersion = 3;
 
 uint64_t fnv1a(const uint8_t *p, size_t n) {
     Fnv1a f;
@@ -77,9 +79,11 @@ void put_options(Writer &w, const SamplingOptions &o) {
     w.put((uint32_t)o.stop.size());
     for (const std::string &s : o.stop) w.str(s);
     w.str(o.grammar);
+    w.put((uint32_t)o.grammar_triggers.size());
+    for (const std::string &s : o.grammar_triggers) w.str(s);
 }
 
-SamplingOptions get_options(Reader &r) {
+SamplingOptions get_options(Reader &r, uint32_t version) {
     SamplingOptions o;
     o.max_new_tokens = r.get<int32_t>();
     o.temperature = r.get<float>(), o.top_p = r.get<float>(), o.min_p = r.get<float>();
@@ -91,6 +95,11 @@ SamplingOptions get_options(Reader &r) {
     if (n_stop > (size_t)(r.end - r.p) / 4) fail(FASTLLM_ERR_BAD_FORMAT, "session state: bad stop string count");
     for (uint32_t i = 0; i < n_stop; i++) o.stop.push_back(r.str());
     o.grammar = r.str();
+    if (version >= 3) {
+        const uint32_t n = r.get<uint32_t>();
+        if (n > (size_t)(r.end - r.p) / 4) fail(FASTLLM_ERR_BAD_FORMAT, "session state: bad grammar trigger count");
+        for (uint32_t i = 0; i < n; i++) o.grammar_triggers.push_back(r.str());
+    }
     return o;
 }
 
@@ -189,7 +198,7 @@ void Session::load_state(const uint8_t *data, size_t size, fastllm_stream_callba
     GenerationResult result;
     std::vector<float> logits;
     if (generating) {
-        const SamplingOptions o = get_options(r);
+        const SamplingOptions o = get_options(r, version);
         const uint64_t rng = r.get<uint64_t>();
         result.n_prompt_tokens = r.get<int32_t>(), result.n_generated_tokens = r.get<int32_t>();
         std::string held = r.str();
@@ -202,7 +211,7 @@ void Session::load_state(const uint8_t *data, size_t size, fastllm_stream_callba
         std::unique_ptr<GrammarMatcher> matcher;
         if (!o.grammar.empty()) {
             try {
-                matcher = std::make_unique<GrammarMatcher>(Grammar::parse(o.grammar));
+                matcher = matcher_of(o);
             } catch (const Error &e) {
                 fail(FASTLLM_ERR_BAD_FORMAT, "session state: its grammar does not parse (%s)", e.what());
             }

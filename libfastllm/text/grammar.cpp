@@ -607,6 +607,71 @@ GrammarMatcher::GrammarMatcher(std::shared_ptr<const Grammar> grammar) : grammar
     current_ = intern_state(intern_set(std::move(start)), 0, 0, 0);
 }
 
+GrammarMatcher::GrammarMatcher(std::shared_ptr<const Grammar> grammar, const std::vector<std::string> &triggers)
+    : GrammarMatcher(std::move(grammar)) {
+    for (const std::string &t : triggers) {
+        const bool anchored = !t.empty() && t[0] == '^';
+        if (t.size() == (anchored ? 1u : 0u)) fail(FASTLLM_ERR_INVALID_ARGUMENT, "grammar: an empty trigger");
+        triggers_.push_back({anchored ? t.substr(1) : t, anchored});
+        longest_trigger_ = std::max(longest_trigger_, triggers_.back().text.size());
+    }
+    waiting_ = !triggers_.empty();
+}
+
+namespace {
+constexpr const char *kBlank = " \t\r\n";
+}
+
+bool GrammarMatcher::anchored_armed() const {
+    const size_t at = accepted_.find_first_not_of(kBlank);
+    if (at == std::string::npos) return true;
+    const std::string_view rest = std::string_view(accepted_).substr(at);
+    for (const Trigger &t : triggers_)  // still a proper prefix of one (no trigger is in the text yet)
+        if (t.anchored && rest.size() < t.text.size() && t.text.compare(0, rest.size(), rest) == 0) return true;
+    return false;
+}
+
+size_t GrammarMatcher::trigger_in(std::string_view more, std::string &window) const {
+    // An anchored trigger looks at the text from its start, which is then blanks and part of a
+    // trigger; the others need only the bytes that may hold a trigger's beginning.
+    const bool whole = anchored_armed();
+    const size_t keep = whole ? accepted_.size() : std::min(accepted_.size(), longest_trigger_ - 1);
+    window.assign(accepted_, accepted_.size() - keep, keep);
+    window.append(more);
+    size_t best = std::string::npos;
+    for (const Trigger &t : triggers_) {
+        size_t at = std::string::npos;
+        if (!t.anchored) at = window.find(t.text);
+        else if (whole && (at = window.find_first_not_of(kBlank)) != std::string::npos &&
+                 window.compare(at, t.text.size(), t.text) != 0)
+            at = std::string::npos;
+        best = std::min(best, at);
+    }
+    return best;
+}
+
+void GrammarMatcher::find_candidates(const TokenTrie &trie) {
+    // A token completes a trigger only if it holds one whole, or begins with the rest of one after
+    // a first part that the text already ends with.
+    have_candidates_ = true;
+    const TokenTrie::Node *nodes = trie.nodes();
+    const int32_t *tokens = trie.tokens();
+    std::string path;
+    for (size_t i = 1; i < trie.size(); i++) {
+        path.resize(nodes[i].depth - 1u);
+        path.push_back((char)nodes[i].byte);
+        if (nodes[i].first_token == nodes[i + 1].first_token) continue;
+        bool candidate = false;
+        for (const Trigger &t : triggers_) {
+            candidate = candidate || path.find(t.text) != std::string::npos;
+            for (size_t j = 1; j < t.text.size() && !candidate; j++)
+                candidate = path.compare(0, t.text.size() - j, t.text, j) == 0;
+        }
+        if (candidate)
+            for (uint32_t k = nodes[i].first_token; k < nodes[i + 1].first_token; k++) candidates_.emplace_back(tokens[k], path);
+    }
+}
+
 void GrammarMatcher::expand(Stack stack, StackSet &out) const {
     const std::vector<Grammar::Elem> &elems = grammar_->elems();
     std::vector<Stack> work;
@@ -742,36 +807,61 @@ void GrammarMatcher::compact_if_large() {
 
 bool GrammarMatcher::accept(std::string_view bytes) {
     compact_if_large();
+    std::string window;
+    std::string_view follow = bytes;
+    if (waiting_) {
+        const size_t at = trigger_in(bytes, window);
+        if (at == std::string::npos) {
+            accepted_.append(bytes);
+            return true;
+        }
+        follow = std::string_view(window).substr(at);
+    }
     int32_t s = current_;
-    for (char b : bytes) {
+    for (char b : follow) {
         s = next(s, (uint8_t)b);
         if (s < 0) return false;
     }
     current_ = s;
+    waiting_ = false;
     accepted_.append(bytes);
     return true;
 }
 
 bool GrammarMatcher::allows(std::string_view bytes) {
     compact_if_large();
+    std::string window;
+    std::string_view follow = bytes;
+    if (waiting_) {
+        const size_t at = trigger_in(bytes, window);
+        if (at == std::string::npos) return true;
+        follow = std::string_view(window).substr(at);
+    }
     int32_t s = current_;
-    for (char b : bytes)
+    for (char b : follow)
         if ((s = next(s, (uint8_t)b)) < 0) return false;
     return true;
 }
 
 bool GrammarMatcher::complete() const {
     const State &st = states_[current_];
-    return st.need == 0 && sets_[st.set].accepting;
+    return waiting_ || (st.need == 0 && sets_[st.set].accepting);
 }
 
 bool GrammarMatcher::can_continue() const {
     const State &st = states_[current_];
-    return st.need > 0 || !sets_[st.set].stacks.empty();
+    return waiting_ || st.need > 0 || !sets_[st.set].stacks.empty();
 }
 
 void GrammarMatcher::mark_allowed(const TokenTrie &trie, bool allow_eos) {
     compact_if_large();
+    if (waiting_) {  // free text, but for the tokens that would trigger the grammar into a dead end
+        if (!have_candidates_) find_candidates(trie);
+        allowed_.assign((size_t)trie.vocab_size(), 1);
+        for (const auto &[id, piece] : candidates_)
+            if (!allows(piece)) allowed_[(size_t)id] = 0;
+        return;
+    }
     allowed_.assign((size_t)trie.vocab_size(), 0);
     path_.resize(trie.max_depth() + 1);
     path_[0] = current_;

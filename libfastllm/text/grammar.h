@@ -68,16 +68,25 @@ private:
 class GrammarMatcher {
 public:
     explicit GrammarMatcher(std::shared_ptr<const Grammar> grammar);
+    // A lazy matcher, as llama.cpp's lazy grammars for tool calls: the text is free until one of
+    // the triggers appears in it, and the grammar follows the text from that trigger's first byte
+    // on (its matches begin with the trigger). A trigger "^x" counts only where x begins the text
+    // after leading whitespace. Until a trigger, mask() disallows only the tokens that would
+    // complete one with text the grammar rejects. Throws FASTLLM_ERR_INVALID_ARGUMENT for an
+    // empty trigger.
+    GrammarMatcher(std::shared_ptr<const Grammar> grammar, const std::vector<std::string> &triggers);
 
     // Follows bytes (any split of UTF-8, a character may end in a later call). Returns false and
     // changes nothing if they do not continue a valid prefix.
     bool accept(std::string_view bytes);
     // Whether accept(bytes) would succeed; the state stays as it is.
     bool allows(std::string_view bytes);
-    // The text so far is a complete match (not in the middle of a character).
+    // The text so far is a complete match (not in the middle of a character), or no trigger yet.
     bool complete() const;
-    // Some more text could still follow.
+    // Some more text could still follow (always before a trigger).
     bool can_continue() const;
+    // A lazy matcher that has seen no trigger yet.
+    bool waiting() const { return waiting_; }
     // Complete and nothing may follow: generation is over.
     bool finished() const { return complete() && !can_continue(); }
 
@@ -90,7 +99,8 @@ public:
     std::vector<uint8_t> allowed(const TokenTrie &trie, size_t n, bool allow_eos);
 
     // What a saved session needs to rebuild this matcher: the grammar, and the bytes accepted
-    // so far (a new matcher of source() that accepts accepted() is in the same state).
+    // so far, before a trigger too (a new matcher of source() and the same triggers that accepts
+    // accepted() is in the same state).
     const Grammar &grammar() const { return *grammar_; }
     const std::string &accepted() const { return accepted_; }
 
@@ -121,6 +131,12 @@ private:
     void expand(Stack stack, StackSet &out) const;
     bool any_top_intersects(const StackSet &set, uint32_t lo, uint32_t hi) const;
     void compact_if_large();
+    // Lazy matching: whether an anchored trigger may still begin the text; where the first
+    // trigger begins in window (accepted_'s last bytes that can hold the start of one, then more),
+    // or npos; the tokens that can complete a trigger (found once, on the first mask).
+    bool anchored_armed() const;
+    size_t trigger_in(std::string_view more, std::string &window) const;
+    void find_candidates(const TokenTrie &trie);
 
     std::shared_ptr<const Grammar> grammar_;
     std::vector<StackSet> sets_;
@@ -131,6 +147,15 @@ private:
     std::vector<int32_t> next_;  // 256 per state: the state after a byte, kDead, or kUnknown
     int32_t current_ = 0;
     std::string accepted_;
+    struct Trigger {
+        std::string text;
+        bool anchored;
+    };
+    std::vector<Trigger> triggers_;
+    bool waiting_ = false;
+    size_t longest_trigger_ = 0;
+    bool have_candidates_ = false;
+    std::vector<std::pair<int32_t, std::string>> candidates_;  // token id, its bytes
     std::vector<int32_t> path_;    // the state at each depth of the trie walk
     std::vector<uint8_t> allowed_;  // per token id, filled by mark_allowed
 };

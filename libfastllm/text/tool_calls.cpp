@@ -259,28 +259,31 @@ struct ToolFormat {
     const char *marker;
     bool json_start;
     bool hold;
+    // For tool_choice "auto": where the grammar takes over (grammar.h's triggers, '\n' between),
+    // at the start of what `one` and `many` match.
+    const char *triggers;
 };
 
 namespace {
 
 const ToolFormat kFormats[] = {
     {"glm4.5", [](const std::string &t) { return has(t, "<tool_call>") && has(t, "<arg_key>"); }, parse_glm45, nullptr,
-     nullptr, nullptr, "<tool_call>", false, false},
+     nullptr, nullptr, "<tool_call>", false, false, nullptr},
     {"hermes", [](const std::string &t) { return has(t, "<tool_call>"); }, parse_hermes, "arguments",
      "root ::= \"<tool_call>\\n\" call \"\\n</tool_call>\"",
-     "root ::= one ( \"\\n\" one )*\none ::= \"<tool_call>\\n\" call \"\\n</tool_call>\"", "<tool_call>", false, false},
+     "root ::= one ( \"\\n\" one )*\none ::= \"<tool_call>\\n\" call \"\\n</tool_call>\"", "<tool_call>", false, false, "<tool_call>"},
     {"mistral", [](const std::string &t) { return has(t, "[TOOL_CALLS]"); }, parse_mistral, "arguments",
      "root ::= \"[TOOL_CALLS][\" call \"]\"", "root ::= \"[TOOL_CALLS][\" call ( \", \" call )* \"]\"", "[TOOL_CALLS]",
-     false, false},
+     false, false, "[TOOL_CALLS]"},
     {"functools", [](const std::string &t) { return has(t, "functools") || has(t, "<|tool|>"); }, parse_functools,
      "arguments", "root ::= \"functools[\" call \"]\"", "root ::= \"functools[\" call ( \", \" call )* \"]\"", "functools",
-     false, false},
+     false, false, "functools"},
     {"llama3", [](const std::string &t) { return has(t, "<|python_tag|>") || (has(t, "<|start_header_id|>") && has(t, "tools")); },
-     parse_llama3, "parameters", "root ::= call", "root ::= call ( \"; \" call )*", "<|python_tag|>", true, false},
+     parse_llama3, "parameters", "root ::= call", "root ::= call ( \"; \" call )*", "<|python_tag|>", true, false, "^{"},
     {"glm4", [](const std::string &t) { return has(t, "[gMASK]") && has(t, "observation"); }, parse_glm4, nullptr,
-     nullptr, nullptr, nullptr, false, true},
-    {"generic", [](const std::string &) { return true; }, parse_generic, "arguments", "root ::= call",
-     "root ::= \"[\" call ( \", \" call )* \"]\"", nullptr, true, false},
+     nullptr, nullptr, nullptr, false, true, nullptr},
+    {"generic", [](const std::string &) { return true; }, parse_generic, "arguments", "root ::= call | \"[\" call \"]\"",
+     "root ::= call | \"[\" call ( \", \" call )* \"]\"", nullptr, true, false, "^{\n^["},
 };
 
 }  // namespace
@@ -321,6 +324,17 @@ ToolReply parse_tool_calls(const ToolFormat &f, const std::string &reply, const 
         r.content = reply;
     }
     return r;
+}
+
+std::vector<std::string> tool_call_triggers(const ToolFormat &f) {
+    if (!f.triggers) fail(FASTLLM_ERR_UNSUPPORTED, "tool calls in the %s format cannot be constrained here", f.name);
+    std::vector<std::string> out;
+    for (const char *p = f.triggers; *p;) {
+        const char *e = std::strchr(p, '\n');
+        out.emplace_back(p, e ? e : p + std::strlen(p));
+        p = e ? e + 1 : p + std::strlen(p);
+    }
+    return out;
 }
 
 std::string tool_call_grammar(const ToolFormat &f, const json &tools, const std::string &only, bool parallel) {

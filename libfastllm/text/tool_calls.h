@@ -47,4 +47,9 @@ ToolReply parse_tool_calls(const ToolFormat &f, const std::string &reply, const 
 std::string tool_call_grammar(const ToolFormat &f, const nlohmann::ordered_json &tools, const std::string &only,
                               bool parallel);
 
+// For tool_choice "auto": the triggers (grammar.h) that make tool_call_grammar's grammar lazy, so
+// a reply is free text until a call begins and the call is then constrained. Throws
+// FASTLLM_ERR_UNSUPPORTED where the format has no grammar.
+std::vector<std::string> tool_call_triggers(const ToolFormat &f);
+
 }  // namespace fastllm

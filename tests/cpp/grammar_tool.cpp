@@ -4,10 +4,12 @@
 //   grammar_tool match GRAMMAR            stdin: one hex-encoded text per line; prints for each
 //                                         "reject", "prefix" (valid, not complete), "complete"
 //                                         (complete, more may follow) or "final" (nothing may follow)
-//   grammar_tool mask MODEL GRAMMAR       stdin: one hex-encoded prefix per line; prints the tokens
+//   grammar_tool mask MODEL GRAMMAR [TRIGGER...]
+//                                         stdin: one hex-encoded prefix per line; prints the tokens
 //                                         allowed after it (EOS included when complete) as a hex
 //                                         bitmap (bit i of byte k: token 8k + i), or "reject";
-//                                         flushed line by line, so a test can walk step by step
+//                                         flushed line by line, so a test can walk step by step;
+//                                         with triggers, of a lazy matcher (grammar.h)
 //   grammar_tool bench MODEL GRAMMAR TEXT [ROUNDS]
 //                                         follows TEXT token by token (the model's tokenization),
 //                                         timing the mask before each token; each round starts a
@@ -72,14 +74,14 @@ int match(const std::string &grammar_path) {
     return 0;
 }
 
-int mask(const std::string &model_path, const std::string &grammar_path) {
+int mask(const std::string &model_path, const std::string &grammar_path, const std::vector<std::string> &triggers) {
     auto model = load(model_path);
     auto grammar = Grammar::parse(grammar_of(grammar_path));
     const TokenTrie &trie = model->token_trie();
     const size_t vocab = (size_t)model->config().vocab_size;
     std::string line;
     while (std::getline(std::cin, line)) {
-        GrammarMatcher m(grammar);
+        GrammarMatcher m(grammar, triggers);
         if (!m.accept(unhex(line))) {
             std::puts("reject");
             std::fflush(stdout);
@@ -143,9 +145,9 @@ int main(int argc, char **argv) {
     try {
         std::string cmd = argc > 1 ? argv[1] : "";
         if (cmd == "match" && argc == 3) return match(argv[2]);
-        if (cmd == "mask" && argc == 4) return mask(argv[2], argv[3]);
+        if (cmd == "mask" && argc >= 4) return mask(argv[2], argv[3], std::vector<std::string>(argv + 4, argv + argc));
         if (cmd == "bench" && (argc == 5 || argc == 6)) return bench(argv[2], argv[3], argv[4], argc == 6 ? std::atoi(argv[5]) : 3);
-        std::fprintf(stderr, "usage: grammar_tool match GRAMMAR | mask MODEL GRAMMAR | bench MODEL GRAMMAR TEXT [ROUNDS]\n");
+        std::fprintf(stderr, "usage: grammar_tool match GRAMMAR | mask MODEL GRAMMAR [TRIGGER...] | bench MODEL GRAMMAR TEXT [ROUNDS]\n");
         return 2;
     } catch (const Error &e) {
         std::fprintf(stderr, "error %s: %s\n", fastllm_status_name(e.status()), e.what());

@@ -5,6 +5,8 @@
 // vocabulary agrees with accepting each token (all allowed ones, a sample of the others; accept on
 // a copy now and then, else allows(), which follows the same transitions); EOS is
 // allowed exactly when the text is complete; and a complete match of a schema's grammar is JSON.
+// A feed that begins with byte 0xFF makes the matcher lazy: the next byte k, then a trigger of
+// 1 + k % 16 bytes, then the pieces.
 #include <cmath>
 #include <cstdint>
 #include <string>
@@ -39,7 +41,7 @@ static void check_mask(fastllm::GrammarMatcher &m, bool schema) {
         }
         if (!ok[id] && id % 7) continue;  // a sample of the refused ones
         const std::string bytes = tok.piece_bytes((int32_t)id);
-        const bool accepted = !bytes.empty() && m.allows(bytes);
+        const bool accepted = bytes.empty() ? m.waiting() : m.allows(bytes);  // before a trigger, any token
         if (accepted != (ok[id] != 0)) __builtin_trap();  // the mask and accept disagree
         if (ok[id] && id % 5 == 0) {  // and, now and then, accept itself on a copy
             fastllm::GrammarMatcher copy = m;
@@ -62,7 +64,13 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     std::string input(reinterpret_cast<const char *>(data), size);
     const size_t nul = input.find('\0');
     std::string text = input.substr(0, nul);
-    const std::string feed = nul == std::string::npos ? "" : input.substr(nul + 1);
+    std::string feed = nul == std::string::npos ? "" : input.substr(nul + 1);
+    std::vector<std::string> triggers;
+    if (feed.size() >= 2 && (unsigned char)feed[0] == 0xFF) {
+        const size_t k = 1 + (unsigned char)feed[1] % 16;
+        triggers.push_back(feed.substr(2, k));
+        feed.erase(0, std::min(feed.size(), 2 + k));
+    }
     const bool schema = !text.empty() && (text[0] == '{' || text[0] == '[' || text[0] == 't' || text[0] == 'f');
     std::shared_ptr<const fastllm::Grammar> grammar;
     try {
@@ -72,8 +80,9 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         return 0;  // refused cleanly
     }
     try {
-        fastllm::GrammarMatcher m(grammar);
-        check_mask(m, schema);
+        fastllm::GrammarMatcher m(grammar, triggers);
+        const bool json_text = schema && triggers.empty();  // a lazy match has free text before it
+        check_mask(m, json_text);
         for (size_t at = 0; at < feed.size();) {
             const size_t n = 1 + (unsigned char)feed[at] % 4;  // pieces of 1-4 bytes, splitting characters
             const std::string piece = feed.substr(at + 1, n);
@@ -86,7 +95,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
             }
             if (m.accepted() != before + piece) __builtin_trap();
             if (!m.complete() && !m.can_continue()) __builtin_trap();  // alive means something can follow
-            check_mask(m, schema);
+            check_mask(m, json_text);
         }
     } catch (const fastllm::Error &) {
         // "too ambiguous": a clean refusal of a pathological grammar

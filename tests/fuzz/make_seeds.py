@@ -100,13 +100,20 @@ def grammar_seeds():
         "formats": ('{"type": "array", "items": {"type": "string", "format": "date-time"}, "maxItems": 2}',
                     '["2024-01-31T12:00:00Z"]'),
     }
+    lazy = {  # a trigger (after byte 0xFF and its length - 1) and free text before the match
+        "lazy_tag": ('root ::= "<tool_call>{" [a-z]{1,5} "}</tool_call>"', "<tool_call>", "Sure. <tool_call>{abc}</tool_call>"),
+        "lazy_json": (json.dumps(NPC_SCHEMA), "^{", ' {"action": "give", "text": "a"}'),
+    }
+    for name, (text, trigger, feed) in lazy.items():
+        seeds[name] = (text, feed)
     for name, (text, feed) in seeds.items():
         data, pieces, at = feed.encode(), b"", 0
         while at < len(data):  # pieces of 1, 2, 3, 4, 1, ... bytes, each after a byte giving its size - 1
             n = 1 + len(pieces) % 4
             pieces += bytes([n - 1]) + data[at:at + n]
             at += n
-        write("grammar", name, text.encode() + b"\0" + pieces)
+        head = bytes([0xFF, len(lazy[name][1]) - 1]) + lazy[name][1].encode() if name in lazy else b""
+        write("grammar", name, text.encode() + b"\0" + head + pieces)
 
 
 if __name__ == "__main__":

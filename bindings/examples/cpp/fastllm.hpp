@@ -216,6 +216,21 @@ public:
                                              only.empty() ? nullptr : only.c_str(), parallel ? 1 : 0, out, cap, n);
         });
     }
+    // For tool_choice "auto": SamplingParams::grammar_triggers that make tool_call_grammar's grammar
+    // lazy (free text until a call begins). Throws Error (FASTLLM_ERR_UNSUPPORTED) for a format
+    // without a grammar.
+    std::vector<std::string> tool_call_triggers() const {
+        const std::string text = detail::read_string(256, 1, [&](char *out, size_t cap, size_t *n) {
+            return fastllm_chat_tool_triggers(model_, tool_template(), out, cap, n);
+        });
+        std::vector<std::string> out;  // a JSON array of strings without escapes: ["<tool_call>"], ["^{", "^["]
+        for (size_t q = text.find('"'); q != std::string::npos; q = text.find('"', q + 1)) {
+            const size_t e = text.find('"', q + 1);
+            out.push_back(text.substr(q + 1, e - q - 1));
+            q = e;
+        }
+        return out;
+    }
     // The calls in a reply, as the library's JSON text: {"format", "content", "tool_calls":
     // [{"name", "arguments"}]} (no calls, and the whole reply as content, when they do not parse).
     std::string parse_tool_calls(const std::string &reply, const std::string &tools_json) const {
@@ -268,6 +283,9 @@ struct SamplingParams {
     // Constrained output (docs/grammar.md), empty for none; at most one of the two:
     std::string grammar;      // GBNF (llama.cpp's syntax)
     std::string json_schema;  // a JSON Schema's text; the output is an instance of it
+    // The grammar applies from the first of these in the output on (none: from the start);
+    // "^x": x at the output's start, after whitespace (docs/grammar.md#lazy-grammars)
+    std::vector<std::string> grammar_triggers;
 };
 
 struct GenerationResult {
@@ -403,6 +421,10 @@ public:
         sp.n_stop = static_cast<int32_t>(stop.size());
         sp.grammar = params.grammar.empty() ? nullptr : params.grammar.c_str();
         sp.json_schema = params.json_schema.empty() ? nullptr : params.json_schema.c_str();
+        std::vector<const char *> triggers;
+        for (const std::string &s : params.grammar_triggers) triggers.push_back(s.c_str());
+        sp.grammar_triggers = triggers.empty() ? nullptr : triggers.data();
+        sp.n_grammar_triggers = static_cast<int32_t>(triggers.size());
 
         Stream stream{&on_piece, {}, nullptr};
         fastllm_generation_result c{};

@@ -19,7 +19,7 @@ const koffi = require('koffi');
 
 // FASTLLM_ABI_VERSION of the include/fastllm.h this file mirrors. Keep the structs and prototypes
 // below in step with the header, and change this number with them.
-const ABI_VERSION = 9;
+const ABI_VERSION = 10;
 
 // ---------------------------------------------------------------------------------------------
 // The library: FASTLLM_LIBRARY, else a source checkout's build/, else the system loader's search.
@@ -125,6 +125,8 @@ const types = {
         ignore_eos: 'int32_t',
         grammar: 'const char *',     // GBNF, or null
         json_schema: 'const char *', // a JSON Schema's text, or null
+        grammar_triggers: 'const char **', // a JS array of strings, or null
+        n_grammar_triggers: 'int32_t',
     }),
     fastllm_generation_result: koffi.struct('fastllm_generation_result', {
         n_prompt_tokens: 'int32_t',
@@ -509,6 +511,9 @@ function samplingParams(options) {
     p.grammar = options.grammar ?? null;
     const schema = options.jsonSchema ?? null;
     p.json_schema = schema === null || typeof schema === 'string' ? schema : JSON.stringify(schema);
+    const triggers = (options.grammarTriggers ?? []).map(String);
+    p.grammar_triggers = triggers.length ? triggers : null;
+    p.n_grammar_triggers = triggers.length;
     return p;
 }
 

@@ -12,7 +12,7 @@ from ctypes import (CFUNCTYPE, POINTER, Structure, c_char, c_char_p, c_double, c
                     c_uint32, c_uint64, c_void_p)
 from pathlib import Path
 
-FASTLLM_ABI_VERSION = 9
+FASTLLM_ABI_VERSION = 10
 
 # fastllm_status
 OK = 0
@@ -79,7 +79,7 @@ class SamplingParams(Structure):
         ("max_new_tokens", c_int32), ("temperature", c_float), ("top_k", c_int32), ("top_p", c_float),
         ("min_p", c_float), ("repetition_penalty", c_float), ("repeat_last_n", c_int32), ("seed", c_uint64),
         ("stop", POINTER(c_char_p)), ("n_stop", c_int32), ("ignore_eos", c_int32), ("grammar", c_char_p),
-        ("json_schema", c_char_p),
+        ("json_schema", c_char_p), ("grammar_triggers", POINTER(c_char_p)), ("n_grammar_triggers", c_int32),
     ]
 
 
@@ -141,6 +141,7 @@ _PROTOTYPES = {
     "fastllm_chat_tool_text_safe": (c_int, [c_void_p, c_char_p, c_char_p, c_int, POINTER(c_size_t)]),
     "fastllm_chat_tool_grammar": (c_int, [c_void_p, c_char_p, c_char_p, c_char_p, c_int, c_char_p, c_size_t,
                                           POINTER(c_size_t)]),
+    "fastllm_chat_tool_triggers": (c_int, [c_void_p, c_char_p, c_char_p, c_size_t, POINTER(c_size_t)]),
     "fastllm_template_render": (c_int, [c_char_p, c_char_p, c_char_p, c_size_t, POINTER(c_size_t)]),
     "fastllm_session_truncate": (c_int, [c_void_p, c_int32]),
     "fastllm_session_default_params": (SessionParams, []),

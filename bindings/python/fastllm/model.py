@@ -116,7 +116,7 @@ def check_grammar(grammar: str) -> None:
 
 
 def _sampling(max_new_tokens, temperature, top_k, top_p, min_p, repetition_penalty, repeat_last_n, seed, stop,
-              ignore_eos, grammar=None, json_schema=None):
+              ignore_eos, grammar=None, json_schema=None, grammar_triggers=None):
     p = lib.fastllm_sampling_default_params()
     p.max_new_tokens = max_new_tokens
     optional = dict(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p,
@@ -132,11 +132,15 @@ def _sampling(max_new_tokens, temperature, top_k, top_p, min_p, repetition_penal
     keep = (ctypes.c_char_p * max(len(stop), 1))(*stop)
     p.stop = ctypes.cast(keep, ctypes.POINTER(ctypes.c_char_p)) if stop else None
     p.n_stop = len(stop)
+    triggers = [t.encode() for t in (grammar_triggers or [])]
+    keep = (keep, (ctypes.c_char_p * max(len(triggers), 1))(*triggers))
+    p.grammar_triggers = ctypes.cast(keep[1], ctypes.POINTER(ctypes.c_char_p)) if triggers else None
+    p.n_grammar_triggers = len(triggers)
     # grammar: GBNF text; json_schema: a dict or its JSON text (the structure keeps the bytes alive)
     p.grammar = grammar.encode() if grammar is not None else None
     if json_schema is not None:
         p.json_schema = (json_schema if isinstance(json_schema, str) else json.dumps(json_schema)).encode()
-    return p, keep  # keep: the stop strings must outlive the call
+    return p, keep  # keep: the stop strings and triggers must outlive the call
 
 
 class _Handle:
@@ -314,6 +318,13 @@ class Model(_Handle):
             self.handle, tmpl, tools_text, name.encode() if name else None, int(parallel), buf, cap, n),
             8 * len(tools_text) + 4096)
 
+    def tool_call_triggers(self, *, template: str | None = None) -> list[str]:
+        """For tool_choice "auto": the grammar_triggers that make tool_call_grammar's grammar lazy, so
+        a reply is free text until a call begins (["<tool_call>"] for Qwen2.5's format; "^{" is a
+        reply that begins with '{'). FastLLMError (ERR_UNSUPPORTED) for a format without a grammar."""
+        tmpl = template.encode() if template is not None else None
+        return json.loads(_text_out(lambda buf, cap, n: lib.fastllm_chat_tool_triggers(self.handle, tmpl, buf, cap, n), 256))
+
     def chat(self, messages: Sequence[dict], max_new_tokens: int = 256, *, stream: bool = False, **sampling):
         """The assistant's reply to messages, in a fresh context (str, or with stream=True an iterator
         of str pieces; with tools=, the assistant message as a dict, as Session.chat). For a
@@ -341,7 +352,8 @@ class Model(_Handle):
         """Text continuing prompt in a fresh context (str), or with stream=True an iterator of str pieces.
 
         sampling: temperature (0 = greedy), top_k, top_p, min_p, repetition_penalty, repeat_last_n, seed,
-        stop (str or list), ignore_eos, grammar (GBNF), json_schema (dict or JSON text). Defaults are the
+        stop (str or list), ignore_eos, grammar (GBNF), json_schema (dict or JSON text), grammar_triggers
+        (list of str: the grammar applies from the first of them on, see Session.generate). Defaults are the
         C library's (temperature 0.8, top_k 40, ...).
         """
         ids = self.tokenize(prompt, add_bos=add_bos) if isinstance(prompt, str) else list(prompt)
@@ -525,7 +537,8 @@ class Session(_Handle):
         tools (OpenAI's list): the template shows them to the model, and the reply is returned as
         the assistant message dict {"role": "assistant", "content": str or None, "tool_calls":
         [...]} (tool_calls only when there are calls; add the results as {"role": "tool", ...}
-        messages). tool_choice: "auto" (the model decides), "none" (tools shown, calls not
+        messages). tool_choice: "auto" (the model decides; once a call begins in the template's
+        format, sampling is constrained as for "required"), "none" (tools shown, calls not
         parsed), "required" or a function's name / OpenAI's {"type": "function", "function":
         {"name": ...}}: sampling is constrained to calls whose arguments match the schema
         (parallel_tool_calls: one or more)."""
@@ -536,7 +549,15 @@ class Session(_Handle):
         if tools is not None:
             if stream:
                 raise ValueError("chat(stream=True) with tools is not supported; stream=False returns the calls")
-            if tool_choice not in ("auto", "none"):
+            if tool_choice == "auto" and "grammar" not in sampling and "json_schema" not in sampling:
+                try:  # calls constrained once one begins (formats without a grammar: unconstrained)
+                    sampling["grammar_triggers"] = self.model.tool_call_triggers()
+                    sampling["grammar"] = self.model.tool_call_grammar(tools, parallel=parallel_tool_calls)
+                except FastLLMError as e:
+                    if e.status_name != "FASTLLM_ERR_UNSUPPORTED":
+                        raise
+                    sampling.pop("grammar_triggers", None)
+            elif tool_choice != "none":
                 sampling["grammar"] = self.model.tool_call_grammar(tools, tool_choice, parallel=parallel_tool_calls)
             prompt = self.model.apply_chat_template(messages, add_generation_prompt=True, tools=tools)
         else:
@@ -595,13 +616,16 @@ class Session(_Handle):
                  add_bos: bool | None = None, temperature: float | None = None, top_k: int | None = None,
                  top_p: float | None = None, min_p: float | None = None, repetition_penalty: float | None = None,
                  repeat_last_n: int | None = None, seed: int = 0, stop: str | Sequence[str] | None = None,
-                 ignore_eos: bool = False, grammar: str | None = None, json_schema: str | dict | None = None):
+                 ignore_eos: bool = False, grammar: str | None = None, json_schema: str | dict | None = None,
+                 grammar_triggers: Sequence[str] | None = None):
         """Continues the conversation: appends prompt, then generates. Returns str, or with stream=True an
         iterator of str pieces. A str prompt gets BOS only when the session is empty (add_bos=None).
 
         grammar: a GBNF grammar (llama.cpp's syntax) the output must follow; json_schema: a JSON Schema
         (dict or JSON text) the output must be an instance of (see json_schema_to_grammar). Generation
-        then ends with stop reason "grammar" once the output is complete (docs/grammar.md)."""
+        then ends with stop reason "grammar" once the output is complete (docs/grammar.md).
+        grammar_triggers: makes the grammar lazy: the output is free until one of these strings
+        appears in it, and follows the grammar from there ("^x": x at the start, after whitespace)."""
         if isinstance(prompt, str):
             if add_bos is None and self.n_tokens > 0:
                 add_bos = False  # BOS opens a context; a continuation does not repeat it
@@ -609,7 +633,7 @@ class Session(_Handle):
         else:
             ids = list(prompt)
         params, keep = _sampling(max_new_tokens, temperature, top_k, top_p, min_p, repetition_penalty, repeat_last_n,
-                                 seed, stop, ignore_eos, grammar, json_schema)
+                                 seed, stop, ignore_eos, grammar, json_schema, grammar_triggers)
         if stream:
             return self._stream(ids, params, keep)
         pieces: list[bytes] = []
