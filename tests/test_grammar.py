@@ -663,6 +663,14 @@ int main(int argc, char **argv) {
         std::printf("%s\n", e.what());
     }
     std::printf("%s", fastllm::json_schema_to_grammar(R"({"const": 1})").c_str());
+    sp.json_schema.clear();  // lazy: free until " the", which stories260K writes within 120 tokens
+    sp.grammar = R"(root ::= " the" " end.")";
+    sp.grammar_triggers = {" the"};
+    sp.max_new_tokens = 120, sp.temperature = 1, sp.seed = 2;
+    session.reset();
+    print(session.generate("Once upon a time", sp));
+    for (const std::string &t : model.tool_call_triggers()) std::printf("%s ", t.c_str());
+    std::printf("\n");
 }
 """)
     exe = tmp_path / "g"
@@ -676,6 +684,9 @@ int main(int argc, char **argv) {
     assert len(array) == 2 and set(array) <= {1, 2} and texts[1][1] == "grammar", texts[1]
     assert lines[2].startswith("FASTLLM_ERR_UNSUPPORTED: json_schema: unsupported keyword 'pattern'")
     assert lines[3] == 'root ::= "1"'
+    text, reason = bytes.fromhex(lines[4].split()[0]).decode(), lines[4].split()[1]
+    assert text.endswith(" the end.") and text.count(" the") == 1 and reason == "grammar", text
+    assert lines[5].split() == ["^{", "^["]  # no chat template: the generic format
 
 
 # -- the server --------------------------------------------------------------------------------------

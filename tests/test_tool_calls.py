@@ -294,6 +294,42 @@ def test_server_auto_constrains_a_call_once_it_begins(smollm_server):
             [(t.function.name, json.loads(t.function.arguments)) for t in whole]
 
 
+@pytest.fixture(scope="module")
+def hermes_server(tmp_path_factory):
+    """stories260K carrying a template of the hermes format (its chat_template.jinja; Qwen2.5's own
+    lists the tools in more tokens than stories260K's 512 of context): the hermes format served."""
+    import shutil
+    from conftest import STORIES, convert
+    from test_server import Server
+    hf = tmp_path_factory.mktemp("hermes") / "hf"
+    shutil.copytree(STORIES / "hf", hf)
+    (hf / "chat_template.jinja").write_text(
+        "{% for m in messages %}{{ m.role }}: {{ m.content }}\n{% endfor %}{# tool calls: <tool_call> #}"
+        "{% if add_generation_prompt %}assistant: {% endif %}")
+    s = Server(convert(hf, hf.parent / "stories-hermes.flm"), "--max-sessions", 2)
+    yield s
+    assert s.stop() == 0
+
+
+def test_server_hermes_calls_validate_and_stream(hermes_server):
+    with hermes_server.client() as c:
+        name = c.models.list().data[0].id
+        # one call: with parallel calls a random model lists calls until max_tokens
+        for choice in ("required", {"type": "function", "function": {"name": "move_to"}}):
+            r = c.chat.completions.create(model=name, messages=MESSAGES, tools=TOOLS, tool_choice=choice, seed=7,
+                                          parallel_tool_calls=False, max_tokens=400, temperature=1.0)
+            msg = r.choices[0].message
+            assert r.choices[0].finish_reason == "tool_calls" and msg.tool_calls, msg
+            for call in msg.tool_calls:
+                assert choice == "required" or call.function.name == "move_to"
+                jsonschema.validate(json.loads(call.function.arguments), SCHEMAS[call.function.name])
+        # auto, streamed: a story (stories260K never writes <tool_call>), sent as it comes
+        kw = dict(model=name, messages=MESSAGES, tools=TOOLS, max_tokens=40, temperature=0)
+        whole = c.chat.completions.create(**kw).choices[0].message
+        pieces = [ch.choices[0].delta.content or "" for ch in c.chat.completions.create(stream=True, **kw) if ch.choices]
+        assert not whole.tool_calls and len(pieces) > 2 and "".join(pieces) == whole.content
+
+
 def test_server_rejects_bad_tools_with_400(smollm_server):
     import openai
     with smollm_server.client() as c:

@@ -10,7 +10,7 @@
 //                                         bitmap (bit i of byte k: token 8k + i), or "reject";
 //                                         flushed line by line, so a test can walk step by step;
 //                                         with triggers, of a lazy matcher (grammar.h)
-//   grammar_tool bench MODEL GRAMMAR TEXT [ROUNDS]
+//   grammar_tool bench MODEL GRAMMAR TEXT [ROUNDS [TRIGGER...]]
 //                                         follows TEXT token by token (the model's tokenization),
 //                                         timing the mask before each token; each round starts a
 //                                         new matcher; prints the mask times
@@ -101,7 +101,8 @@ int mask(const std::string &model_path, const std::string &grammar_path, const s
     return 0;
 }
 
-int bench(const std::string &model_path, const std::string &grammar_path, const std::string &text_path, int rounds) {
+int bench(const std::string &model_path, const std::string &grammar_path, const std::string &text_path, int rounds,
+          const std::vector<std::string> &triggers) {
     auto model = load(model_path);
     auto grammar = Grammar::parse(grammar_of(grammar_path));
     const std::string text = read_file(text_path);
@@ -115,7 +116,7 @@ int bench(const std::string &model_path, const std::string &grammar_path, const 
     std::printf("trie: %zu nodes, %zu tokens of %zu bytes at most, built in %.1f ms\n", trie.size(),
                 (size_t)trie.nodes()[trie.size()].first_token, trie.max_depth(), trie_ms);
     for (int r = 0; r < rounds; r++) {
-        GrammarMatcher m(grammar);
+        GrammarMatcher m(grammar, triggers);
         std::vector<double> ms;
         size_t allowed_sum = 0;
         for (int32_t id : ids) {
@@ -146,8 +147,10 @@ int main(int argc, char **argv) {
         std::string cmd = argc > 1 ? argv[1] : "";
         if (cmd == "match" && argc == 3) return match(argv[2]);
         if (cmd == "mask" && argc >= 4) return mask(argv[2], argv[3], std::vector<std::string>(argv + 4, argv + argc));
-        if (cmd == "bench" && (argc == 5 || argc == 6)) return bench(argv[2], argv[3], argv[4], argc == 6 ? std::atoi(argv[5]) : 3);
-        std::fprintf(stderr, "usage: grammar_tool match GRAMMAR | mask MODEL GRAMMAR [TRIGGER...] | bench MODEL GRAMMAR TEXT [ROUNDS]\n");
+        if (cmd == "bench" && argc >= 5)
+            return bench(argv[2], argv[3], argv[4], argc >= 6 ? std::atoi(argv[5]) : 3,
+                         std::vector<std::string>(argv + std::min(argc, 6), argv + argc));
+        std::fprintf(stderr, "usage: grammar_tool match GRAMMAR | mask MODEL GRAMMAR [TRIGGER...] | bench MODEL GRAMMAR TEXT [ROUNDS [TRIGGER...]]\n");
         return 2;
     } catch (const Error &e) {
         std::fprintf(stderr, "error %s: %s\n", fastllm_status_name(e.status()), e.what());

@@ -256,6 +256,19 @@ test('a grammar constrains the output and ends it with stop reason "grammar"', (
     });
 });
 
+test('grammarTriggers make a grammar lazy: free text, then the grammar from the trigger on', () => {
+    withSession((session) => {
+        const r = session.generate(GOLDEN.prompt, { maxNewTokens: 120, temperature: 1, seed: 2,
+                                                    grammar: 'root ::= " the" " end."', grammarTriggers: [' the'] });
+        const at = r.text.indexOf(' the');
+        assert.ok(at >= 0, r.text);  // stories260K writes " the" within 120 tokens
+        assert.equal(r.text.slice(at), ' the end.');
+        assert.equal(r.stopReason, 'grammar');
+        assert.throws(() => session.generate(GOLDEN.prompt, { grammarTriggers: ['x'] }),
+                      { statusName: 'FASTLLM_ERR_INVALID_ARGUMENT', message: /without a grammar/ });
+    });
+});
+
 test('a JSON schema (an object) gives JSON of that shape', () => {
     const schema = { type: 'object', properties: { n: { type: 'integer', minimum: 1, maximum: 9 } },
                      required: ['n'] };
