@@ -456,7 +456,7 @@ def _first_trigger(text: bytes, triggers):
 LAZY = [  # (grammar, triggers, prefixes the mask is checked after)
     ('root ::= "<tool_call>\n{" [a-z]{1,8} "}\n</tool_call>"', ["<tool_call>"],
      [b"", b"Sure", b"Let me check. <tool", b"x <tool_call", b"<tool_call>\n{ab", b"a <tool_call>\n{abc}\n</tool_call>"]),
-    ('root ::= ("{" | "[") [0-9, ]* ("}" | "]")', ["^{", "^["], [b"", b"  \n", b" {1, 2", b"x", b"Hi {", b"[1]"]),
+    ('root ::= ("{" | "[") [0-9, ]* ("}" | "]")', ["^{", "^["], [b"", b"  \n", b" \n" * 30, b" {1, 2", b"x", b"Hi {", b"[1]"]),
     ('root ::= "ing " [a-z]{2,12} "."', ["ing"], [b"", b"The k", b"sing", b"A bor", b"going to"]),
 ]
 

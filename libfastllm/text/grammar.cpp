@@ -632,11 +632,13 @@ bool GrammarMatcher::anchored_armed() const {
 }
 
 size_t GrammarMatcher::trigger_in(std::string_view more, std::string &window) const {
-    // An anchored trigger looks at the text from its start, which is then blanks and part of a
-    // trigger; the others need only the bytes that may hold a trigger's beginning.
+    // The others need only the bytes that may hold a trigger's beginning; an armed anchored
+    // trigger the text from its first non-blank byte (part of a trigger), after blanks, of which
+    // the window keeps no more than that.
     const bool whole = anchored_armed();
-    const size_t keep = whole ? accepted_.size() : std::min(accepted_.size(), longest_trigger_ - 1);
-    window.assign(accepted_, accepted_.size() - keep, keep);
+    size_t from = accepted_.size() - std::min(accepted_.size(), longest_trigger_ - 1);
+    if (whole) from = std::min(from, std::min(accepted_.find_first_not_of(kBlank), accepted_.size()));
+    window.assign(accepted_, from, std::string::npos);
     window.append(more);
     size_t best = std::string::npos;
     for (const Trigger &t : triggers_) {
