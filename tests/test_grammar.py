@@ -470,28 +470,33 @@ def test_lazy_grammar_masks_only_tokens_that_trigger_into_a_dead_end(tmp_path, s
     grammar, triggers, prefixes = LAZY[case]
     g = write(tmp_path, "g.gbnf", grammar)
     eos = smollm.info["eos_id"]
-    masked = 0
+    r = subprocess.run([str(TOOL), "mask", str(smollm_flm), str(g), *triggers],
+                       input="".join(p.hex() + "\n" for p in prefixes), capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    masks = r.stdout.split()
+    # the plain matcher's verdicts on every text from a trigger on, for every prefix at once
+    texts, where = [], []
     for prefix in prefixes:
-        r = subprocess.run([str(TOOL), "mask", str(smollm_flm), str(g), *triggers], input=prefix.hex() + "\n",
-                           capture_output=True, text=True, timeout=120)
-        assert r.returncode == 0, r.stderr
-        got = np.unpackbits(np.frombuffer(bytes.fromhex(r.stdout.strip()), dtype=np.uint8), bitorder="little")
-        got = got[:len(vocab)]
-        at = _first_trigger(prefix, triggers)
-        # the plain matcher's verdicts on every text from a trigger on
-        texts, where = [], {}
+        w = {}
         for i, piece in enumerate(vocab):
             text = prefix + piece
             k = _first_trigger(text, triggers)
             if k is not None and piece:
-                where[i] = len(texts)
+                w[i] = len(texts)
                 texts.append(text[k:])
+        at = _first_trigger(prefix, triggers)
+        w["prefix"] = len(texts)
         texts.append(prefix[at:] if at is not None else b"")
-        rr = subprocess.run([str(TOOL), "match", str(g)], input="".join(t.hex() + "\n" for t in texts),
-                            capture_output=True, text=True, timeout=300)
-        verdicts = rr.stdout.split()
-        complete = at is not None and verdicts[-1] in ("complete", "final")
-        want = np.array([(verdicts[where[i]] != "reject") if i in where else
+        where.append(w)
+    rr = subprocess.run([str(TOOL), "match", str(g)], input="".join(t.hex() + "\n" for t in texts),
+                        capture_output=True, text=True, timeout=300)
+    verdicts = rr.stdout.split()
+    masked = 0
+    for prefix, line, w in zip(prefixes, masks, where):
+        got = np.unpackbits(np.frombuffer(bytes.fromhex(line), dtype=np.uint8), bitorder="little")[:len(vocab)]
+        at = _first_trigger(prefix, triggers)
+        complete = at is not None and verdicts[w["prefix"]] in ("complete", "final")
+        want = np.array([(verdicts[w[i]] != "reject") if i in w else
                          (at is None if piece or i != eos else (at is None or complete))
                          for i, piece in enumerate(vocab)], dtype=np.uint8)
         diff = np.nonzero(got != want)[0]
