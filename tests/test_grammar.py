@@ -671,9 +671,13 @@ int main(int argc, char **argv) {
     sp.json_schema.clear();  // lazy: free until " the", which stories260K writes within 120 tokens
     sp.grammar = R"(root ::= " the" " end.")";
     sp.grammar_triggers = {" the"};
-    sp.max_new_tokens = 120, sp.temperature = 1, sp.seed = 2;
-    session.reset();
-    print(session.generate("Once upon a time", sp));
+    sp.max_new_tokens = 120, sp.temperature = 1;
+    fastllm::GenerationResult lazy;
+    for (sp.seed = 2; sp.seed < 8 && lazy.text.find(" the") == std::string::npos; sp.seed++) {  // nearly always 2
+        session.reset();
+        lazy = session.generate("Once upon a time", sp);
+    }
+    print(lazy);
     for (const std::string &t : model.tool_call_triggers()) std::printf("%s ", t.c_str());
     std::printf("\n");
 }

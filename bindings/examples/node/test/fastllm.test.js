@@ -258,8 +258,12 @@ test('a grammar constrains the output and ends it with stop reason "grammar"', (
 
 test('grammarTriggers make a grammar lazy: free text, then the grammar from the trigger on', () => {
     withSession((session) => {
-        const r = session.generate(GOLDEN.prompt, { maxNewTokens: 120, temperature: 1, seed: 2,
-                                                    grammar: 'root ::= " the" " end."', grammarTriggers: [' the'] });
+        let r;
+        for (let seed = 2; seed < 8 && !(r && r.text.includes(' the')); seed++) {  // nearly always the first
+            session.reset();
+            r = session.generate(GOLDEN.prompt, { maxNewTokens: 120, temperature: 1, seed,
+                                                  grammar: 'root ::= " the" " end."', grammarTriggers: [' the'] });
+        }
         const at = r.text.indexOf(' the');
         assert.ok(at >= 0, r.text);  // stories260K writes " the" within 120 tokens
         assert.equal(r.text.slice(at), ' the end.');
