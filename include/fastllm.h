@@ -487,10 +487,12 @@ typedef struct fastllm_sampling_params {
      * (NULL / 0, the default: the grammar constrains from the first token). The text is then free
      * until one of them appears in it, and the grammar (or JSON schema) constrains the text from
      * that trigger's first byte on, so its matches begin with the trigger; "^x" counts only where
-     * x begins the generated text after leading whitespace. Before a trigger, only the tokens that
-     * would complete one with text the grammar rejects are disallowed; a generation without a
-     * trigger ends as one without a grammar. fastllm_chat_tool_triggers gives a chat format's.
-     * Triggers without a grammar, or an empty trigger, are FASTLLM_ERR_INVALID_ARGUMENT. */
+     * x begins the generated text after leading whitespace. Where triggers overlap, the one
+     * completed first wins (of those ending at one byte, the longest). Before a trigger, only
+     * the tokens that would complete one with text the grammar rejects are disallowed; a
+     * generation without a trigger ends as one without a grammar. fastllm_chat_tool_triggers
+     * gives a chat format's. Triggers without a grammar, an empty trigger, "^" followed by
+     * whitespace, or one over 4096 bytes: FASTLLM_ERR_INVALID_ARGUMENT. */
     const char *const *grammar_triggers;
     int32_t n_grammar_triggers;
 } fastllm_sampling_params;

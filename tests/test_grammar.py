@@ -440,17 +440,18 @@ def test_allowed_tokens_equal_llguidance_on_random_walks(tmp_path, smollm_flm, v
 # -- lazy grammars (grammar triggers) ----------------------------------------------------------------
 
 def _first_trigger(text: bytes, triggers):
-    """Where the first trigger begins in text, as docs/grammar.md defines it, or None."""
-    found = []
+    """Where the trigger completed first in text begins (of those ending together, the longest),
+    as docs/grammar.md defines it, or None."""
+    found = []  # (end, start)
     for t in triggers:
         t = t.encode()
         if t.startswith(b"^"):
             start = len(text) - len(text.lstrip(b" \t\r\n"))
             if text[start:].startswith(t[1:]):
-                found.append(start)
+                found.append((start + len(t) - 1, start))
         elif t in text:
-            found.append(text.index(t))
-    return min(found, default=None)
+            found.append((text.index(t) + len(t), text.index(t)))
+    return min(found)[1] if found else None
 
 
 LAZY = [  # (grammar, triggers, prefixes the mask is checked after)
@@ -458,6 +459,9 @@ LAZY = [  # (grammar, triggers, prefixes the mask is checked after)
      [b"", b"Sure", b"Let me check. <tool", b"x <tool_call", b"<tool_call>\n{ab", b"a <tool_call>\n{abc}\n</tool_call>"]),
     ('root ::= ("{" | "[") [0-9, ]* ("}" | "]")', ["^{", "^["], [b"", b"  \n", b" \n" * 30, b" {1, 2", b"x", b"Hi {", b"[1]"]),
     ('root ::= "ing " [a-z]{2,12} "."', ["ing"], [b"", b"The k", b"sing", b"A bor", b"going to"]),
+    # overlapping triggers: " the" is completed before "in the end" (and "ing the" before " the ")
+    ('root ::= (" the" | "in the end" | "ing the") " "? "."', ["in the end", " the", "ing the"],
+     [b"", b"Once in", b"Once in th", b"sing", b"Thing th", b"in the."]),
 ]
 
 
@@ -528,8 +532,10 @@ def test_lazy_grammar_generation_is_free_until_the_trigger(stories_model):
     assert triggered >= 3  # " the" is in nearly every sentence of a story
     with pytest.raises(fastllm.FastLLMError, match="without a grammar"):
         stories_model.generate("Once", 4, grammar_triggers=["x"])
-    with pytest.raises(fastllm.FastLLMError, match="empty trigger"):
-        stories_model.generate("Once", 4, grammar="root ::= \"x\"", grammar_triggers=["^"])
+    for bad, why in (("^", "empty trigger"), ("", "empty trigger"), ("^ {", "may not begin with whitespace"),
+                     ("x" * 4097, "over 4096 bytes")):
+        with pytest.raises(fastllm.FastLLMError, match=why):
+            stories_model.generate("Once", 4, grammar="root ::= \"x\"", grammar_triggers=[bad])
 
 
 def test_greedy_under_a_grammar_is_the_argmax_of_the_allowed_logits(smollm, vocab, llg_tokenizer):

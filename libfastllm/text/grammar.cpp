@@ -19,6 +19,7 @@ constexpr size_t kMaxSymbols = 1u << 20;    // the grammar once repetitions are 
 constexpr size_t kMaxStacks = 10000;        // parse stacks after one character: "too ambiguous" beyond
 constexpr size_t kMaxExpansion = 1u << 20;  // expansion steps for one character
 constexpr size_t kMaxStates = 1u << 14;     // cached DFA states (1 KiB of transitions each) before a reset
+constexpr size_t kMaxTrigger = 4096;         // bytes of a lazy grammar's trigger
 constexpr int kMaxNesting = 256;            // groups inside groups
 
 constexpr size_t npos = std::string::npos;
@@ -612,6 +613,9 @@ GrammarMatcher::GrammarMatcher(std::shared_ptr<const Grammar> grammar, const std
     for (const std::string &t : triggers) {
         const bool anchored = !t.empty() && t[0] == '^';
         if (t.size() == (anchored ? 1u : 0u)) fail(FASTLLM_ERR_INVALID_ARGUMENT, "grammar: an empty trigger");
+        if (anchored && std::strchr(" \t\r\n", t[1]))  // it is looked for after the blanks
+            fail(FASTLLM_ERR_INVALID_ARGUMENT, "grammar: an anchored trigger may not begin with whitespace");
+        if (t.size() > kMaxTrigger) fail(FASTLLM_ERR_INVALID_ARGUMENT, "grammar: a trigger over %zu bytes", kMaxTrigger);
         triggers_.push_back({anchored ? t.substr(1) : t, anchored});
         longest_trigger_ = std::max(longest_trigger_, triggers_.back().text.size());
     }
@@ -640,14 +644,18 @@ size_t GrammarMatcher::trigger_in(std::string_view more, std::string &window) co
     if (whole) from = std::min(from, std::min(accepted_.find_first_not_of(kBlank), accepted_.size()));
     window.assign(accepted_, from, std::string::npos);
     window.append(more);
-    size_t best = std::string::npos;
+    // The trigger completed first (the smallest end; of those, the longest): the same whichever
+    // way the text was split into tokens, so a saved state's replay finds it too.
+    size_t best = std::string::npos, best_end = std::string::npos;
     for (const Trigger &t : triggers_) {
         size_t at = std::string::npos;
         if (!t.anchored) at = window.find(t.text);
         else if (whole && (at = window.find_first_not_of(kBlank)) != std::string::npos &&
                  window.compare(at, t.text.size(), t.text) != 0)
             at = std::string::npos;
-        best = std::min(best, at);
+        if (at == std::string::npos) continue;
+        const size_t end = at + t.text.size();
+        if (end < best_end || (end == best_end && at < best)) best = at, best_end = end;
     }
     return best;
 }
@@ -666,7 +674,8 @@ void GrammarMatcher::find_candidates(const TokenTrie &trie) {
         bool candidate = false;
         for (const Trigger &t : triggers_) {
             candidate = candidate || path.find(t.text) != std::string::npos;
-            for (size_t j = 1; j < t.text.size() && !candidate; j++)
+            for (size_t j = std::max<size_t>(1, t.text.size() - std::min(t.text.size(), path.size()));
+                 j < t.text.size() && !candidate; j++)
                 candidate = path.compare(0, t.text.size() - j, t.text, j) == 0;
         }
         if (candidate)

@@ -97,6 +97,11 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
             if (!m.complete() && !m.can_continue()) __builtin_trap();  // alive means something can follow
             check_mask(m, json_text);
         }
+        // a saved state's replay: the text in one piece reaches the same state
+        fastllm::GrammarMatcher replay(grammar, triggers);
+        if (!replay.accept(m.accepted()) || replay.waiting() != m.waiting() || replay.complete() != m.complete() ||
+            replay.can_continue() != m.can_continue())
+            __builtin_trap();
     } catch (const fastllm::Error &) {
         // "too ambiguous": a clean refusal of a pathological grammar
     }

@@ -226,6 +226,7 @@ public:
         std::vector<std::string> out;  // a JSON array of strings without escapes: ["<tool_call>"], ["^{", "^["]
         for (size_t q = text.find('"'); q != std::string::npos; q = text.find('"', q + 1)) {
             const size_t e = text.find('"', q + 1);
+            if (e == std::string::npos) break;
             out.push_back(text.substr(q + 1, e - q - 1));
             q = e;
         }

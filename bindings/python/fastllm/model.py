@@ -553,10 +553,11 @@ class Session(_Handle):
                 try:  # calls constrained once one begins (formats without a grammar: unconstrained)
                     sampling["grammar_triggers"] = self.model.tool_call_triggers()
                     sampling["grammar"] = self.model.tool_call_grammar(tools, parallel=parallel_tool_calls)
-                except FastLLMError as e:
-                    if e.status_name != "FASTLLM_ERR_UNSUPPORTED":
+                except FastLLMError as e:  # no grammar for the format or the schemas: free, as the server
+                    if e.status_name not in ("FASTLLM_ERR_UNSUPPORTED", "FASTLLM_ERR_INVALID_ARGUMENT"):
                         raise
                     sampling.pop("grammar_triggers", None)
+                    sampling.pop("grammar", None)
             elif tool_choice != "none":
                 sampling["grammar"] = self.model.tool_call_grammar(tools, tool_choice, parallel=parallel_tool_calls)
             prompt = self.model.apply_chat_template(messages, add_generation_prompt=True, tools=tools)
