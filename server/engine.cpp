@@ -94,46 +94,38 @@ size_t Engine::tool_text_safe(const std::string &text) const {
 }
 
 Constraint Engine::constraint_of(const GenerationRequest &r) const {
-    const bool tool_grammar = !r.tools.empty() && r.tool_choice != "auto" && r.tool_choice != "none";
-    if (tool_grammar && (!r.grammar.empty() || !r.json_schema.empty()))
-        throw bad_request("tool_choice '" + r.tool_choice + "' constrains the reply; it cannot be combined with a "
-                          "grammar or a JSON response_format", "tool_choice", "invalid_value");
-    if (!r.tools.empty() && r.tool_choice == "auto" && r.grammar.empty() && r.json_schema.empty() &&
-        has_chat_template()) {
-        // Free text until a call begins, then a call the parser reads: as "required" once triggered.
+    // auto: the calls' grammar made lazy (free text until a call begins), unless the request has
+    // its own grammar; required / named: the calls' grammar from the first token.
+    const bool lazy = r.tool_choice == "auto", own = !r.grammar.empty() || !r.json_schema.empty();
+    if (!r.tools.empty() && r.tool_choice != "none" && !(lazy && own)) {
+        if (own)
+            throw bad_request("tool_choice '" + r.tool_choice + "' constrains the reply; it cannot be combined with a "
+                              "grammar or a JSON response_format", "tool_choice", "invalid_value");
+        if (!has_chat_template()) {
+            if (lazy) return {};
+            throw bad_request("this model has no chat template, so it has no tool-call format", "tool_choice",
+                              "no_chat_template");
+        }
         Constraint c;
         std::string triggers;
         const std::string tools_text = r.tools.dump();
-        fastllm_status s = text_call(triggers, 256, [&](char *b, size_t cap, size_t *n) {
+        fastllm_status s = !lazy ? FASTLLM_OK : text_call(triggers, 256, [&](char *b, size_t cap, size_t *n) {
             return fastllm_chat_tool_triggers(model_, nullptr, b, cap, n);
         });
         if (s == FASTLLM_OK)
             s = text_call(c.grammar, 8 * tools_text.size() + 4096, [&](char *b, size_t cap, size_t *n) {
-                return fastllm_chat_tool_grammar(model_, nullptr, tools_text.c_str(), nullptr,
+                return fastllm_chat_tool_grammar(model_, nullptr, tools_text.c_str(),
+                                                 lazy || r.tool_choice == "required" ? nullptr : r.tool_choice.c_str(),
                                                  r.parallel_tool_calls ? 1 : 0, b, cap, n);
             });
-        // A format, or a tool schema, without a grammar: free text, as "auto" was before grammars
-        if (s == FASTLLM_ERR_UNSUPPORTED || s == FASTLLM_ERR_INVALID_ARGUMENT) return {};
-        if (s != FASTLLM_OK) throw library_error(s, "tools");
-        c.triggers = json::parse(triggers).get<std::vector<std::string>>();
-        return c;
-    }
-    if (tool_grammar) {
-        if (!has_chat_template())
-            throw bad_request("this model has no chat template, so it has no tool-call format", "tool_choice",
-                              "no_chat_template");
-        const std::string tools_text = r.tools.dump();
-        std::string grammar;
-        fastllm_status s = text_call(grammar, 8 * tools_text.size() + 4096, [&](char *b, size_t c, size_t *n) {
-            return fastllm_chat_tool_grammar(model_, nullptr, tools_text.c_str(),
-                                             r.tool_choice == "required" ? nullptr : r.tool_choice.c_str(),
-                                             r.parallel_tool_calls ? 1 : 0, b, c, n);
-        });
-        if (s == FASTLLM_ERR_UNSUPPORTED || s == FASTLLM_ERR_INVALID_ARGUMENT)
+        if (s == FASTLLM_ERR_UNSUPPORTED || s == FASTLLM_ERR_INVALID_ARGUMENT) {
+            if (lazy) return {};  // a format, or a tool schema, without a grammar: free text, as before grammars
             throw bad_request(std::string("tool_choice: ") + fastllm_last_error(), "tool_choice",
                               s == FASTLLM_ERR_UNSUPPORTED ? "unsupported_tool_choice" : "invalid_value");
+        }
         if (s != FASTLLM_OK) throw library_error(s, "tool_choice");
-        return {grammar, {}};
+        if (lazy) c.triggers = json::parse(triggers).get<std::vector<std::string>>();
+        return c;
     }
     std::string grammar = r.grammar;
     if (!r.json_schema.empty()) {

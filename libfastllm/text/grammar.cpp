@@ -816,42 +816,35 @@ void GrammarMatcher::compact_if_large() {
     current_ = intern_state(intern_set(std::move(keep)), cur.prefix, cur.need, cur.len);
 }
 
-bool GrammarMatcher::accept(std::string_view bytes) {
+int32_t GrammarMatcher::state_after(std::string_view bytes, bool &triggered) {
     compact_if_large();
     std::string window;
-    std::string_view follow = bytes;
-    if (waiting_) {
+    triggered = false;
+    if (waiting_) {  // the grammar follows the text from a trigger on, if one is completed
         const size_t at = trigger_in(bytes, window);
-        if (at == std::string::npos) {
-            accepted_.append(bytes);
-            return true;
-        }
-        follow = std::string_view(window).substr(at);
+        if (at == std::string::npos) return current_;
+        triggered = true;
+        bytes = std::string_view(window).substr(at);
     }
     int32_t s = current_;
-    for (char b : follow) {
-        s = next(s, (uint8_t)b);
-        if (s < 0) return false;
-    }
+    for (char b : bytes)
+        if ((s = next(s, (uint8_t)b)) < 0) return kDead;
+    return s;
+}
+
+bool GrammarMatcher::accept(std::string_view bytes) {
+    bool triggered;
+    const int32_t s = state_after(bytes, triggered);
+    if (s < 0) return false;
     current_ = s;
-    waiting_ = false;
+    waiting_ = waiting_ && !triggered;
     accepted_.append(bytes);
     return true;
 }
 
 bool GrammarMatcher::allows(std::string_view bytes) {
-    compact_if_large();
-    std::string window;
-    std::string_view follow = bytes;
-    if (waiting_) {
-        const size_t at = trigger_in(bytes, window);
-        if (at == std::string::npos) return true;
-        follow = std::string_view(window).substr(at);
-    }
-    int32_t s = current_;
-    for (char b : follow)
-        if ((s = next(s, (uint8_t)b)) < 0) return false;
-    return true;
+    bool triggered;
+    return state_after(bytes, triggered) >= 0;
 }
 
 bool GrammarMatcher::complete() const {

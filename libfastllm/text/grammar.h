@@ -131,6 +131,8 @@ private:
     void expand(Stack stack, StackSet &out) const;
     bool any_top_intersects(const StackSet &set, uint32_t lo, uint32_t hi) const;
     void compact_if_large();
+    // The state after bytes (kDead if refused); triggered: a lazy matcher's trigger completed in them.
+    int32_t state_after(std::string_view bytes, bool &triggered);
     // Lazy matching: whether an anchored trigger may still begin the text; where the first
     // trigger begins in window (accepted_'s last bytes that can hold the start of one, then more),
     // or npos; the tokens that can complete a trigger (found once, on the first mask).
