@@ -6,17 +6,30 @@
 // Usage: test_cycles MODEL.flm N_LOADS N_SESSIONS
 #include <cstdio>
 #include <cstdlib>
+#if defined(_WIN32)
+#include <windows.h>
+#include <psapi.h>
+#else
 #include <unistd.h>
+#endif
 
 #include "fastllm.h"
 
 static long rss_kib() {
+#if defined(_WIN32)
+    // The working set is Windows' resident set (K32GetProcessMemoryInfo is kernel32's own since
+    // Windows 7, so no psapi.dll is needed).
+    PROCESS_MEMORY_COUNTERS c{};
+    if (!K32GetProcessMemoryInfo(GetCurrentProcess(), &c, sizeof c)) return -1;
+    return (long)(c.WorkingSetSize / 1024);
+#else
     long pages = 0, resident = 0;
     FILE *f = std::fopen("/proc/self/statm", "r");
     if (!f) return -1;
     if (std::fscanf(f, "%ld %ld", &pages, &resident) != 2) resident = -1;
     std::fclose(f);
     return resident * (sysconf(_SC_PAGESIZE) / 1024);
+#endif
 }
 
 int main(int argc, char **argv) {

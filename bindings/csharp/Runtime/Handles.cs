@@ -1,0 +1,66 @@
+// Handles.cs: the model and session pointers as SafeHandles. A session holds a reference on its
+// model's handle (DangerousAddRef) until it is freed, so the model is freed only after its last
+// session, whatever order Dispose calls or finalizers come in: a finalizer never frees a session
+// whose model is gone, and Model.Dispose with sessions alive only gives up the Model's own
+// reference.
+using System;
+using System.Runtime.InteropServices;
+
+namespace FastLLM
+{
+    /// <summary>A fastllm_model pointer; freed with fastllm_model_free once nothing references it.</summary>
+    public sealed class ModelHandle : SafeHandle
+    {
+        public ModelHandle() : base(IntPtr.Zero, true) { }
+
+        public override bool IsInvalid { get { return handle == IntPtr.Zero; } }
+
+        protected override bool ReleaseHandle()
+        {
+            Native.fastllm_model_free(handle);
+            return true;
+        }
+    }
+
+    /// <summary>A fastllm_session pointer; freed with fastllm_session_free, then its model's handle is
+    /// released.</summary>
+    public sealed class SessionHandle : SafeHandle
+    {
+        private ModelHandle model_;
+        private ModelHandle draft_;
+
+        public SessionHandle() : base(IntPtr.Zero, true) { }
+
+        public override bool IsInvalid { get { return handle == IntPtr.Zero; } }
+
+        /// <summary>Takes a reference on the model the session was created from (once, right after
+        /// the session is).</summary>
+        internal void HoldModel(ModelHandle model)
+        {
+            bool added = false;
+            model.DangerousAddRef(ref added);
+            model_ = model;
+        }
+
+        /// <summary>Holds the draft model of speculative decoding (null: none) for as long as the
+        /// session may use it, releasing the one held before.</summary>
+        internal void HoldDraft(ModelHandle draft)
+        {
+            if (draft != null)
+            {
+                bool added = false;
+                draft.DangerousAddRef(ref added);
+            }
+            if (draft_ != null) draft_.DangerousRelease();
+            draft_ = draft;
+        }
+
+        protected override bool ReleaseHandle()
+        {
+            Native.fastllm_session_free(handle);
+            if (draft_ != null) draft_.DangerousRelease();
+            if (model_ != null) model_.DangerousRelease();
+            return true;
+        }
+    }
+}
