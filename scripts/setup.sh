@@ -16,6 +16,9 @@ APT_PACKAGES="$APT_PACKAGES g++-mingw-w64-x86-64 wine wine64 g++-aarch64-linux-g
 APT_PACKAGES="$APT_PACKAGES libvulkan-dev glslc mesa-vulkan-drivers libvulkan1"
 # xvfb, xauth: an X server for Wine's Vulkan (winevulkan needs a display driver), tests/test_platforms.py
 APT_PACKAGES="$APT_PACKAGES xvfb xauth"
+# mono-devel: Mono's C# compiler and runtime, to build and test the C# binding (bindings/csharp,
+# tests/test_csharp.py)
+APT_PACKAGES="$APT_PACKAGES mono-devel"
 # nodejs, npm: the Node.js client's test (bindings/examples/node); most machines already have them
 command -v node >/dev/null && command -v npm >/dev/null || APT_PACKAGES="$APT_PACKAGES nodejs npm"
 if ! dpkg -s $APT_PACKAGES >/dev/null 2>&1; then

@@ -198,7 +198,7 @@ static class Tests
         {
             var r = s.Generate("The knight decided", new GenerateOptions { JsonSchema = Schema, Temperature = 0.8f, Seed = 7, MaxNewTokens = 200 });
             Equal(StopReason.Grammar, r.StopReason, "the match completes");
-            Write("JsonSchemaAction", Schema + "\n" + r.Text);
+            Write("JsonSchemaAction", Schema + "\u0001" + r.Text);
             Check(Library.JsonSchemaToGrammar(Schema).Contains("root"), "grammar");
         }
     }
@@ -363,6 +363,37 @@ static class Tests
         Collect();  // the fork's finalizer frees it, then the native model
         s.Dispose();
         model.Dispose();
+    }
+
+    // Unity's domain reload (entering play mode again): an AppDomain loads FastLLM, subscribes to
+    // the log, loads a model and generates, and is unloaded without tidying up; 10 times. Then the
+    // library logs again in this domain: a callback left pointing into an unloaded domain would
+    // crash here (LLMUnity#365).
+    static void TestDomainReloads()
+    {
+        for (int i = 0; i < 10; i++)
+        {
+            var domain = AppDomain.CreateDomain("play" + i);
+            domain.SetData("model", stories_);
+            domain.DoCallBack(PlaySession);
+            Equal("played", (string)domain.GetData("result"), "the play session's result");
+            AppDomain.Unload(domain);
+        }
+        using (var model = Stories())
+        using (var s = model.CreateSession())
+            Check(s.Generate(Prompt, 8, 0f).Length > 0, "after the reloads");
+    }
+
+    static void PlaySession()
+    {
+        var d = AppDomain.CurrentDomain;
+        int n = 0;
+        Library.Log += (level, message) => n++;  // never removed
+        var model = new Model((string)d.GetData("model"), new ModelParams { Threads = 1 });
+        var s = model.CreateSession();
+        var text = s.Generate(Prompt, 8, 0f);
+        d.SetData("result", text.Length > 0 && n > 0 ? "played" : "no text or no log message");
+        // neither the session nor the model is disposed: the unload finalizes them
     }
 
     // -- errors -----------------------------------------------------------------------------------
