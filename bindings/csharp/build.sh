@@ -4,8 +4,9 @@
 #   bindings/csharp/build.sh --tests [OUT_DIR]  also FastLLMTests.exe (tests/Tests.cs with the NPC
 #                                               sample's logic) and the sample's MonoBehaviour,
 #                                               compiled against tests/UnityEngineStub.cs
-#   bindings/csharp/build.sh --unity-plugins    copies the native libraries built in build/,
-#                                               build-aarch64/ and build-windows/ into Plugins/
+#   bindings/csharp/build.sh --unity-plugins    builds the native library for Linux x86-64 and
+#                                               ARM64 and Windows x86-64 (build-plugin-*/) into
+#                                               Plugins/, with their .meta files
 # The library is compiled against Mono's .NET Framework 4.7.1 reference assemblies with C# 7.2, a
 # subset of what Unity (.NET Standard 2.0 profile, C# 9) and .NET compile: it uses only APIs that
 # .NET Standard 2.0 has.
@@ -14,12 +15,27 @@ HERE="$(cd "$(dirname "$0")" && pwd)"
 REPO="$(cd "$HERE/../.." && pwd)"
 TESTS=0
 if [ "${1:-}" = "--unity-plugins" ]; then
-  copy() {  # copy SRC DEST: a library that was built goes into the package
-    if [ -f "$1" ]; then mkdir -p "$(dirname "$2")"; cp "$1" "$2"; echo "$2"; else echo "not built: $1 (skipped)"; fi
+  # A plugin ships inside a game, so it may need nothing the player lacks: no OpenBLAS (the
+  # library's own tiled kernels do the prompt batches), libstdc++ and libgcc linked in (the Linux
+  # libraries need only glibc; the MinGW DLL only Windows' own DLLs, tests/test_platforms.py).
+  plugin() {  # plugin BUILD_DIR TOOLCHAIN|"" DEST
+    local dir="$REPO/$1" options=(-DCMAKE_BUILD_TYPE=Release -DFASTLLM_BLAS=OFF -DFASTLLM_SERVER=OFF
+      -DFASTLLM_BUILD_TESTS=OFF -DFASTLLM_BUILD_EXAMPLES=OFF)
+    [ -n "$2" ] && options+=("-DCMAKE_TOOLCHAIN_FILE=$REPO/$2")
+    # -s: no symbol table in a library that ships (2.0 -> 1.6 MiB on Linux x86-64)
+    if [[ "$2" != *mingw* ]]; then options+=("-DCMAKE_SHARED_LINKER_FLAGS=-static-libstdc++ -static-libgcc -s")
+    else options+=("-DCMAKE_SHARED_LINKER_FLAGS=-s"); fi
+    cmake -S "$REPO" -B "$dir" "${options[@]}" >/dev/null
+    cmake --build "$dir" -j2 --target fastllm >/dev/null
+    local lib="$dir/libfastllm.so"
+    [ -f "$lib" ] || lib="$dir/fastllm.dll"
+    mkdir -p "$(dirname "$HERE/$3")"
+    cp -L "$lib" "$HERE/$3"
+    echo "$HERE/$3 ($(du -k "$HERE/$3" | cut -f1) KiB)"
   }
-  copy "$REPO/build/libfastllm.so" "$HERE/Plugins/Linux/x86_64/libfastllm.so"
-  copy "$REPO/build-aarch64/libfastllm.so" "$HERE/Plugins/Linux/ARM64/libfastllm.so"
-  copy "$REPO/build-windows/fastllm.dll" "$HERE/Plugins/Windows/x86_64/fastllm.dll"
+  plugin build-plugin-linux-x86_64 "" Plugins/Linux/x86_64/libfastllm.so
+  plugin build-plugin-linux-arm64 cmake/toolchain-aarch64-linux-gnu.cmake Plugins/Linux/ARM64/libfastllm.so
+  plugin build-plugin-windows-x86_64 cmake/toolchain-mingw-w64-x86_64.cmake Plugins/Windows/x86_64/fastllm.dll
   python3 "$HERE/unity_meta.py"  # the plugins' .meta files: which platform loads each
   exit 0
 fi

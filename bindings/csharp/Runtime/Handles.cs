@@ -33,13 +33,42 @@ namespace FastLLM
 
         public override bool IsInvalid { get { return handle == IntPtr.Zero; } }
 
-        /// <summary>Takes a reference on the model the session was created from (once, right after
-        /// the session is).</summary>
-        internal void HoldModel(ModelHandle model)
+        internal delegate Status CreateCall(out SessionHandle session);
+
+        /// <summary>Creates a session of model with create, holding a reference on the model's handle
+        /// from before the call until the session is freed (so a Dispose of the model on another
+        /// thread can never free it under a new session).</summary>
+        internal static SessionHandle Create(ModelHandle model, CreateCall create)
         {
             bool added = false;
-            model.DangerousAddRef(ref added);
-            model_ = model;
+            try
+            {
+                model.DangerousAddRef(ref added);
+            }
+            catch (ObjectDisposedException)
+            {
+                throw new FastLLMException(Status.InvalidArgument, "the Model has been disposed");
+            }
+            SessionHandle h = null;
+            Status status;
+            try
+            {
+                status = create(out h);
+            }
+            catch
+            {
+                model.DangerousRelease();
+                throw;
+            }
+            if (status != Status.Ok)
+            {
+                var error = new FastLLMException(status, Utf8.FromPtr(Native.fastllm_last_error()));
+                model.DangerousRelease();
+                if (h != null) h.SetHandleAsInvalid();
+                throw error;
+            }
+            h.model_ = model;
+            return h;
         }
 
         /// <summary>Holds the draft model of speculative decoding (null: none) for as long as the

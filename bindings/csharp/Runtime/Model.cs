@@ -283,9 +283,8 @@ namespace FastLLM
         {
             var p = (parameters ?? new SessionParams()).ToNative();
             var model = Handle;
-            SessionHandle h;
-            var status = Native.fastllm_session_create(model, ref p, out h);
-            return new Session(this, model, Session.Adopt(status, h, model));
+            var h = SessionHandle.Create(model, (out SessionHandle s) => Native.fastllm_session_create(model, ref p, out s));
+            return new Session(this, model, h);
         }
 
         /// <summary>A one-off generation in a fresh session (freed afterwards).</summary>

@@ -24,22 +24,10 @@ namespace FastLLM
 
         internal PieceStream(Session session) { session_ = session; }
 
-        internal void Start(Func<GenerationResult> generate)
+        internal void Follow(Task<GenerationResult> generation)
         {
-            Result = Task.Factory.StartNew(() =>
-            {
-                try
-                {
-                    var r = generate();
-                    Finish(null);
-                    return r;
-                }
-                catch (Exception e)
-                {
-                    Finish(e);
-                    throw;
-                }
-            }, CancellationToken.None, TaskCreationOptions.LongRunning, TaskScheduler.Default);
+            Result = generation;
+            generation.ContinueWith(t => Finish(t.IsFaulted ? t.Exception.InnerException : null), TaskScheduler.Default);
         }
 
         /// <summary>The generation's result, once it has ended.</summary>

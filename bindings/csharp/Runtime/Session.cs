@@ -148,18 +148,6 @@ namespace FastLLM
             vocab_ = info.vocab_size;
         }
 
-        internal static SessionHandle Adopt(Status status, SessionHandle h, ModelHandle model)
-        {
-            if (status != Status.Ok)
-            {
-                var error = new FastLLMException(status, Utf8.FromPtr(Native.fastllm_last_error()));
-                if (h != null) h.SetHandleAsInvalid();
-                throw error;
-            }
-            h.HoldModel(model);
-            return h;
-        }
-
         /// <summary>The model it was created from (it may be disposed: the session keeps the native
         /// model alive).</summary>
         public Model Model { get; private set; }
@@ -261,17 +249,16 @@ namespace FastLLM
             {
                 int n = nTokens < 0 ? Native.fastllm_session_n_tokens(handle_) : nTokens;
                 SessionHandle h;
-                Status status;
                 if (parameters == null)
                 {
-                    status = Native.fastllm_session_fork_default(handle_, n, IntPtr.Zero, out h);
+                    h = SessionHandle.Create(model_, (out SessionHandle s) => Native.fastllm_session_fork_default(handle_, n, IntPtr.Zero, out s));
                 }
                 else
                 {
                     var p = parameters.ToNative();
-                    status = Native.fastllm_session_fork(handle_, n, ref p, out h);
+                    h = SessionHandle.Create(model_, (out SessionHandle s) => Native.fastllm_session_fork(handle_, n, ref p, out s));
                 }
-                return new Session(Model, model_, Adopt(status, h, model_));
+                return new Session(Model, model_, h);
             }
             finally { Exit(); }
         }
@@ -304,14 +291,16 @@ namespace FastLLM
                                          CancellationToken cancellation = default(CancellationToken))
         {
             if (prompt == null) throw new FastLLMException(Status.InvalidArgument, "prompt is null");
-            options = options ?? new GenerateOptions();
             Enter();
-            try
-            {
-                var ids = Model.Tokenize(model_, prompt, options.AddBos ?? (Native.fastllm_session_n_tokens(handle_) == 0 ? (bool?)null : false));
-                return GenerateIds(ids, options, onPiece, cancellation);
-            }
+            try { return GenerateText(prompt, options ?? new GenerateOptions(), onPiece, cancellation); }
             finally { Exit(); }
+        }
+
+        private GenerationResult GenerateText(string prompt, GenerateOptions options, Action<string> onPiece,
+                                              CancellationToken cancellation)
+        {
+            var ids = Model.Tokenize(model_, prompt, options.AddBos ?? (Native.fastllm_session_n_tokens(handle_) == 0 ? (bool?)null : false));
+            return GenerateIds(ids, options, onPiece, cancellation);
         }
 
         /// <summary>Generate after prompt token ids.</summary>
@@ -394,7 +383,8 @@ namespace FastLLM
                                                CancellationToken cancellation = default(CancellationToken))
         {
             var stream = new PieceStream(this);
-            stream.Start(() => Generate(prompt, options, stream.Push, cancellation));
+            var task = Background(prompt, options, stream.Push, cancellation);
+            stream.Follow(task);
             return stream;
         }
 
@@ -402,8 +392,30 @@ namespace FastLLM
         public Task<GenerationResult> GenerateAsync(string prompt, GenerateOptions options = null, Action<string> onPiece = null,
                                                     CancellationToken cancellation = default(CancellationToken))
         {
-            return Task.Factory.StartNew(() => Generate(prompt, options, onPiece, cancellation), CancellationToken.None,
-                                         TaskCreationOptions.LongRunning, TaskScheduler.Default);
+            return Background(prompt, options, onPiece, cancellation);
+        }
+
+        // The session is taken on the calling thread (a session in use fails here, not in the
+        // task), then handed to a dedicated worker thread, which gives it back when done.
+        private Task<GenerationResult> Background(string prompt, GenerateOptions options, Action<string> onPiece,
+                                                  CancellationToken cancellation)
+        {
+            if (prompt == null) throw new FastLLMException(Status.InvalidArgument, "prompt is null");
+            options = options ?? new GenerateOptions();
+            Enter();
+            try
+            {
+                return Task.Factory.StartNew(() =>
+                {
+                    try { return GenerateText(prompt, options, onPiece, cancellation); }
+                    finally { Exit(); }
+                }, CancellationToken.None, TaskCreationOptions.LongRunning, TaskScheduler.Default);
+            }
+            catch
+            {
+                Exit();
+                throw;
+            }
         }
 
         /// <summary>From any thread: stops the evaluation or generation the session is in (the prompt
