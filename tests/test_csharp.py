@@ -169,6 +169,16 @@ def test_cancel_and_cycle_figures(suite):
     assert len(ms) == 2 and max(ms) < 150
 
 
+def test_a_missing_library_is_a_fastllm_exception(built, stories_flm, tmp_path):
+    """Without libfastllm on the library path: FastLLMException (IO) saying where to put it, not .NET's
+    DllNotFoundException."""
+    env = dict(os.environ, LD_LIBRARY_PATH="")
+    (tmp_path / "out").mkdir()
+    r = subprocess.run([_tool("mono"), str(built / "FastLLMTests.exe"), str(stories_flm), "-", str(tmp_path / "out"),
+                        "NoLibrary"], capture_output=True, text=True, env=env, cwd=tmp_path, timeout=120)
+    assert "ok NoLibrary" in r.stdout, _show(r)
+
+
 def test_domain_reload_takes_the_log_callback_back(built, stories_flm, smollm_flm):
     """After 10 AppDomains subscribed to the log and were unloaded without unsubscribing, the library
     has no callback into them: with FASTLLM_LOG=info, the next model's messages reach stderr (with a

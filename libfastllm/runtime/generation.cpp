@@ -19,8 +19,10 @@ double ms_since(std::chrono::steady_clock::time_point t0) {
 
 void Session::begin_generation(const int32_t *prompt, size_t n_prompt, const SamplingOptions &p,
                                fastllm_stream_callback callback, void *user_data, bool deferred) {
-    Busy busy(*this);
+    // cleared before the session counts as busy: a cancel from another thread that finds it busy
+    // is then never wiped (one that finds it idle is refused, and the caller may try again)
     cancel_ = false;
+    Busy busy(*this);
     if (p.max_new_tokens < 0) fail(FASTLLM_ERR_INVALID_ARGUMENT, "max_new_tokens must not be negative");
     // A bad grammar fails here, before anything changes.
     auto grammar = matcher_of(p);

@@ -77,8 +77,10 @@ SessionMemory Session::memory() const {
 }
 
 void Session::eval(const int32_t *tokens, size_t n, fastllm_logits_mode mode, float *out_logits) {
-    Busy busy(*this);
+    // cleared before the session counts as busy: a cancel from another thread that finds it busy
+    // is then never wiped (one that finds it idle is refused, and the caller may try again)
     cancel_ = false;
+    Busy busy(*this);
     if (mode != FASTLLM_LOGITS_NONE && !out_logits) fail(FASTLLM_ERR_INVALID_ARGUMENT, "out_logits is NULL");
     if (n == 0) fail(FASTLLM_ERR_INVALID_ARGUMENT, "no tokens to evaluate");
     if (gen_ && gen_->prefill)

@@ -21,10 +21,25 @@ namespace FastLLM
         /// <summary>The library's message alone (Message prefixes the status name).</summary>
         public string Detail { get; private set; }
 
-        /// <summary>"FASTLLM_ERR_BAD_FORMAT" and so on (fastllm_status_name).</summary>
+        /// <summary>"FASTLLM_ERR_BAD_FORMAT" and so on, as fastllm_status_name says (here without a call
+        /// into the library, which may be the thing that failed to load).</summary>
         public static string StatusName(Status status)
         {
-            return Utf8.FromPtr(Native.fastllm_status_name(status));
+            switch (status)
+            {
+                case Status.Ok: return "FASTLLM_OK";
+                case Status.InvalidArgument: return "FASTLLM_ERR_INVALID_ARGUMENT";
+                case Status.IO: return "FASTLLM_ERR_IO";
+                case Status.BadFormat: return "FASTLLM_ERR_BAD_FORMAT";
+                case Status.Unsupported: return "FASTLLM_ERR_UNSUPPORTED";
+                case Status.OutOfMemory: return "FASTLLM_ERR_OUT_OF_MEMORY";
+                case Status.ContextFull: return "FASTLLM_ERR_CONTEXT_FULL";
+                case Status.BufferTooSmall: return "FASTLLM_ERR_BUFFER_TOO_SMALL";
+                case Status.TokenOutOfRange: return "FASTLLM_ERR_TOKEN_OUT_OF_RANGE";
+                case Status.Internal: return "FASTLLM_ERR_INTERNAL";
+                case Status.Cancelled: return "FASTLLM_ERR_CANCELLED";
+                default: return "FASTLLM_ERR_" + (int)status;
+            }
         }
 
         /// <summary>Throws for any status but Ok, with the thread's last error message.</summary>

@@ -71,17 +71,13 @@ namespace FastLLM
             return h;
         }
 
-        /// <summary>Holds the draft model of speculative decoding (null: none) for as long as the
-        /// session may use it, releasing the one held before.</summary>
-        internal void HoldDraft(ModelHandle draft)
+        /// <summary>Keeps the draft model of speculative decoding (null: none) for as long as the
+        /// session may use it: takes over a reference the caller added, and releases the one held
+        /// before.</summary>
+        internal void SwapDraft(ModelHandle referencedDraft)
         {
-            if (draft != null)
-            {
-                bool added = false;
-                draft.DangerousAddRef(ref added);
-            }
             if (draft_ != null) draft_.DangerousRelease();
-            draft_ = draft;
+            draft_ = referencedDraft;
         }
 
         protected override bool ReleaseHandle()

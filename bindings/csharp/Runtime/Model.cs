@@ -123,6 +123,27 @@ namespace FastLLM
             }
         }
 
+        // Runs f with a reference on the native model, so that a Dispose on another thread cannot free
+        // it while f reads what the model owns (the strings of Info, the template).
+        private T With<T>(Func<ModelHandle, T> f)
+        {
+            var h = Handle;
+            bool added = false;
+            try
+            {
+                h.DangerousAddRef(ref added);
+                return f(h);
+            }
+            catch (ObjectDisposedException)
+            {
+                throw new FastLLMException(Status.InvalidArgument, "the Model has been disposed");
+            }
+            finally
+            {
+                if (added) h.DangerousRelease();
+            }
+        }
+
         /// <summary>True once Dispose was called.</summary>
         public bool IsDisposed { get { return disposed_; } }
 
@@ -136,7 +157,7 @@ namespace FastLLM
         // generic JSON format of a model without a template).
         private string ToolTemplate(string template)
         {
-            return template ?? (Native.fastllm_model_chat_template(Handle) == IntPtr.Zero ? "" : null);
+            return template ?? With(h => Native.fastllm_model_chat_template(h) == IntPtr.Zero ? "" : null);
         }
 
         /// <summary>Config and weights: architecture, sizes, dtype, what runs it.</summary>
@@ -144,8 +165,10 @@ namespace FastLLM
         {
             get
             {
+                return With(h =>
+                {
                 Native.fastllm_model_info i;
-                FastLLMException.Check(Native.fastllm_model_get_info(Handle, out i));
+                FastLLMException.Check(Native.fastllm_model_get_info(h, out i));
                 return new ModelInfo
                 {
                     Architecture = Utf8.FromPtr(i.architecture), Name = Utf8.FromPtr(i.name), VocabSize = i.vocab_size,
@@ -154,14 +177,15 @@ namespace FastLLM
                     EosId = i.eos_id, WeightDtype = Utf8.FromPtr(i.weight_dtype), NParams = i.n_params,
                     Backend = Utf8.FromPtr(i.backend), DeviceWeightBytes = i.device_weight_bytes,
                 };
+                });
             }
         }
 
         /// <summary>The chat template stored in the model, or null.</summary>
-        public string ChatTemplate { get { return Utf8.FromPtr(Native.fastllm_model_chat_template(Handle)); } }
+        public string ChatTemplate { get { return With(h => Utf8.FromPtr(Native.fastllm_model_chat_template(h))); } }
 
         /// <summary>Token ids of text; addBos null uses the model's default.</summary>
-        public int[] Tokenize(string text, bool? addBos = null) { return Tokenize(Handle, text, addBos); }
+        public int[] Tokenize(string text, bool? addBos = null) { return With(h => Tokenize(h, text, addBos)); }
 
         // Also for a session, whose Model object may be disposed while the native model lives on.
         internal static int[] Tokenize(ModelHandle handle, string text, bool? addBos)
@@ -186,25 +210,30 @@ namespace FastLLM
         public string Detokenize(int[] tokens)
         {
             if (tokens == null) throw new FastLLMException(Status.InvalidArgument, "tokens is null");
-            var h = Handle;
-            return Utf8.Text((byte[] b, UIntPtr c, out UIntPtr n) =>
-                Native.fastllm_detokenize(h, tokens, (UIntPtr)tokens.Length, b, c, out n), tokens.Length * 8 + 16);
+            return With(h =>
+            {
+                return Utf8.Text((byte[] b, UIntPtr c, out UIntPtr n) =>
+                    Native.fastllm_detokenize(h, tokens, (UIntPtr)tokens.Length, b, c, out n), tokens.Length * 8 + 16);
+            });
         }
 
         /// <summary>The raw bytes one token adds to a stream of text (not always whole characters).</summary>
         public byte[] TokenToPiece(int token)
         {
-            var b = new byte[64];
-            UIntPtr n;
-            var status = Native.fastllm_token_to_piece(Handle, token, b, (UIntPtr)b.Length, out n);
-            if (status == Status.BufferTooSmall)
+            return With(h =>
             {
-                b = new byte[(int)n];
-                status = Native.fastllm_token_to_piece(Handle, token, b, (UIntPtr)b.Length, out n);
-            }
-            FastLLMException.Check(status);
-            Array.Resize(ref b, (int)n);
-            return b;
+                var b = new byte[64];
+                UIntPtr n;
+                var status = Native.fastllm_token_to_piece(h, token, b, (UIntPtr)b.Length, out n);
+                if (status == Status.BufferTooSmall)
+                {
+                    b = new byte[(int)n];
+                    status = Native.fastllm_token_to_piece(h, token, b, (UIntPtr)b.Length, out n);
+                }
+                FastLLMException.Check(status);
+                Array.Resize(ref b, (int)n);
+                return b;
+            });
         }
 
         /// <summary>Renders a conversation into prompt text with the chat template (template, or the
@@ -212,20 +241,22 @@ namespace FastLLM
         public string ApplyChatTemplate(IList<ChatMessage> messages, bool addGenerationPrompt = true, string template = null)
         {
             if (messages == null) throw new FastLLMException(Status.InvalidArgument, "messages is null");
-            var h = Handle;
-            using (var strings = new NativeStrings())
+            return With(h =>
             {
-                var raw = new Native.fastllm_chat_message[messages.Count];
-                for (int i = 0; i < raw.Length; i++)
+                using (var strings = new NativeStrings())
                 {
-                    raw[i].role = strings.Add(messages[i].Role);
-                    raw[i].content = strings.Add(messages[i].Content);
+                    var raw = new Native.fastllm_chat_message[messages.Count];
+                    for (int i = 0; i < raw.Length; i++)
+                    {
+                        raw[i].role = strings.Add(messages[i].Role);
+                        raw[i].content = strings.Add(messages[i].Content);
+                    }
+                    var t = Utf8.Z(template);
+                    int add = addGenerationPrompt ? 1 : 0;
+                    return Utf8.Text((byte[] b, UIntPtr c, out UIntPtr n) =>
+                        Native.fastllm_chat_apply_template(h, t, raw, (UIntPtr)raw.Length, add, b, c, out n), 4096);
                 }
-                var t = Utf8.Z(template);
-                int add = addGenerationPrompt ? 1 : 0;
-                return Utf8.Text((byte[] b, UIntPtr c, out UIntPtr n) =>
-                    Native.fastllm_chat_apply_template(h, t, raw, (UIntPtr)raw.Length, add, b, c, out n), 4096);
-            }
+            });
         }
 
         /// <summary>The chat template over variables as a JSON object: "messages" in OpenAI's shape
@@ -234,10 +265,12 @@ namespace FastLLM
         /// (fastllm_chat_apply_template_json).</summary>
         public string ApplyChatTemplateJson(string variablesJson, string template = null)
         {
-            var h = Handle;
-            var t = Utf8.Z(template);
-            var v = Utf8.Z(variablesJson);
-            return Utf8.Text((byte[] b, UIntPtr c, out UIntPtr n) => Native.fastllm_chat_apply_template_json(h, t, v, b, c, out n), 4096);
+            return With(h =>
+            {
+                var t = Utf8.Z(template);
+                var v = Utf8.Z(variablesJson);
+                return Utf8.Text((byte[] b, UIntPtr c, out UIntPtr n) => Native.fastllm_chat_apply_template_json(h, t, v, b, c, out n), 4096);
+            });
         }
 
         /// <summary>The tool calls in a generated reply, as JSON: {"format": ..., "content": ...,
@@ -245,11 +278,13 @@ namespace FastLLM
         /// name). A malformed call stays content, never an error.</summary>
         public string ParseToolCalls(string reply, string toolsJson = null, string template = null)
         {
-            var h = Handle;
-            var t = Utf8.Z(ToolTemplate(template));
-            var r = Utf8.Z(reply);
-            var tools = Utf8.Z(toolsJson);
-            return Utf8.Text((byte[] b, UIntPtr c, out UIntPtr n) => Native.fastllm_chat_parse_tool_calls(h, t, r, tools, b, c, out n), 1024);
+            return With(h =>
+            {
+                var t = Utf8.Z(ToolTemplate(template));
+                var r = Utf8.Z(reply);
+                var tools = Utf8.Z(toolsJson);
+                return Utf8.Text((byte[] b, UIntPtr c, out UIntPtr n) => Native.fastllm_chat_parse_tool_calls(h, t, r, tools, b, c, out n), 1024);
+            });
         }
 
         /// <summary>A grammar (GenerateOptions.Grammar) whose matches are tool calls in the template's
@@ -257,22 +292,26 @@ namespace FastLLM
         /// arguments that fit the function's schema; parallel allows several calls.</summary>
         public string ToolCallGrammar(string toolsJson, string toolName = null, bool parallel = false, string template = null)
         {
-            var h = Handle;
-            var t = Utf8.Z(ToolTemplate(template));
-            var tools = Utf8.Z(toolsJson);
-            var name = Utf8.Z(toolName);
-            int par = parallel ? 1 : 0;
-            return Utf8.Text((byte[] b, UIntPtr c, out UIntPtr n) =>
-                Native.fastllm_chat_tool_grammar(h, t, tools, name, par, b, c, out n), 4096);
+            return With(h =>
+            {
+                var t = Utf8.Z(ToolTemplate(template));
+                var tools = Utf8.Z(toolsJson);
+                var name = Utf8.Z(toolName);
+                int par = parallel ? 1 : 0;
+                return Utf8.Text((byte[] b, UIntPtr c, out UIntPtr n) =>
+                    Native.fastllm_chat_tool_grammar(h, t, tools, name, par, b, c, out n), 4096);
+            });
         }
 
         /// <summary>The triggers (GenerateOptions.GrammarTriggers) that make ToolCallGrammar lazy, for
         /// tool_choice "auto": the text is free until a call begins. A JSON array of strings.</summary>
         public string ToolCallTriggersJson(string template = null)
         {
-            var h = Handle;
-            var t = Utf8.Z(ToolTemplate(template));
-            return Utf8.Text((byte[] b, UIntPtr c, out UIntPtr n) => Native.fastllm_chat_tool_triggers(h, t, b, c, out n), 256);
+            return With(h =>
+            {
+                var t = Utf8.Z(ToolTemplate(template));
+                return Utf8.Text((byte[] b, UIntPtr c, out UIntPtr n) => Native.fastllm_chat_tool_triggers(h, t, b, c, out n), 256);
+            });
         }
 
         /// <summary>A session with the default parameters.</summary>

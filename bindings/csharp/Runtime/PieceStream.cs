@@ -15,19 +15,23 @@ namespace FastLLM
     /// GenerationResult (or the generation's exception) when it ends.</summary>
     public sealed class PieceStream : IDisposable
     {
-        private readonly Session session_;
+        private readonly CancellationTokenSource cancel_;  // the caller's token, linked
         private readonly object lock_ = new object();
         private readonly Queue<string> queue_ = new Queue<string>();
         private TaskCompletionSource<bool> waiter_;
         private bool finished_;
         private Exception error_;
 
-        internal PieceStream(Session session) { session_ = session; }
+        internal PieceStream(CancellationTokenSource cancel) { cancel_ = cancel; }
 
         internal void Follow(Task<GenerationResult> generation)
         {
             Result = generation;
-            generation.ContinueWith(t => Finish(t.IsFaulted ? t.Exception.InnerException : null), TaskScheduler.Default);
+            generation.ContinueWith(t =>
+            {
+                Finish(t.IsFaulted ? t.Exception.InnerException : null);
+                cancel_.Dispose();
+            }, TaskScheduler.Default);
         }
 
         /// <summary>The generation's result, once it has ended.</summary>
@@ -93,20 +97,27 @@ namespace FastLLM
             else w.SetException(e);
         }
 
-        /// <summary>Stops the generation if it is still running (it ends before its next token) and
-        /// waits for it.</summary>
+        /// <summary>Cancels the generation if it is still running (its Result then ends in an
+        /// OperationCanceledException) and waits for it to end: within a layer's time while the
+        /// prompt is evaluated, before the next token while generating.</summary>
         public void Dispose()
         {
-            if (Result == null) return;
-            if (!Result.IsCompleted) session_.Cancel();
-            try { Result.Wait(); } catch (AggregateException) { }
+            StopAsync().Wait();
         }
 
         /// <summary>Dispose without blocking the calling thread (await foreach calls it).</summary>
         public Task DisposeAsync()
         {
+            return StopAsync();
+        }
+
+        private Task StopAsync()
+        {
             if (Result == null) return Task.FromResult(0);
-            if (!Result.IsCompleted) session_.Cancel();
+            if (!Result.IsCompleted)
+            {
+                try { cancel_.Cancel(); } catch (ObjectDisposedException) { }  // it has just ended
+            }
             return Result.ContinueWith(t => { }, TaskScheduler.Default);
         }
     }

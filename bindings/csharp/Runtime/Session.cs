@@ -123,20 +123,19 @@ namespace FastLLM
         public ulong ComputeBytes { get; internal set; }
     }
 
-    /// <summary>One conversation over a Model. One thread at a time: a call while another thread's
-    /// call (or a GenerateAsync / stream) is running on the session throws a FastLLMException
-    /// (InvalidArgument) instead of racing; only Cancel may come from any thread. Dispose it when
-    /// done (a finalizer frees it otherwise).</summary>
+    /// <summary>One conversation over a Model. One call at a time: a call while another (from another
+    /// thread, or a GenerateAsync / stream still running) is in progress throws a FastLLMException
+    /// (InvalidArgument, "in use") instead of racing; only Cancel and Dispose may come from any
+    /// thread. Dispose it when done (a finalizer frees it otherwise).</summary>
     public sealed class Session : IDisposable
     {
         private readonly SessionHandle handle_;
-        private readonly int vocab_;
-        private volatile bool disposed_;
-        private int busy_;
-        private volatile bool running_;  // inside a native evaluation or generation
-        private int owner_;              // the thread running it
-
         private readonly ModelHandle model_;  // referenced by handle_ until it is freed
+        private readonly int vocab_;
+        private int disposed_;  // 1 once Dispose began
+        private int busy_;      // 1 while a call uses the session
+        private int running_;   // 1 while a native evaluation or generation may run
+        private int owner_;     // the thread running it
 
         internal Session(Model model, ModelHandle modelHandle, SessionHandle handle)
         {
@@ -157,28 +156,45 @@ namespace FastLLM
         {
             get
             {
-                if (disposed_) throw new FastLLMException(Status.InvalidArgument, "the Session has been disposed");
+                if (IsDisposed) throw DisposedError();
                 return handle_;
             }
         }
 
-        public bool IsDisposed { get { return disposed_; } }
+        public bool IsDisposed { get { return Volatile.Read(ref disposed_) != 0; } }
+
+        private static FastLLMException DisposedError()
+        {
+            return new FastLLMException(Status.InvalidArgument, "the Session has been disposed");
+        }
 
         /// <summary>Frees the session (its KV cache blocks; those shared with forks stay with them).
-        /// While a generation runs on another thread, it is cancelled and freed when it returns.</summary>
+        /// A call in progress on another thread is cancelled, and the session is freed when it
+        /// returns.</summary>
         public void Dispose()
         {
-            if (disposed_) return;
-            disposed_ = true;
-            if (running_) Native.fastllm_session_cancel(handle_);
+            if (Interlocked.Exchange(ref disposed_, 1) != 0) return;
+            CancelRunning();
             handle_.Dispose();
         }
 
+        // Runs f as the session's one call: refused while another is in progress, and a Dispose
+        // from another thread meanwhile surfaces as the FastLLMException it is.
+        private T Use<T>(Func<T> f)
+        {
+            Enter();
+            try { return f(); }
+            catch (ObjectDisposedException) { throw DisposedError(); }
+            finally { Exit(); }
+        }
+
+        private void Use(Action f) { Use(() => { f(); return 0; }); }
+
         private void Enter()
         {
-            var h = Handle;  // throws once disposed
+            if (IsDisposed) throw DisposedError();
             if (Interlocked.CompareExchange(ref busy_, 1, 0) != 0)
-                throw new FastLLMException(Status.InvalidArgument, "the Session is in use by another call (one thread at a time)");
+                throw new FastLLMException(Status.InvalidArgument, "the Session is in use by another call (one at a time)");
         }
 
         private void Exit() { Interlocked.Exchange(ref busy_, 0); }
@@ -186,10 +202,10 @@ namespace FastLLM
         // -- context ---------------------------------------------------------------------------------
 
         /// <summary>Tokens in the context (evaluated or pending).</summary>
-        public int TokenCount { get { return Native.fastllm_session_n_tokens(Handle); } }
+        public int TokenCount { get { return Use(() => Native.fastllm_session_n_tokens(handle_)); } }
 
         /// <summary>Of TokenCount, those whose KV cache is held.</summary>
-        public int CachedCount { get { return Native.fastllm_session_n_cached(Handle); } }
+        public int CachedCount { get { return Use(() => Native.fastllm_session_n_cached(handle_)); } }
 
         /// <summary>Its context length.</summary>
         public int ContextLength { get { return Native.fastllm_session_n_ctx(Handle); } }
@@ -199,53 +215,46 @@ namespace FastLLM
         {
             get
             {
-                var ids = new int[Math.Max(TokenCount, 1)];
-                UIntPtr n;
-                var status = Native.fastllm_session_get_tokens(Handle, ids, (UIntPtr)ids.Length, out n);
-                if (status == Status.BufferTooSmall)
+                return Use(() =>
                 {
-                    ids = new int[(int)n];
-                    status = Native.fastllm_session_get_tokens(Handle, ids, (UIntPtr)ids.Length, out n);
-                }
-                FastLLMException.Check(status);
-                Array.Resize(ref ids, (int)n);
-                return ids;
+                    var ids = new int[Math.Max(Native.fastllm_session_n_tokens(handle_), 1)];
+                    UIntPtr n;
+                    FastLLMException.Check(Native.fastllm_session_get_tokens(handle_, ids, (UIntPtr)ids.Length, out n));
+                    Array.Resize(ref ids, (int)n);
+                    return ids;
+                });
             }
         }
 
+        /// <summary>What its memory costs now.</summary>
         public SessionMemory Memory
         {
             get
             {
-                Native.fastllm_session_memory_info m;
-                FastLLMException.Check(Native.fastllm_session_memory(Handle, out m));
-                return new SessionMemory
+                return Use(() =>
                 {
-                    KvBytes = m.kv_bytes, KvSharedBytes = m.kv_shared_bytes, KvBytesPerToken = m.kv_bytes_per_token,
-                    KvCapacityBytes = m.kv_capacity_bytes, SessionBytes = m.session_bytes, ComputeBytes = m.compute_bytes,
-                };
+                    Native.fastllm_session_memory_info m;
+                    FastLLMException.Check(Native.fastllm_session_memory(handle_, out m));
+                    return new SessionMemory
+                    {
+                        KvBytes = m.kv_bytes, KvSharedBytes = m.kv_shared_bytes, KvBytesPerToken = m.kv_bytes_per_token,
+                        KvCapacityBytes = m.kv_capacity_bytes, SessionBytes = m.session_bytes, ComputeBytes = m.compute_bytes,
+                    };
+                });
             }
         }
 
-        public void Reset()
-        {
-            Enter();
-            try { FastLLMException.Check(Native.fastllm_session_reset(handle_)); } finally { Exit(); }
-        }
+        /// <summary>Forgets all tokens.</summary>
+        public void Reset() { Use(() => FastLLMException.Check(Native.fastllm_session_reset(handle_))); }
 
         /// <summary>Keeps the first nKeep tokens and forgets the rest.</summary>
-        public void Truncate(int nKeep)
-        {
-            Enter();
-            try { FastLLMException.Check(Native.fastllm_session_truncate(handle_, nKeep)); } finally { Exit(); }
-        }
+        public void Truncate(int nKeep) { Use(() => FastLLMException.Check(Native.fastllm_session_truncate(handle_, nKeep))); }
 
         /// <summary>A new session whose context is the first nTokens (-1: all) of this one's, sharing its
         /// KV cache blocks (copy on write). parameters null: this session's.</summary>
         public Session Fork(int nTokens = -1, SessionParams parameters = null)
         {
-            Enter();
-            try
+            return Use(() =>
             {
                 int n = nTokens < 0 ? Native.fastllm_session_n_tokens(handle_) : nTokens;
                 SessionHandle h;
@@ -259,8 +268,7 @@ namespace FastLLM
                     h = SessionHandle.Create(model_, (out SessionHandle s) => Native.fastllm_session_fork(handle_, n, ref p, out s));
                 }
                 return new Session(Model, model_, h);
-            }
-            finally { Exit(); }
+            });
         }
 
         /// <summary>Appends tokens to the context and runs the model over them; returns the logits
@@ -270,8 +278,8 @@ namespace FastLLM
             if (tokens == null) throw new FastLLMException(Status.InvalidArgument, "tokens is null");
             float[] logits = mode == LogitsMode.None ? null
                 : new float[(mode == LogitsMode.All ? tokens.Length : 1) * vocab_];
-            Run(cancellation, () => FastLLMException.Check(
-                Native.fastllm_session_eval(handle_, tokens, (UIntPtr)tokens.Length, mode, logits)));
+            Use(() => Run(cancellation, () => FastLLMException.Check(
+                Native.fastllm_session_eval(handle_, tokens, (UIntPtr)tokens.Length, mode, logits))));
             return logits;
         }
 
@@ -291,16 +299,7 @@ namespace FastLLM
                                          CancellationToken cancellation = default(CancellationToken))
         {
             if (prompt == null) throw new FastLLMException(Status.InvalidArgument, "prompt is null");
-            Enter();
-            try { return GenerateText(prompt, options ?? new GenerateOptions(), onPiece, cancellation); }
-            finally { Exit(); }
-        }
-
-        private GenerationResult GenerateText(string prompt, GenerateOptions options, Action<string> onPiece,
-                                              CancellationToken cancellation)
-        {
-            var ids = Model.Tokenize(model_, prompt, options.AddBos ?? (Native.fastllm_session_n_tokens(handle_) == 0 ? (bool?)null : false));
-            return GenerateIds(ids, options, onPiece, cancellation);
+            return Use(() => GenerateText(prompt, options ?? new GenerateOptions(), onPiece, cancellation));
         }
 
         /// <summary>Generate after prompt token ids.</summary>
@@ -308,14 +307,24 @@ namespace FastLLM
                                          CancellationToken cancellation = default(CancellationToken))
         {
             if (promptTokens == null) throw new FastLLMException(Status.InvalidArgument, "promptTokens is null");
-            Enter();
-            try { return GenerateIds(promptTokens, options ?? new GenerateOptions(), onPiece, cancellation); }
-            finally { Exit(); }
+            return Use(() => GenerateIds(promptTokens, options ?? new GenerateOptions(), onPiece, cancellation));
+        }
+
+        private int[] PromptIds(string prompt, GenerateOptions options)
+        {
+            bool? bos = options.AddBos ?? (Native.fastllm_session_n_tokens(handle_) == 0 ? (bool?)null : false);
+            return Model.Tokenize(model_, prompt, bos);
+        }
+
+        private GenerationResult GenerateText(string prompt, GenerateOptions options, Action<string> onPiece,
+                                              CancellationToken cancellation)
+        {
+            return GenerateIds(PromptIds(prompt, options), options, onPiece, cancellation);
         }
 
         private GenerationResult GenerateIds(int[] ids, GenerateOptions options, Action<string> onPiece, CancellationToken cancellation)
         {
-            var state = new StreamState { OnPiece = onPiece, Cancellation = cancellation };
+            var state = new StreamState { Owner = this, OnPiece = onPiece, Cancellation = cancellation };
             var pin = GCHandle.Alloc(state);
             try
             {
@@ -334,7 +343,8 @@ namespace FastLLM
 
         /// <summary>The generation's pieces of text as an IEnumerable, produced on the enumerating
         /// thread one token at a time (fastllm_session_begin_generation + fastllm_generate_step).
-        /// Stopping the enumeration early (break, Dispose) ends the generation.</summary>
+        /// Stopping the enumeration early ends the generation. The session is in use until the
+        /// enumerator is disposed (foreach and LINQ do it; a hand-held enumerator must be).</summary>
         public IEnumerable<string> Stream(string prompt, GenerateOptions options = null)
         {
             if (prompt == null) throw new FastLLMException(Status.InvalidArgument, "prompt is null");
@@ -344,32 +354,47 @@ namespace FastLLM
         private IEnumerable<string> StreamPieces(string prompt, GenerateOptions options)
         {
             Enter();
-            var state = new StreamState { Collect = true };
+            var state = new StreamState { Owner = this, Collect = true };
             var pin = GCHandle.Alloc(state);
             bool added = false;
             try
             {
-                var ids = Model.Tokenize(model_, prompt, options.AddBos ?? (Native.fastllm_session_n_tokens(handle_) == 0 ? (bool?)null : false));
-                using (var strings = new NativeStrings())
+                try
                 {
-                    var p = options.ToNative(strings);
-                    FastLLMException.Check(Native.fastllm_session_begin_generation(handle_, ids, (UIntPtr)ids.Length, ref p,
-                                                                                   TextThunk, GCHandle.ToIntPtr(pin)));
+                    var ids = PromptIds(prompt, options);
+                    using (var strings = new NativeStrings())
+                    {
+                        var p = options.ToNative(strings);
+                        FastLLMException.Check(Native.fastllm_session_begin_generation(handle_, ids, (UIntPtr)ids.Length, ref p,
+                                                                                       TextThunk, GCHandle.ToIntPtr(pin)));
+                    }
+                    handle_.DangerousAddRef(ref added);  // the raw pointer below stays valid while we step
                 }
-                handle_.DangerousAddRef(ref added);  // the raw pointer below stays valid while we step
+                catch (ObjectDisposedException)
+                {
+                    throw DisposedError();
+                }
                 var sessions = new[] { handle_.DangerousGetHandle() };
                 var done = new int[1];
-                foreach (var piece in state.Take()) yield return piece;  // text of the prompt's step, if any
-                while (done[0] == 0 && !disposed_)
+                foreach (var piece in state.Take()) yield return piece;
+                while (done[0] == 0)
                 {
+                    if (IsDisposed) throw DisposedError();
                     FastLLMException.Check(Native.fastllm_generate_step(sessions, (UIntPtr)1, done));
                     foreach (var piece in state.Take()) yield return piece;
                 }
             }
             finally
             {
-                if (!disposed_ && Native.fastllm_session_is_generating(handle_) != 0)
-                    Native.fastllm_session_cancel_generation(handle_);
+                try
+                {
+                    if (!IsDisposed && Native.fastllm_session_is_generating(handle_) != 0)
+                        Native.fastllm_session_cancel_generation(handle_);
+                }
+                catch (ObjectDisposedException)
+                {
+                    // disposed meanwhile: freeing the session ends its generation
+                }
                 if (added) handle_.DangerousRelease();
                 pin.Free();
                 Exit();
@@ -378,13 +403,22 @@ namespace FastLLM
 
         /// <summary>The generation on a worker thread, so that the calling (Unity main) thread never
         /// blocks: the returned stream gives the pieces as they come (await MoveNextAsync, or
-        /// `await foreach` in C# 8), and its Result the GenerationResult. The token cancels it.</summary>
+        /// `await foreach` in C# 8), and its Result the GenerationResult. The token, or disposing
+        /// the stream, cancels it.</summary>
         public PieceStream GenerateStreamAsync(string prompt, GenerateOptions options = null,
                                                CancellationToken cancellation = default(CancellationToken))
         {
-            var stream = new PieceStream(this);
-            var task = Background(prompt, options, stream.Push, cancellation);
-            stream.Follow(task);
+            var cts = CancellationTokenSource.CreateLinkedTokenSource(cancellation);
+            var stream = new PieceStream(cts);
+            try
+            {
+                stream.Follow(Background(prompt, options, stream.Push, cts.Token));
+            }
+            catch
+            {
+                cts.Dispose();
+                throw;
+            }
             return stream;
         }
 
@@ -408,6 +442,7 @@ namespace FastLLM
                 return Task.Factory.StartNew(() =>
                 {
                     try { return GenerateText(prompt, options, onPiece, cancellation); }
+                    catch (ObjectDisposedException) { throw DisposedError(); }
                     finally { Exit(); }
                 }, CancellationToken.None, TaskCreationOptions.LongRunning, TaskScheduler.Default);
             }
@@ -419,24 +454,26 @@ namespace FastLLM
         }
 
         /// <summary>From any thread: stops the evaluation or generation the session is in (the prompt
-        /// between two layers, a generation before its next token). False when it is in neither.</summary>
+        /// between two layers, a generation before its next token). False when it is in neither at
+        /// this moment (nothing is left pending: to stop a call that may not have begun yet, use
+        /// its CancellationToken).</summary>
         public bool Cancel()
         {
-            if (disposed_) return false;
+            if (IsDisposed) return false;
             try { return Native.fastllm_session_cancel(handle_) == Status.Ok; }
             catch (ObjectDisposedException) { return false; }
         }
 
-        // Runs a native evaluation with the token mapped to fastllm_session_cancel. A cancel from
-        // another thread that comes before the native call has begun would find nothing to cancel,
-        // so it is repeated until the call takes it or has returned; on the running thread itself
-        // (a token already cancelled when registered) the check after registering catches it.
+        // Runs a native evaluation with the token mapped to fastllm_session_cancel, and lets Dispose
+        // cancel it. running_ is set before the disposed check and Dispose sets disposed_ before
+        // reading running_ (both full fences), so either the call does not start or Dispose cancels it.
         private void Run(CancellationToken cancellation, Action call)
         {
             owner_ = Thread.CurrentThread.ManagedThreadId;
-            running_ = true;
+            Interlocked.Exchange(ref running_, 1);
             try
             {
+                if (IsDisposed) throw DisposedError();
                 using (cancellation.Register(CancelRunning))
                 {
                     cancellation.ThrowIfCancellationRequested();
@@ -448,19 +485,26 @@ namespace FastLLM
                     {
                         throw new OperationCanceledException(cancellation);
                     }
-                    running_ = false;
+                    finally
+                    {
+                        // before the registration's Dispose, which waits for a CancelRunning in progress
+                        Interlocked.Exchange(ref running_, 0);
+                    }
                 }
                 cancellation.ThrowIfCancellationRequested();
             }
-            finally { running_ = false; }
+            finally { Interlocked.Exchange(ref running_, 0); }
         }
 
+        // From another thread: a cancel that comes before the native call has taken the session finds
+        // nothing to cancel, so it is repeated until the call takes it or has returned. On the running
+        // thread itself (a callback) the text callback's check stops it instead.
         private void CancelRunning()
         {
-            if (Thread.CurrentThread.ManagedThreadId == owner_) return;
+            if (Thread.CurrentThread.ManagedThreadId == owner_ && Volatile.Read(ref running_) != 0) return;
             try
             {
-                while (running_ && !disposed_ && Native.fastllm_session_cancel(handle_) != Status.Ok) Thread.Yield();
+                while (Volatile.Read(ref running_) != 0 && Native.fastllm_session_cancel(handle_) != Status.Ok) Thread.Yield();
             }
             catch (ObjectDisposedException)
             {
@@ -474,31 +518,38 @@ namespace FastLLM
         /// the same vocabulary) or, when null, from the context (prompt lookup).</summary>
         public void SetSpeculative(Model draft = null, int nDraft = 5, int ngramMin = 1, int ngramMax = 3, float pMin = 0f)
         {
-            Enter();
-            try
+            Use(() =>
             {
-                var p = Native.fastllm_speculative_default_params();
                 var d = draft == null ? null : draft.Handle;
-                p.draft_model = d == null ? IntPtr.Zero : d.DangerousGetHandle();
-                p.n_draft = nDraft;
-                p.ngram_min = ngramMin;
-                p.ngram_max = ngramMax;
-                p.p_min = pMin;
-                FastLLMException.Check(Native.fastllm_session_set_speculative(handle_, ref p));
-                handle_.HoldDraft(d);
-            }
-            finally { Exit(); }
+                bool added = false;
+                if (d != null) d.DangerousAddRef(ref added);  // before the library holds its pointer
+                try
+                {
+                    var p = Native.fastllm_speculative_default_params();
+                    p.draft_model = d == null ? IntPtr.Zero : d.DangerousGetHandle();
+                    p.n_draft = nDraft;
+                    p.ngram_min = ngramMin;
+                    p.ngram_max = ngramMax;
+                    p.p_min = pMin;
+                    FastLLMException.Check(Native.fastllm_session_set_speculative(handle_, ref p));
+                }
+                catch
+                {
+                    if (added) d.DangerousRelease();
+                    throw;
+                }
+                handle_.SwapDraft(d);
+            });
         }
 
+        /// <summary>Turns speculative decoding off.</summary>
         public void SpeculativeOff()
         {
-            Enter();
-            try
+            Use(() =>
             {
                 FastLLMException.Check(Native.fastllm_session_set_speculative_off(handle_, IntPtr.Zero));
-                handle_.HoldDraft(null);
-            }
-            finally { Exit(); }
+                handle_.SwapDraft(null);
+            });
         }
 
         // -- saved states ----------------------------------------------------------------------------
@@ -507,17 +558,17 @@ namespace FastLLM
         /// process with the same model.</summary>
         public byte[] SaveState()
         {
-            Enter();
-            try
+            return Use(() =>
             {
                 UIntPtr n;
                 var status = Native.fastllm_session_save_state(handle_, null, UIntPtr.Zero, out n);
                 if (status != Status.BufferTooSmall) FastLLMException.Check(status);
+                if ((ulong)n > int.MaxValue)
+                    throw new FastLLMException(Status.OutOfMemory, "the state is " + (ulong)n + " bytes, more than a .NET array holds: use SaveStateFile");
                 var data = new byte[(int)n];
                 FastLLMException.Check(Native.fastllm_session_save_state(handle_, data, (UIntPtr)data.Length, out n));
                 return data;
-            }
-            finally { Exit(); }
+            });
         }
 
         /// <summary>Replaces the context with a saved state. BadFormat for a state of another model, a
@@ -525,32 +576,27 @@ namespace FastLLM
         public void LoadState(byte[] data)
         {
             if (data == null) throw new FastLLMException(Status.InvalidArgument, "data is null");
-            Enter();
-            try
+            Use(() =>
             {
                 FastLLMException.Check(Native.fastllm_session_load_state(handle_, data, (UIntPtr)data.Length, null, IntPtr.Zero));
                 EndLoadedGeneration();
-            }
-            finally { Exit(); }
+            });
         }
 
         /// <summary>SaveState to a file (written beside it and renamed over it: never half-written).</summary>
         public void SaveStateFile(string path)
         {
-            Enter();
-            try { FastLLMException.Check(Native.fastllm_session_save_state_file(handle_, Utf8.Z(path))); }
-            finally { Exit(); }
+            Use(() => FastLLMException.Check(Native.fastllm_session_save_state_file(handle_, Utf8.Z(path))));
         }
 
+        /// <summary>LoadState from a file.</summary>
         public void LoadStateFile(string path)
         {
-            Enter();
-            try
+            Use(() =>
             {
                 FastLLMException.Check(Native.fastllm_session_load_state_file(handle_, Utf8.Z(path), null, IntPtr.Zero));
                 EndLoadedGeneration();
-            }
-            finally { Exit(); }
+            });
         }
 
         // A state saved by C code in the middle of a step-wise generation brings that generation
@@ -564,6 +610,7 @@ namespace FastLLM
 
         internal sealed class StreamState
         {
+            public Session Owner;
             public Action<string> OnPiece;
             public bool Collect;  // keep the pieces for Take (Stream)
             public CancellationToken Cancellation;
@@ -591,7 +638,7 @@ namespace FastLLM
                 state.Text.Append(piece);
                 if (state.OnPiece != null) state.OnPiece(piece);
                 if (state.Collect) state.Pending.Add(piece);
-                return state.Cancellation.IsCancellationRequested ? 1 : 0;
+                return state.Cancellation.IsCancellationRequested || state.Owner.IsDisposed ? 1 : 0;
             }
             catch (Exception e)
             {

@@ -28,10 +28,12 @@ static class Tests
         out_ = args[2];
         var only = new HashSet<string>(args.Skip(3));
         int failed = 0;
-        foreach (var m in typeof(Tests).GetMethods(BindingFlags.Static | BindingFlags.NonPublic).Where(m => m.Name.StartsWith("Test")))
+        // Test*: the suite; Alone*: run only when named (they need a particular environment)
+        foreach (var m in typeof(Tests).GetMethods(BindingFlags.Static | BindingFlags.NonPublic)
+                                       .Where(m => m.Name.StartsWith("Test") || m.Name.StartsWith("Alone")))
         {
-            var name = m.Name.Substring(4);
-            if (only.Count > 0 && !only.Contains(name)) continue;
+            var name = m.Name.Substring(m.Name.StartsWith("Test") ? 4 : 5);
+            if (only.Count > 0 ? !only.Contains(name) : m.Name.StartsWith("Alone")) continue;
             var sw = Stopwatch.StartNew();
             try
             {
@@ -401,6 +403,13 @@ static class Tests
         // neither the session nor the model is disposed: the unload finalizes them
     }
 
+    // Run where the native library cannot be found: a FastLLMException saying where to put it.
+    static void AloneNoLibrary()
+    {
+        Throws(() => new Model(stories_), Status.IO, "cannot load the native library");
+        Throws(() => { var v = Library.Version; }, Status.IO, "Plugins");
+    }
+
     // -- errors -----------------------------------------------------------------------------------
 
     static void TestErrorsAreFastLLMExceptions()
@@ -435,9 +444,22 @@ static class Tests
             stream.MoveNextAsync().Wait();
             Throws(() => s.Generate("x", 2), Status.InvalidArgument, "in use");
             Throws(() => s.GenerateStreamAsync("x"), Status.InvalidArgument, "in use");  // at the call, not in the task
+            var sw = Stopwatch.StartNew();
             stream.Dispose();
-            Equal(StopReason.Cancelled, stream.Result.Result.StopReason, "Dispose cancels the stream's generation");
+            Check(sw.ElapsedMilliseconds < 1000, "Dispose waited " + sw.ElapsedMilliseconds + " ms");
+            Check(stream.Result.IsFaulted && stream.Result.Exception.InnerException is OperationCanceledException,
+                  "Dispose cancels the stream's generation");
+            // disposed before its worker has begun: cancelled all the same, never a whole generation
+            var early = s.GenerateStreamAsync(Prompt, new GenerateOptions { MaxNewTokens = 200, IgnoreEos = true });
+            early.Dispose();
+            Check(early.Result.IsFaulted || early.Result.Result.GeneratedTokens < 200, "an early Dispose cancels");
+            Equal(StopReason.MaxTokens, s.Generate(Prompt, Greedy(2)).StopReason, "usable after");
+            // Dispose of a session while a GenerateAsync runs on it: it ends, as a FastLLMException or cancelled
+            var running = s.GenerateAsync(Prompt, new GenerateOptions { MaxNewTokens = 400, IgnoreEos = true });
+            Thread.Sleep(5);
             s.Dispose();
+            try { Check(running.Result.GeneratedTokens < 400, "stopped by the Dispose"); }
+            catch (AggregateException e) { Check(e.InnerException is FastLLMException, e.InnerException.ToString()); }
             Throws(() => s.Generate(Prompt, 4), Status.InvalidArgument, "disposed");
             Throws(() => { var n = s.TokenCount; }, Status.InvalidArgument, "disposed");
             Check(!s.Cancel(), "cancel of a disposed session is harmless");

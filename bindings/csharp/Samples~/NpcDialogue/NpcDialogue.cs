@@ -22,15 +22,18 @@ namespace FastLLM.Samples
 
         private Model model_;
         private NpcTown town_;
+        private bool playing_;
         private readonly CancellationTokenSource quit_ = new CancellationTokenSource();
 
         private async void Start()
         {
             var path = Path.Combine(Application.streamingAssetsPath, modelFile);
             var save = Path.Combine(Application.persistentDataPath, "merchant.state");
+            playing_ = true;
             try
             {
                 model_ = await Task.Run(() => new Model(path));
+                if (quit_.IsCancellationRequested) return;
                 town_ = await Task.Run(() => new NpcTown(model_));
                 for (int t = 0; t < turns && !quit_.IsCancellationRequested; t++)
                 {
@@ -49,13 +52,27 @@ namespace FastLLM.Samples
             {
                 Debug.LogError("fastllm: " + e.Message);
             }
+            finally
+            {
+                playing_ = false;
+                if (quit_.IsCancellationRequested) Release();
+            }
         }
 
+        // Leaving play mode: the turn in progress is cancelled, and what Start loaded is freed once
+        // Start has returned (at once when it already has), so that nothing is freed under a turn.
         private void OnDestroy()
         {
             quit_.Cancel();
+            if (!playing_) Release();
+        }
+
+        private void Release()
+        {
             if (town_ != null) town_.Dispose();
             if (model_ != null) model_.Dispose();
+            town_ = null;
+            model_ = null;
         }
     }
 }
