@@ -199,12 +199,8 @@ std::string WordPieceTokenizer::decode(const int32_t *ids, size_t n) const {
     for (size_t k = 0; k < n; k++) {
         int32_t id = ids[k];
         if (id < 0 || id >= vocab_size() || types_[id] == SPECIAL) continue;
-        const std::string &piece = pieces_[id];
-        std::string t;
-        if (first) t = piece;
-        else if (piece.compare(0, prefix_.size(), prefix_) == 0) t = piece.substr(prefix_.size());
-        else t = " " + piece;
-        out += cleanup(std::move(t));
+        // the first piece as it is, every later one as it joins a stream (piece_bytes)
+        out += cleanup(first ? pieces_[id] : piece_bytes(id));
         first = false;
     }
     return out;
