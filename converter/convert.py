@@ -1,6 +1,6 @@
 """HuggingFace checkpoint folder (or llama.cpp GGUF file) -> `.flm` file (docs/flm_format.md).
 
-The family (families/: llama, mistral, qwen2, qwen3, phi3, glm, glm4) comes from config.json; each family
+The family (families/: llama, mistral, qwen2, qwen3, phi3, gemma, glm, glm4, bert) comes from config.json; each family
 module reads its hyperparameters and lays out its tensors, this file only dispatches.
 
     python converter/convert.py --model_path HF_DIR --out_path OUT.flm [--dtype f32|f16|bf16]
@@ -40,7 +40,7 @@ import os
 import sys
 from pathlib import Path
 
-from . import calibrate, gguf_import, hf_tokenizer, quantize
+from . import calibrate, gguf_import, hf_tokenizer, quantize, sentence_transformers
 from .checkpoint import Checkpoint
 from .errors import ConversionError
 from .families import FAMILIES  # ARCH -> the family's module (families/__init__.py)
@@ -133,6 +133,9 @@ def convert(model_path, out_path, dtype: str = "f32", model_type: str | None = N
     writer.add_string("general.name", model_path.resolve().name)
     writer.add_string("general.source", "hf")
     family.add_metadata(writer, hp, tied)
+    pooling = sentence_transformers.read_pooling(model_path)
+    if pooling is not None:
+        writer.add_string(f"{family.ARCH}.pooling", pooling)
     hf_tokenizer.add_tokenizer_metadata(writer, tok)
     writer.write(progress=progress, desc=f"{out_path.name} ({dtype})")
     return str(out_path)

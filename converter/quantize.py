@@ -508,8 +508,8 @@ class DtypePolicy:
             dtype = self.native[name]
         elif self.preset is not None:
             dtype = self._preset_dtype(name)
-        elif dtype in QUANT and name in ("token_embd.weight", "output.weight"):
-            dtype = "q8" if dtype.startswith("q4") else "f16"  # the head shapes every logit
+        elif dtype in QUANT and name in ("token_embd.weight", "output.weight", "position_embd.weight", "token_types.weight"):
+            dtype = "q8" if dtype.startswith("q4") else "f16"  # the head shapes every logit, the tables every input
         forced = None
         for pattern, d in self.overrides:
             if fnmatch.fnmatchcase(name, pattern):

@@ -57,7 +57,7 @@ extern "C" {
 #define FASTLLM_VERSION_MAJOR 0
 #define FASTLLM_VERSION_MINOR 6
 #define FASTLLM_VERSION_PATCH 0
-#define FASTLLM_ABI_VERSION 10
+#define FASTLLM_ABI_VERSION 11
 
 typedef enum fastllm_status {
     FASTLLM_OK = 0,
@@ -223,6 +223,50 @@ FASTLLM_API fastllm_status fastllm_detokenize(const fastllm_model *model, const 
  * convention as fastllm_detokenize but without room for a NUL. */
 FASTLLM_API fastllm_status fastllm_token_to_piece(const fastllm_model *model, int32_t token, char *out,
                                                   size_t out_capacity, size_t *out_len);
+
+/* ------------------------------------------------------------------------------------------ */
+/* Embeddings (docs/embeddings.md): an encoder's (BERT) or a decoder's hidden states, pooled.    */
+
+typedef enum fastllm_pooling {
+    FASTLLM_POOLING_MODEL = -1, /* what the model's file says (its sentence-transformers pooling), else
+                                 * cls for an encoder and last for a decoder */
+    FASTLLM_POOLING_NONE = 0,   /* one vector per token */
+    FASTLLM_POOLING_MEAN = 1,   /* the mean over every token, the special ones included */
+    FASTLLM_POOLING_CLS = 2,    /* the first token's */
+    FASTLLM_POOLING_LAST = 3    /* the last token's (a decoder embedding model's) */
+} fastllm_pooling;
+
+typedef struct fastllm_embed_params {
+    int32_t pooling;     /* a fastllm_pooling; default FASTLLM_POOLING_MODEL */
+    int32_t normalize;   /* 1 (default): every vector scaled to length 1 (L2); 0: as pooled */
+    int32_t truncate;    /* 1 (default): a text longer than the model's context keeps its first
+                          * tokens and its special tokens, a token list its first tokens;
+                          * 0: FASTLLM_ERR_CONTEXT_FULL */
+    int32_t add_special; /* texts: 1 the model's special tokens ([CLS] ... [SEP], or BOS), 0 none,
+                          * -1 (default) as fastllm_tokenize's default */
+    int32_t n_threads;   /* 0 (default): the model's */
+    int32_t n_batch;     /* tokens per pass; 0 (default): 512. An encoder's input is never split:
+                          * a pass holds at least the longest */
+} fastllm_embed_params;
+
+FASTLLM_API fastllm_embed_params fastllm_embed_default_params(void);
+
+/* Embeds n_texts NUL-terminated UTF-8 texts, several in one pass over the weights. The vectors go
+ * to out (out_capacity floats) row-major, hidden_size floats each (fastllm_model_info): one per
+ * text in order, or with FASTLLM_POOLING_NONE one per token of every text in order.
+ * *out_n_vectors (may be NULL) receives their number; FASTLLM_ERR_BUFFER_TOO_SMALL when they do
+ * not fit (nothing is computed; call with out NULL to ask). Errors: FASTLLM_ERR_INVALID_ARGUMENT
+ * for no texts or a text that gives no tokens; FASTLLM_ERR_CONTEXT_FULL for one too long without
+ * truncate. Thread-safe: the passes take turns with the model's sessions' passes. */
+FASTLLM_API fastllm_status fastllm_embed(const fastllm_model *model, const char *const *texts, size_t n_texts,
+                                         const fastllm_embed_params *params, float *out, size_t out_capacity,
+                                         size_t *out_n_vectors);
+/* The same for token lists: tokens[i] holds n_tokens[i] ids, used as they are (add_special is
+ * ignored). */
+FASTLLM_API fastllm_status fastllm_embed_tokens(const fastllm_model *model, const int32_t *const *tokens,
+                                                const size_t *n_tokens, size_t n_inputs,
+                                                const fastllm_embed_params *params, float *out,
+                                                size_t out_capacity, size_t *out_n_vectors);
 
 /* ------------------------------------------------------------------------------------------ */
 /* Chat templates                                                                              */

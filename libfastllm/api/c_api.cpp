@@ -3,6 +3,7 @@
 // the thread's last-error message. Nothing here exits or aborts.
 #include <cstdio>
 #include <cstring>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <new>
@@ -16,6 +17,7 @@
 #include "fastllm.h"
 #include "backends/backends.h"
 #include "base/log.h"
+#include "runtime/embedding.h"
 #include "runtime/model.h"
 #include "runtime/session.h"
 #include "text/grammar.h"
@@ -293,6 +295,88 @@ fastllm_status fastllm_token_to_piece(const fastllm_model *model, int32_t token,
         s = copy_out(model->impl.tokenizer().piece_bytes(token), out, out_capacity, out_len, false);
     });
     return g ? g : s;
+}
+
+fastllm_embed_params fastllm_embed_default_params(void) {
+    fastllm_embed_params p;
+    p.pooling = FASTLLM_POOLING_MODEL;
+    p.normalize = 1;
+    p.truncate = 1;
+    p.add_special = -1;
+    p.n_threads = 0;
+    p.n_batch = 0;
+    return p;
+}
+
+namespace {
+// Checks the params, then embeds the inputs `make` gives (called once its checks passed).
+using MakeInputs = std::function<std::vector<std::vector<int32_t>>(const fastllm_embed_params &)>;
+fastllm_status embed_inputs(const fastllm_model *model, const fastllm_embed_params *params, float *out,
+                            size_t out_capacity, size_t *out_n_vectors, const MakeInputs &make) {
+    REQUIRE(model, "model");
+    const fastllm_embed_params p = params ? *params : fastllm_embed_default_params();
+    if (p.pooling < FASTLLM_POOLING_MODEL || p.pooling > FASTLLM_POOLING_LAST)
+        return set_error(FASTLLM_ERR_INVALID_ARGUMENT, "unknown pooling " + std::to_string(p.pooling));
+    if (p.n_threads < 0 || p.n_batch < 0)
+        return set_error(FASTLLM_ERR_INVALID_ARGUMENT, "n_threads and n_batch must not be negative");
+    if (out_n_vectors) *out_n_vectors = 0;
+    return guard([&] {
+        const fastllm::Model &m = model->impl;
+        fastllm::EmbedOptions o;
+        o.pooling = p.pooling == FASTLLM_POOLING_MODEL ? fastllm::model_pooling(m) : (fastllm::Pooling)p.pooling;
+        o.normalize = p.normalize != 0;
+        o.n_threads = p.n_threads, o.n_batch = p.n_batch;
+        const std::vector<std::vector<int32_t>> inputs = make(p);
+        if (inputs.empty()) fastllm::fail(FASTLLM_ERR_INVALID_ARGUMENT, "no inputs to embed");
+        size_t n = inputs.size();
+        if (o.pooling == fastllm::Pooling::None) {
+            n = 0;
+            for (const auto &in : inputs) n += in.size();
+        }
+        if (out_n_vectors) *out_n_vectors = n;
+        const size_t H = (size_t)m.config().hidden_size;
+        if (!out || out_capacity < n * H)
+            fastllm::fail(FASTLLM_ERR_BUFFER_TOO_SMALL, "the output holds %zu floats, %zu vectors of %zu need %zu",
+                          out ? out_capacity : 0, n, H, n * H);
+        fastllm::embed(m, inputs, o, out);
+    });
+}
+}  // namespace
+
+fastllm_status fastllm_embed(const fastllm_model *model, const char *const *texts, size_t n_texts,
+                             const fastllm_embed_params *params, float *out, size_t out_capacity, size_t *out_n_vectors) {
+    REQUIRE(texts || n_texts == 0, "texts");
+    return embed_inputs(model, params, out, out_capacity, out_n_vectors, [&](const fastllm_embed_params &p) {
+        const fastllm::Model &m = model->impl;
+        const bool special = p.add_special < 0 ? m.tokenizer().add_bos_default() : p.add_special != 0;
+        std::vector<std::vector<int32_t>> inputs;
+        for (size_t i = 0; i < n_texts; i++) {
+            if (!texts[i]) fastllm::fail(FASTLLM_ERR_INVALID_ARGUMENT, "texts[%zu] is NULL", i);
+            inputs.push_back(fastllm::embed_tokens_of(m, texts[i], std::strlen(texts[i]), special, p.truncate != 0));
+            if (inputs.back().empty())
+                fastllm::fail(FASTLLM_ERR_INVALID_ARGUMENT, "texts[%zu] gives no tokens (an empty text without special tokens)", i);
+        }
+        return inputs;
+    });
+}
+
+fastllm_status fastllm_embed_tokens(const fastllm_model *model, const int32_t *const *tokens, const size_t *n_tokens,
+                                    size_t n_inputs, const fastllm_embed_params *params, float *out,
+                                    size_t out_capacity, size_t *out_n_vectors) {
+    REQUIRE((tokens && n_tokens) || n_inputs == 0, "tokens");
+    return embed_inputs(model, params, out, out_capacity, out_n_vectors, [&](const fastllm_embed_params &p) {
+        const size_t max = (size_t)model->impl.config().context_length;
+        std::vector<std::vector<int32_t>> inputs;
+        for (size_t i = 0; i < n_inputs; i++) {
+            if (!tokens[i] && n_tokens[i]) fastllm::fail(FASTLLM_ERR_INVALID_ARGUMENT, "tokens[%zu] is NULL", i);
+            if (n_tokens[i] == 0) fastllm::fail(FASTLLM_ERR_INVALID_ARGUMENT, "input %zu has no tokens", i);
+            if (n_tokens[i] > max && !p.truncate)
+                fastllm::fail(FASTLLM_ERR_CONTEXT_FULL, "input %zu has %zu tokens, more than the model's context (%zu)", i,
+                              n_tokens[i], max);
+            inputs.emplace_back(tokens[i], tokens[i] + std::min(n_tokens[i], max));
+        }
+        return inputs;
+    });
 }
 
 fastllm_chat_params fastllm_chat_default_params(void) {

@@ -113,13 +113,16 @@ public:
     // from - delta; the blocks written are the caller's to own), rotating each moved key by ks;
     // positions the cache no longer holds (out of a sliding window) are skipped.
     virtual void shift_cache(KvCache &cache, int layer, int from, int n, int delta, const KeyShift &ks) = 0;
-    // Causal attention of a pass's rows (q and out: [rows, n_heads * head_dim]), grouped in runs of
+    // Attention of a pass's rows (q and out: [rows, n_heads * head_dim]), grouped in runs of
     // consecutive positions of one cache (a prompt, or one session's token in a step over many),
-    // all in one job over the threads.
+    // all in one job over the threads. Causal: a row at p sees the keys up to p; otherwise (an
+    // encoder) every row of a run sees the keys up to the run's last position.
     virtual void attention(const float *q, const AttentionRun *runs, int n_runs, int layer, const AttentionShape &s,
                            float *out) = 0;
     // out[t] = act(gate[t]) * up[t] with gate_up[t] = [gate (n) | up (n)].
-    virtual void glu(GluKind kind, const float *gate_up, int T, int n, float *out) = 0;
+    virtual void glu(Act kind, const float *gate_up, int T, int n, float *out) = 0;
+    // out[i] = act(x[i]) (a non-gated MLP, a classifier's pooler); out may be x.
+    virtual void act(Act kind, const float *x, size_t n, float *out) = 0;
     // x[i] = cap * tanh(x[i] / cap).
     virtual void softcap(float *x, size_t n, float cap) = 0;
 };

@@ -52,14 +52,27 @@ Decoder::Decoder(const FlmFile &f, DecoderConfig config) : cfg_(std::move(config
     const int64_t V = c.vocab_size, H = c.hidden_size, I = c.intermediate_size, hd = c.head_dim;
     const bool layer_norm = c.norm == NormKind::Layer;  // LayerNorm has a bias; RMSNorm has none
     embedding_ = get(f, "token_embd.weight", {V, H});
-    output_norm_ = get(f, "output_norm.weight", {H}, false, true);
-    output_norm_bias_ = get(f, "output_norm.bias", {H}, !layer_norm, true);
-    output_ = c.tied_embeddings ? embedding_ : get(f, "output.weight", {V, H});
+    if (c.learned_positions) {
+        position_embd_ = get(f, "position_embd.weight", {c.context_length, H});
+        token_types_ = get(f, "token_types.weight", {c.n_token_types, H});
+        embd_norm_ = get(f, "token_embd_norm.weight", {H}, false, true);
+        embd_norm_bias_ = get(f, "token_embd_norm.bias", {H}, !layer_norm, true);
+    }
+    // Post-norm leaves every layer's output normed: no final norm. An encoder needs no output head.
+    output_norm_ = get(f, "output_norm.weight", {H}, c.post_norm, true);
+    output_norm_bias_ = get(f, "output_norm.bias", {H}, c.post_norm || !layer_norm, true);
+    output_ = c.tied_embeddings ? embedding_ : get(f, "output.weight", {V, H}, !c.causal);
+    if (!output_.empty() && output_norm_.empty())
+        fail(FASTLLM_ERR_UNSUPPORTED, "%s: an output head without output_norm (post-norm) is not supported", f.path().c_str());
     for (int l = 0; l < c.num_layers; l++) {
         const std::string p = "blk." + std::to_string(l) + ".";
         DecoderLayer L;
-        L.attn_norm = get(f, p + "attn_norm.weight", {H}, false, true);
-        L.attn_norm_bias = get(f, p + "attn_norm.bias", {H}, !layer_norm, true);
+        // Post-norm: attn_norm and ffn_norm are the norms after the attention's and the MLP's
+        // residual adds (llama.cpp's names for BERT's).
+        const std::string attn_norm = c.post_norm ? "attn_output_norm" : "attn_norm";
+        const std::string ffn_norm = c.post_norm ? "layer_output_norm" : "ffn_norm";
+        L.attn_norm = get(f, p + attn_norm + ".weight", {H}, false, true);
+        L.attn_norm_bias = get(f, p + attn_norm + ".bias", {H}, !layer_norm, true);
         L.qkv = get(f, p + "attn_qkv.weight", {c.qkv_dim(), H});
         L.qkv_bias = get(f, p + "attn_qkv.bias", {c.qkv_dim()}, true, true);
         if (c.qk_norm) {
@@ -68,10 +81,12 @@ Decoder::Decoder(const FlmFile &f, DecoderConfig config) : cfg_(std::move(config
         }
         L.attn_output = get(f, p + "attn_output.weight", {H, c.q_dim()});
         L.attn_output_bias = get(f, p + "attn_output.bias", {H}, true, true);
-        L.ffn_norm = get(f, p + "ffn_norm.weight", {H}, false, true);
-        L.ffn_norm_bias = get(f, p + "ffn_norm.bias", {H}, !layer_norm, true);
-        L.gate_up = get(f, p + "ffn_gate_up.weight", {2 * I, H});
-        L.gate_up_bias = get(f, p + "ffn_gate_up.bias", {2 * I}, true, true);
+        L.ffn_norm = get(f, p + ffn_norm + ".weight", {H}, false, true);
+        L.ffn_norm_bias = get(f, p + ffn_norm + ".bias", {H}, !layer_norm, true);
+        const std::string up = c.gated_mlp ? "ffn_gate_up" : "ffn_up";  // non-gated: the up rows only
+        const int64_t up_rows = c.gated_mlp ? 2 * I : I;
+        L.gate_up = get(f, p + up + ".weight", {up_rows, H});
+        L.gate_up_bias = get(f, p + up + ".bias", {up_rows}, true, true);
         L.down = get(f, p + "ffn_down.weight", {H, I});
         L.down_bias = get(f, p + "ffn_down.bias", {H}, true, true);
         if (c.sandwich_norms) {
@@ -111,6 +126,7 @@ void Decoder::carve(Arena &a, Workspace &w, int B) const {
     w.rope.assign((size_t)B, nullptr);
     w.runs.resize((size_t)B);
     w.boundary.resize((size_t)2 * B * c.hidden_size);
+    w.ids.resize((size_t)B);
 }
 
 std::vector<const Tensor *> Decoder::weights(int first_layer, int end_layer, bool embedding, bool head) const {
@@ -118,7 +134,8 @@ std::vector<const Tensor *> Decoder::weights(int first_layer, int end_layer, boo
     auto add = [&](const Tensor &t) {
         if (!t.empty()) all.push_back(&t);
     };
-    if (embedding) add(embedding_);
+    if (embedding)
+        for (const Tensor *t : {&embedding_, &position_embd_, &token_types_, &embd_norm_, &embd_norm_bias_}) add(*t);
     if (head)
         for (const Tensor *t : {&output_norm_, &output_norm_bias_, &output_}) add(*t);
     for (int l = first_layer; l < end_layer; l++) {
@@ -177,7 +194,15 @@ bool Decoder::forward(const std::vector<Stage> &stages, const int32_t *tokens, c
         for_each_run([&](int t, int g) { w.runs[n_runs++] = AttentionRun{t, g, rows[t].pos, rows[t].cache}; });
         if (si == 0) {
             be.embed(embedding_, tokens, T, c.embedding_scale, w.x);
-            be.norm(nk, eps, layers_[0].attn_norm, layers_[0].attn_norm_bias, w.x, T, H, w.xb);
+            if (c.learned_positions) {  // x = norm(x + positions' rows + token types' rows)
+                for (int t = 0; t < T; t++) w.ids[t] = rows[t].pos;
+                be.embed(position_embd_, w.ids.data(), T, 1.0f, w.xb);
+                be.add_norm(nk, eps, Tensor{}, w.xb, w.x, Tensor{}, Tensor{}, T, H, w.xb);
+                for (int t = 0; t < T; t++) w.ids[t] = rows[t].type;
+                be.embed(token_types_, w.ids.data(), T, 1.0f, w.xb);
+                be.add_norm(nk, eps, Tensor{}, w.xb, w.x, embd_norm_, embd_norm_bias_, T, H, w.x);
+            }
+            if (!c.post_norm) be.norm(nk, eps, layers_[0].attn_norm, layers_[0].attn_norm_bias, w.x, T, H, w.xb);
         } else {  // the hidden state and its norm from the stage before
             Workspace &prev = *stages[si - 1].w;
             const size_t n = (size_t)T * H;
@@ -196,23 +221,29 @@ bool Decoder::forward(const std::vector<Stage> &stages, const int32_t *tokens, c
 
             // Attention block: (normed input in xb) fused QKV projection, q/k norms and RoPE into the
             // cache, attention per run of rows, output projection, residual add.
-            be.matmul(L.qkv, L.qkv_bias, w.xb, T, w.qkv);
+            // A block's input: its norm of x (pre-norm), or x, normed by the block before (post-norm).
+            const float *in = c.post_norm ? w.x : w.xb;
+            be.matmul(L.qkv, L.qkv_bias, in, T, w.qkv);
             QkvStep qs{w.qkv, w.q, T, c.num_heads, c.num_kv_heads, c.head_dim, c.qk_norm ? &L.q_norm : nullptr,
                        c.qk_norm ? &L.k_norm : nullptr, nk, eps, c.rope.dim, c.rope.interleaved, w.rope.data(), rows, l};
             be.qkv_to_cache(qs);
-            const AttentionShape shape{c.num_heads, c.num_kv_heads, c.head_dim, scale, c.attn_softcap, c.window[l]};
+            const AttentionShape shape{c.num_heads, c.num_kv_heads, c.head_dim, scale, c.attn_softcap, c.window[l], c.causal};
             be.attention(w.q, w.runs.data(), n_runs, l, shape, w.attn);
             be.matmul(L.attn_output, L.attn_output_bias, w.attn, T, w.xb);
-            be.add_norm(nk, eps, L.post_attn_norm, w.xb, w.x, L.ffn_norm, L.ffn_norm_bias, T, H, w.xb);
+            if (c.post_norm) be.add_norm(nk, eps, Tensor{}, w.xb, w.x, L.attn_norm, L.attn_norm_bias, T, H, w.x);
+            else be.add_norm(nk, eps, L.post_attn_norm, w.xb, w.x, L.ffn_norm, L.ffn_norm_bias, T, H, w.xb);
 
-            // MLP block: fused gate/up projection, GLU, down projection, residual add (with the next
-            // layer's input norm).
-            be.matmul(L.gate_up, L.gate_up_bias, w.xb, T, w.gate_up);
-            be.glu(c.glu, w.gate_up, T, I, w.act);
+            // MLP block: fused gate/up projection, GLU (or the up projection and its activation),
+            // down projection, residual add (with the next layer's input norm, or post-norm's).
+            be.matmul(L.gate_up, L.gate_up_bias, in, T, w.gate_up);
+            if (c.gated_mlp) be.glu(c.act, w.gate_up, T, I, w.act);
+            else be.act(c.act, w.gate_up, (size_t)T * I, w.act);
             be.matmul(L.down, L.down_bias, w.act, T, w.xb);
             const bool last = l + 1 == c.num_layers;
-            be.add_norm(nk, eps, L.post_ffn_norm, w.xb, w.x, last ? Tensor{} : layers_[l + 1].attn_norm,
-                        last ? Tensor{} : layers_[l + 1].attn_norm_bias, T, H, w.xb);
+            if (c.post_norm) be.add_norm(nk, eps, Tensor{}, w.xb, w.x, L.ffn_norm, L.ffn_norm_bias, T, H, w.x);
+            else
+                be.add_norm(nk, eps, L.post_ffn_norm, w.xb, w.x, last ? Tensor{} : layers_[l + 1].attn_norm,
+                            last ? Tensor{} : layers_[l + 1].attn_norm_bias, T, H, w.xb);
             be.flush();
             if (cancel && cancel->load(std::memory_order_relaxed)) {  // SmolLM2, 256 tokens: 17 ms a layer
                 finish_all();
@@ -221,17 +252,27 @@ bool Decoder::forward(const std::vector<Stage> &stages, const int32_t *tokens, c
         }
     }
 
-    // Output head (the last stage's), for the rows that want logits, kLogitRows at a time.
+    // Output head (the last stage's), for the rows that want logits, kLogitRows at a time; the
+    // final hidden states for the rows that want them: after the output norm, or (post-norm) x
+    // itself, a run of rows bound for consecutive host rows in one copy (an encoder's pass).
     Backend &be = *stages.back().be;
     Workspace &w = *stages.back().w;
+    if (output_norm_.empty())
+        for (int t = 0, g; t < T; t += g) {
+            g = 1;
+            if (!rows[t].hidden) continue;
+            while (t + g < T && rows[t + g].hidden == rows[t].hidden + (size_t)g * H) g++;
+            be.download(rows[t].hidden, w.x + (size_t)t * H, sizeof(float) * H * g);
+        }
     int wanted[kLogitRows];
     for (int t = 0; t < T;) {
         int n = 0;
-        for (; t < T && n < kLogitRows; t++)
-            if (rows[t].logits) {
-                be.norm(nk, eps, output_norm_, output_norm_bias_, w.x + (size_t)t * H, 1, H, w.xb + (size_t)n * H);
-                wanted[n++] = t;
-            }
+        for (; t < T && n < kLogitRows; t++) {
+            if (output_norm_.empty() || (!rows[t].logits && !rows[t].hidden)) continue;
+            be.norm(nk, eps, output_norm_, output_norm_bias_, w.x + (size_t)t * H, 1, H, w.xb + (size_t)n * H);
+            if (rows[t].hidden) be.download(rows[t].hidden, w.xb + (size_t)n * H, sizeof(float) * H);
+            if (rows[t].logits) wanted[n++] = t;
+        }
         if (n == 0) continue;
         be.matmul(output_, Tensor{}, w.xb, n, w.logits);
         if (c.final_softcap > 0) be.softcap(w.logits, (size_t)n * c.vocab_size, c.final_softcap);

@@ -38,6 +38,7 @@ struct Workspace {
     std::vector<const RopeTable *> rope;             // [max_batch]: the table each row rotates with
     std::vector<AttentionRun> runs;                  // [max_batch]: the pass's runs of one cache
     std::vector<float> boundary;                     // [2, max_batch, H] host: x and xb between stages
+    std::vector<int32_t> ids;                        // [max_batch] host: positions or token types to embed
 };
 
 // Where layers run: consecutive layers [first_layer, end_layer) on one backend, with a workspace
@@ -57,6 +58,8 @@ public:
     Decoder(const FlmFile &file, DecoderConfig config);
 
     const DecoderConfig &config() const { return cfg_; }
+    // Whether the file has an output head over the vocabulary (an encoder has none: it embeds).
+    bool has_lm_head() const { return !output_.empty(); }
     DType weight_dtype() const { return layers_[0].qkv.dtype; }
     uint64_t n_params() const { return n_params_; }
     // The longest matrix row (for the backend's scratch).
@@ -70,7 +73,8 @@ public:
     void carve(Arena &a, Workspace &w, int max_batch) const;
 
     // Runs tokens[0..T) (T <= w.max_batch; ids already validated) with w's buffers; rows[t] says
-    // where token t's K/V and logits go (see ForwardRow). With `cancel`, checks it after every
+    // where token t's K/V, logits and hidden state go (see ForwardRow). An encoder (!causal) gets
+    // each run of rows whole in one pass. With `cancel`, checks it after every
     // layer and returns false when it is set (the rows' cache entries are then incomplete).
     // The stages cover the layers in order, each its own workspace's buffers.
     bool forward(const std::vector<Stage> &stages, const int32_t *tokens, const ForwardRow *rows, int T,
@@ -84,6 +88,7 @@ public:
 private:
     DecoderConfig cfg_;
     Tensor embedding_, output_norm_, output_norm_bias_, output_;
+    Tensor position_embd_, token_types_, embd_norm_, embd_norm_bias_;  // learned_positions
     std::vector<DecoderLayer> layers_;
     std::vector<RopeTable> rope_;  // one per RopeConfig set
     uint64_t n_params_ = 0;

@@ -13,9 +13,12 @@ enum class NormKind {
     Rms,    // x / rms(x) * w   (Gemma's x / rms(x) * (1 + w): its converter adds the 1 to w)
     Layer,  // (x - mean) / std(x) * w + b
 };
-enum class GluKind {
-    Silu,      // silu(gate) * up   (SwiGLU)
-    GeluTanh,  // gelu_tanh(gate) * up   (GeGLU)
+// The MLP's activation: of the gate (a GLU: act(gate) * up) or of the up projection alone.
+enum class Act {
+    Silu,      // x sigmoid(x)   (SwiGLU)
+    GeluTanh,  // GELU's tanh approximation   (GeGLU)
+    GeluErf,   // x Phi(x), the exact GELU (BERT)
+    Tanh,      // a sequence classifier's pooler
 };
 
 // One set of RoPE frequencies; tables of cos and sin are built from it once at load.
@@ -40,6 +43,7 @@ struct AttentionShape {
     float scale;    // of q . k
     float softcap;  // 0: none, else scores -> softcap * tanh(scores / softcap)
     int window;     // 0: causal; else a query at p sees keys p - window + 1 .. p
+    bool causal = true;  // false: every row of a run sees every key of the run (an encoder)
 };
 
 struct DecoderConfig {
@@ -48,7 +52,13 @@ struct DecoderConfig {
     int num_heads = 0, num_kv_heads = 0, head_dim = 0, context_length = 0;
     float norm_eps = 1e-5f;
     NormKind norm = NormKind::Rms;
-    GluKind glu = GluKind::Silu;
+    Act act = Act::Silu;
+    bool gated_mlp = true;         // act(gate) * up; false: act(up) (BERT: ffn_up, no gate)
+    bool causal = true;            // false: bidirectional attention over one pass's run (an encoder)
+    bool post_norm = false;        // norm after each residual add (BERT), not before each block
+    bool learned_positions = false;  // position_embd and token_types added to the embeddings, then
+                                     // token_embd_norm; no RoPE (rope.dim 0)
+    int n_token_types = 0;         // rows of token_types (learned_positions)
     bool tied_embeddings = false;
     bool qk_norm = false;          // per-head norm of q and k (over head_dim) before RoPE (Qwen3)
     bool sandwich_norms = false;   // a norm on the attention and FFN outputs before each residual add

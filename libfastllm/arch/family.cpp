@@ -7,6 +7,7 @@ const Family kFamilies[] = {
     {"llama", llama_hparams}, {"mistral", mistral_hparams}, {"qwen2", qwen2_hparams},
     {"qwen3", qwen3_hparams}, {"phi3", phi3_hparams},   {"gemma", gemma_hparams},
     {"gemma2", gemma2_hparams}, {"gemma3", gemma3_hparams}, {"glm", glm_hparams}, {"glm4", glm4_hparams},
+    {"bert", bert_hparams},
 };
 }  // namespace
 

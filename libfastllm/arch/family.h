@@ -30,5 +30,6 @@ void gemma2_hparams(const FlmFile &f, DecoderConfig &c);
 void gemma3_hparams(const FlmFile &f, DecoderConfig &c);
 void glm_hparams(const FlmFile &f, DecoderConfig &c);
 void glm4_hparams(const FlmFile &f, DecoderConfig &c);
+void bert_hparams(const FlmFile &f, DecoderConfig &c);
 
 }  // namespace fastllm

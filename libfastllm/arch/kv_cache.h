@@ -118,13 +118,16 @@ private:
     std::vector<Where> where_;  // per layer
 };
 
-// One input token of a forward pass: whose KV cache it extends, at which position, and where its
-// logits go (nullptr: not needed). Rows of one pass may belong to different sessions, which is
-// how several sessions decode together in one pass over the weights.
+// One input token of a forward pass: whose KV cache it extends, at which position, where its
+// logits go and where its final hidden state goes (nullptr: not needed; host memory), and its
+// token type (an encoder's segment: 0 the first, 1 the second). Rows of one pass may belong to
+// different sessions, which is how several sessions decode together in one pass over the weights.
 struct ForwardRow {
     KvCache *cache;
     int pos;
     float *logits;
+    float *hidden = nullptr;
+    int type = 0;
 };
 
 // Rows first_row .. first_row + T - 1 of a pass: consecutive positions pos0 .. of one cache.

@@ -1,5 +1,6 @@
 #include "cpu/backend_cpu.h"
 
+#include <algorithm>
 #include <cstring>
 #include <vector>
 
@@ -117,10 +118,15 @@ void CpuBackend::attention(const float *q, const AttentionRun *runs, int n_runs,
     ops::attention(k_, q, runs, n_runs, layer, s, out, scores_, scores_stride_, pool_);
 }
 
-void CpuBackend::glu(GluKind kind, const float *gate_up, int T, int n, float *out) {
-    per_row(T, [&](int64_t t) {
-        if (kind == GluKind::Silu) ops::swiglu(k_, gate_up + (size_t)t * 2 * n, n, out + (size_t)t * n);
-        else ops::geglu(k_, gate_up + (size_t)t * 2 * n, n, out + (size_t)t * n);
+void CpuBackend::glu(Act kind, const float *gate_up, int T, int n, float *out) {
+    per_row(T, [&](int64_t t) { ops::glu(k_, kind, gate_up + (size_t)t * 2 * n, n, out + (size_t)t * n); });
+}
+
+void CpuBackend::act(Act kind, const float *x, size_t n, float *out) {
+    constexpr size_t kChunk = 4096;  // elements per task: MiniLM's 32-token pass is 12 chunks a layer
+    per_row((int64_t)((n + kChunk - 1) / kChunk), [&](int64_t c) {
+        const size_t first = (size_t)c * kChunk;
+        ops::act(kind, x + first, std::min(kChunk, n - first), out + first);
     });
 }
 

@@ -33,7 +33,8 @@ public:
     void shift_cache(KvCache &cache, int layer, int from, int n, int delta, const KeyShift &ks) override;
     void attention(const float *q, const AttentionRun *runs, int n_runs, int layer, const AttentionShape &s,
                    float *out) override;
-    void glu(GluKind kind, const float *gate_up, int T, int n, float *out) override;
+    void glu(Act kind, const float *gate_up, int T, int n, float *out) override;
+    void act(Act kind, const float *x, size_t n, float *out) override;
     void softcap(float *x, size_t n, float cap) override;
 
 private:

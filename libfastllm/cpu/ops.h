@@ -48,12 +48,16 @@ void rope(float *v, int n_heads, int head_dim, int rope_dim, bool interleaved, c
 void swiglu(const KernelTable &k, const float *gate_up, int n, float *out);
 // out[i] = gelu_tanh(gate[i]) * up[i] (the table's kernel).
 void geglu(const KernelTable &k, const float *gate_up, int n, float *out);
+// out[i] = act(gate[i]) * up[i]: the table's kernels for silu and gelu_tanh.
+void glu(const KernelTable &k, Act kind, const float *gate_up, int n, float *out);
+// out[i] = act(x[i]) (out may be x).
+void act(Act kind, const float *x, size_t n, float *out);
 // x[i] = cap * tanh(x[i] / cap).
 void softcap(float *x, size_t n, float cap);
 
 void softmax(const KernelTable &k, float *x, int n);
 
-// Causal attention over one layer of KV caches (of any KvType, read in place) for the rows of
+// Attention (causal or, with !shape.causal, over each run's keys) over one layer of KV caches (of any KvType, read in place) for the rows of
 // runs[0..n_runs) (sorted by first_row; each run's cache already holds its positions up to
 // pos0 + T - 1); q and out are [rows, n_heads*head_dim]. One job over the threads for all the runs'
 // (row, head) pairs. scores: scratch of pool.n_threads() rows of scores_stride floats, at least
@@ -73,6 +77,9 @@ void norm(NormKind kind, const float *x, const float *w, const float *b, int n, 
 void rope(float *v, int n_heads, int head_dim, int rope_dim, bool interleaved, const float *cos, const float *sin);
 void swiglu(const float *gate_up, int n, float *out);
 void geglu(const float *gate_up, int n, float *out);
+double activation(Act kind, double x);
+void glu(Act kind, const float *gate_up, int n, float *out);
+void act(Act kind, const float *x, size_t n, float *out);
 void softmax(float *x, int n);
 // One layer's K and V rows as attention reads them: the cache's own, or a device's copy of them.
 struct KvRows {

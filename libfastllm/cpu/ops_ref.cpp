@@ -96,19 +96,26 @@ void rope(float *v, int n_heads, int head_dim, int rope_dim, bool interleaved, c
     }
 }
 
-void swiglu(const float *gate_up, int n, float *out) {
-    for (int i = 0; i < n; i++) {
-        double g = gate_up[i];
-        out[i] = (float)(g / (1.0 + std::exp(-g)) * gate_up[n + i]);
+double activation(Act kind, double x) {
+    switch (kind) {
+    case Act::Silu: return x / (1.0 + std::exp(-x));
+    case Act::GeluTanh: return 0.5 * x * (1.0 + std::tanh(std::sqrt(2.0 / 3.14159265358979323846) * (x + 0.044715 * x * x * x)));
+    case Act::GeluErf: return 0.5 * x * (1.0 + std::erf(x / std::sqrt(2.0)));
+    case Act::Tanh: return std::tanh(x);
     }
+    return 0;
 }
 
-void geglu(const float *gate_up, int n, float *out) {
-    for (int i = 0; i < n; i++) {
-        double g = gate_up[i];
-        out[i] = (float)(0.5 * g * (1.0 + std::tanh(std::sqrt(2.0 / 3.14159265358979323846) * (g + 0.044715 * g * g * g))) * gate_up[n + i]);
-    }
+void glu(Act kind, const float *gate_up, int n, float *out) {
+    for (int i = 0; i < n; i++) out[i] = (float)(activation(kind, gate_up[i]) * gate_up[n + i]);
 }
+
+void act(Act kind, const float *x, size_t n, float *out) {
+    for (size_t i = 0; i < n; i++) out[i] = (float)activation(kind, x[i]);
+}
+
+void swiglu(const float *gate_up, int n, float *out) { glu(Act::Silu, gate_up, n, out); }
+void geglu(const float *gate_up, int n, float *out) { glu(Act::GeluTanh, gate_up, n, out); }
 
 void softmax(float *x, int n) {
     double mx = x[0];
@@ -172,7 +179,8 @@ void attention(const float *q, int T, int pos0, const KvRows &kv, const Attentio
     }
     for (int t = 0; t < T; t++)
         for (int h = 0; h < sh.n_heads; h++) {
-            const int p = pos0 + t, kvh = h / group;
+            // the last key the row sees: its own position, or (an encoder) the run's last
+            const int p = sh.causal ? pos0 + t : pos0 + T - 1, kvh = h / group;
             const float *qh = q + (size_t)t * sh.n_heads * head_dim + h * head_dim;
             std::vector<double> s(p + 1);
             double mx = -1e300;

@@ -183,13 +183,13 @@ public:
                            device().f32(out + run.first_row * q_dim, run.T * q_dim));
         }
     }
-    void glu(GluKind kind, const float *gate_up, int T, int n, float *out) override {
+    void glu(Act kind, const float *gate_up, int T, int n, float *out) override {
         const float *G = device().f32(gate_up, (size_t)T * 2 * n);
         float *O = device().f32(out, (size_t)T * n);
-        for (int t = 0; t < T; t++) {
-            if (kind == GluKind::Silu) ref::swiglu(G + (size_t)t * 2 * n, n, O + (size_t)t * n);
-            else ref::geglu(G + (size_t)t * 2 * n, n, O + (size_t)t * n);
-        }
+        for (int t = 0; t < T; t++) ref::glu(kind, G + (size_t)t * 2 * n, n, O + (size_t)t * n);
+    }
+    void act(Act kind, const float *x, size_t n, float *out) override {
+        ref::act(kind, device().f32(x, n), n, device().f32(out, n));
     }
     void softcap(float *x, size_t n, float cap) override {
         float *X = device().f32(x, n);

@@ -19,10 +19,10 @@ public:
     Pass(const Decoder &d, Compute &c, int capacity, const std::atomic<bool> *cancel = nullptr)
         : d_(d), c_(c), capacity_(capacity), cancel_(cancel) {}
 
-    // Adds a row (logits: nullptr when not needed); runs the pass when it is full. False when that
-    // run was cancelled (its rows' cache entries are then incomplete).
-    bool add(KvCache &cache, int pos, int32_t token, float *logits) {
-        c_.rows[(size_t)n_] = ForwardRow{&cache, pos, logits};
+    // Adds a row (logits, hidden: nullptr when not needed); runs the pass when it is full. False
+    // when that run was cancelled (its rows' cache entries are then incomplete).
+    bool add(KvCache &cache, int pos, int32_t token, float *logits, float *hidden = nullptr, int type = 0) {
+        c_.rows[(size_t)n_] = ForwardRow{&cache, pos, logits, hidden, type};
         c_.tokens[(size_t)n_] = token;
         return ++n_ < capacity_ || flush();
     }

@@ -13,6 +13,9 @@ namespace {
 // Checks the options and fills in the defaults.
 SessionOptions resolve(const Model &model, SessionOptions p) {
     const DecoderConfig &c = model.config();
+    if (!c.causal || !model.decoder().has_lm_head())
+        fail(FASTLLM_ERR_UNSUPPORTED, "%s is an embedding model (%s, no output head): it embeds (fastllm_embed) and "
+             "does not generate", model.file().path().c_str(), c.arch.c_str());
     if (p.n_ctx < 0 || p.n_batch < 0 || p.n_threads < 0 || p.n_keep < 0 || p.n_discard < 0)
         fail(FASTLLM_ERR_INVALID_ARGUMENT,
              "session params must not be negative (n_ctx %d, n_batch %d, n_threads %d, n_keep %d, n_discard %d)",

@@ -188,7 +188,7 @@ public:
         Param rope = param(sizeof(uint64_t) * 2 * s.T), dst = param(sizeof(uint64_t) * 2 * s.T);
         for (int t = 0; t < s.T; t++) {
             const ForwardRow &r = s.rows[t];
-            const uint64_t table = rope_table(s.rope[t]), off = (uint64_t)r.pos * s.rope[t]->half * sizeof(float);
+            const uint64_t table = s.rope_dim ? rope_table(s.rope[t]) : 0, off = (uint64_t)r.pos * s.rope[t]->half * sizeof(float);
             const uint64_t cs[2] = {table + off, table + (uint64_t)s.rope[t]->positions * s.rope[t]->half * sizeof(float) + off};
             const uint64_t kv[2] = {addr(r.cache->k_row(s.layer, r.pos)), addr(r.cache->v_row(s.layer, r.pos))};
             std::memcpy((char *)rope.host + t * sizeof cs, cs, sizeof cs);
@@ -268,7 +268,8 @@ public:
             const KvCache &c = *run.cache;
             for (int t = 0; t < run.T; t++) {
                 uint32_t *row = R + 4 * (run.first_row + t);
-                row[0] = (uint32_t)(run.pos0 + t), row[1] = (uint32_t)b, row[2] = (uint32_t)c.type_k() | (uint32_t)c.type_v() << 8, row[3] = 0;
+                // the last key the row sees: its own, or (an encoder) the run's last
+                row[0] = (uint32_t)(run.pos0 + (s.causal ? t : run.T - 1)), row[1] = (uint32_t)b, row[2] = (uint32_t)c.type_k() | (uint32_t)c.type_v() << 8, row[3] = 0;
             }
             for (int p = 0; p < run.pos0 + run.T; p += KvCache::kBlock, b++) {
                 const bool held = c.holds(layer, p);
@@ -284,13 +285,22 @@ public:
              (uint32_t)s.window, s.scale, s.softcap};
         dispatch(Shader::Attention, 0, &pc, sizeof pc, (uint32_t)T, (uint32_t)s.n_heads, 1);
     }
-    void glu(GluKind kind, const float *gate_up, int T, int n, float *out) override {
+    void glu(Act kind, const float *gate_up, int T, int n, float *out) override {
         std::lock_guard<std::mutex> lock(mutex_);
         struct {
             uint64_t gate_up, out;
-            uint32_t n, gelu;
-        } pc{addr(gate_up), addr(out), (uint32_t)n, kind == GluKind::GeluTanh};
+            uint32_t n, act, gated;
+        } pc{addr(gate_up), addr(out), (uint32_t)n, (uint32_t)kind, 1};
         dispatch(Shader::Glu, 0, &pc, sizeof pc, groups(n), (uint32_t)T, 1);
+    }
+    void act(Act kind, const float *x, size_t n, float *out) override {
+        std::lock_guard<std::mutex> lock(mutex_);
+        struct {
+            uint64_t x, out;
+            uint32_t n, act, gated;
+        } pc{addr(x), addr(out), (uint32_t)n, (uint32_t)kind, 0};
+        const uint32_t g = groups((int64_t)n), gx = std::min<uint32_t>(g, 65535);
+        dispatch(Shader::Glu, 0, &pc, sizeof pc, gx, (g + gx - 1) / gx, 1);
     }
     void softcap(float *x, size_t n, float cap) override {
         std::lock_guard<std::mutex> lock(mutex_);

@@ -271,7 +271,8 @@ static void test_attention(const KernelTable &k) {
         const AttentionShape shapes[] = {{n_heads, n_kv, hd, 0.25f, 0.0f, 0},
                                          {n_heads, n_kv, hd, 0.25f, 0.0f, 3},
                                          {n_heads, n_kv, hd, 0.25f, 0.0f, 1},
-                                         {n_heads, n_kv, hd, 0.6f, 2.0f, 4}};
+                                         {n_heads, n_kv, hd, 0.6f, 2.0f, 4},
+                                         {n_heads, n_kv, hd, 0.25f, 0.0f, 0, false}};  // an encoder's
         for (KvType tk : {KvType::F32, KvType::F16, KvType::Q8})
             for (KvType tv : {KvType::F32, KvType::F16, KvType::Q8}) {
                 const KvCache cache = make_cache(k, tk, tv, pos0 + T, kv_dim, kc, vc);
@@ -280,8 +281,8 @@ static void test_attention(const KernelTable &k) {
                     ops::attention(k, q.data(), &run, 1, 0, sh, out.data(), scores.data(), pos0 + T, g_pool);
                     ref::attention(q.data(), T, pos0, cache, 0, sh, outr.data());
                     double e = rel_err(out.data(), outr.data(), out.size());
-                    CHECK(e < 1e-5, "attention %s K %s V %s head %d window %d softcap %g rel err %g", isa_name(k.isa),
-                          kv_type_name(tk), kv_type_name(tv), hd, sh.window, sh.softcap, e);
+                    CHECK(e < 1e-5, "attention %s K %s V %s head %d window %d softcap %g causal %d rel err %g", isa_name(k.isa),
+                          kv_type_name(tk), kv_type_name(tv), hd, sh.window, sh.softcap, (int)sh.causal, e);
                 }
             }
         // A window of 1 attends to the query's own position only: the output is its value row.
@@ -776,13 +777,19 @@ static void test_device_backend(const char *device) {
                   "%s add_norm kind %d n=%d", device, (int)kind, n);
         }
         std::vector<float> gu = randn((size_t)T * 2 * n, 3.0f);
-        for (GluKind kind : {GluKind::Silu, GluKind::GeluTanh}) {
+        for (Act kind : {Act::Silu, Act::GeluTanh, Act::GeluErf, Act::Tanh}) {
             float *dg = dc.upload(gu, T), *out = dc.alloc((size_t)T * n);
             be->glu(kind, dg, T, n, out);
             std::vector<float> got = dc.down(out, (size_t)T * n), want((size_t)T * n);
-            for (int t = 0; t < T; t++)
-                (kind == GluKind::Silu ? ref::swiglu : ref::geglu)(&gu[(size_t)t * 2 * n], n, &want[(size_t)t * n]);
+            for (int t = 0; t < T; t++) ref::glu(kind, &gu[(size_t)t * 2 * n], n, &want[(size_t)t * n]);
             CHECK(rel_err(got.data(), want.data(), got.size()) < 1e-5, "%s glu kind %d n=%d", device, (int)kind, n);
+            // the activation alone (a non-gated MLP), in place
+            dg = dc.upload(gu, T);
+            be->act(kind, dg, (size_t)T * 2 * n, dg);
+            got = dc.down(dg, (size_t)T * 2 * n);
+            want.resize(got.size());
+            ref::act(kind, gu.data(), gu.size(), want.data());
+            CHECK(rel_err(got.data(), want.data(), got.size()) < 1e-5, "%s act kind %d n=%d", device, (int)kind, n);
         }
         float *dx = dc.upload(x, T);
         be->softcap(dx, (size_t)T * n, 2.5f);
@@ -797,7 +804,7 @@ static void test_device_backend(const char *device) {
         const int n_heads = 8, n_kv = 2, pos0 = 41, T = 5, kv_dim = n_kv * hd, P = pos0 + T;
         std::vector<float> q = randn((size_t)T * n_heads * hd), kc = randn((size_t)P * kv_dim), vc = randn((size_t)P * kv_dim);
         const AttentionShape shapes[] = {{n_heads, n_kv, hd, 0.25f, 0.0f, 0}, {n_heads, n_kv, hd, 0.25f, 0.0f, 3},
-                                         {n_heads, n_kv, hd, 0.6f, 2.0f, 40}};
+                                         {n_heads, n_kv, hd, 0.6f, 2.0f, 40}, {n_heads, n_kv, hd, 0.25f, 0.0f, 0, false}};
         for (KvType tk : {KvType::F32, KvType::F16, KvType::Q8})
             for (KvType tv : {KvType::F32, KvType::F16, KvType::Q8}) {
                 KvCache dev(1, P + KvCache::kBlock, kv_dim, tk, tv, {}, true, 0, {&be->memory()}), host(1, P + KvCache::kBlock, kv_dim, tk, tv);

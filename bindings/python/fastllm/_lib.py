@@ -12,7 +12,7 @@ from ctypes import (CFUNCTYPE, POINTER, Structure, c_char, c_char_p, c_double, c
                     c_uint32, c_uint64, c_void_p)
 from pathlib import Path
 
-FASTLLM_ABI_VERSION = 10
+FASTLLM_ABI_VERSION = 11
 
 # fastllm_status
 OK = 0
@@ -108,6 +108,15 @@ class StepParams(Structure):
     _fields_ = [("max_prompt_tokens", c_int32)]
 
 
+class EmbedParams(Structure):
+    _fields_ = [("pooling", c_int32), ("normalize", c_int32), ("truncate", c_int32), ("add_special", c_int32),
+                ("n_threads", c_int32), ("n_batch", c_int32)]
+
+
+# fastllm_pooling
+POOLING_MODEL, POOLING_NONE, POOLING_MEAN, POOLING_CLS, POOLING_LAST = -1, 0, 1, 2, 3
+
+
 LogCallback = CFUNCTYPE(None, c_int, c_char_p, c_void_p)
 
 # fastllm_log_level
@@ -130,6 +139,11 @@ _PROTOTYPES = {
     "fastllm_tokenize": (c_int, [c_void_p, c_char_p, c_size_t, c_int, POINTER(c_int32), c_size_t, POINTER(c_size_t)]),
     "fastllm_detokenize": (c_int, [c_void_p, POINTER(c_int32), c_size_t, c_char_p, c_size_t, POINTER(c_size_t)]),
     "fastllm_token_to_piece": (c_int, [c_void_p, c_int32, c_char_p, c_size_t, POINTER(c_size_t)]),
+    "fastllm_embed_default_params": (EmbedParams, []),
+    "fastllm_embed": (c_int, [c_void_p, POINTER(c_char_p), c_size_t, POINTER(EmbedParams), POINTER(c_float), c_size_t,
+                              POINTER(c_size_t)]),
+    "fastllm_embed_tokens": (c_int, [c_void_p, POINTER(POINTER(c_int32)), POINTER(c_size_t), c_size_t,
+                                     POINTER(EmbedParams), POINTER(c_float), c_size_t, POINTER(c_size_t)]),
     "fastllm_chat_apply_template": (c_int, [c_void_p, c_char_p, POINTER(ChatMessage), c_size_t, c_int, c_char_p,
                                             c_size_t, POINTER(c_size_t)]),
     "fastllm_chat_default_params": (ChatParams, []),

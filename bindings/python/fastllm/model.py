@@ -230,6 +230,57 @@ class Model(_Handle):
             s.close()
         super().close()
 
+    # -- embeddings -------------------------------------------------------------------------
+    POOLINGS = {None: raw.POOLING_MODEL, "none": raw.POOLING_NONE, "mean": raw.POOLING_MEAN, "cls": raw.POOLING_CLS,
+                "last": raw.POOLING_LAST}
+
+    def embed(self, inputs, pooling: str | None = None, normalize: bool = True, truncate: bool = True,
+              add_special: bool | None = None, threads: int = 0, batch: int = 0):
+        """Embeddings of a text, a list of texts, or a list of token-id lists: an array of
+        (n, hidden_size) float32 (one row for a single text). pooling: None (the model's own, as
+        its sentence-transformers config says), "mean", "cls", "last", or "none" (a list with one
+        (tokens, hidden_size) array per input). normalize: rows of length 1. truncate: cut inputs
+        longer than the context (else FastLLMError). See docs/embeddings.md."""
+        single = isinstance(inputs, str)
+        items = [inputs] if single else list(inputs)
+        if pooling not in self.POOLINGS:
+            raise ValueError(f"pooling must be one of {', '.join(str(k) for k in self.POOLINGS)}, got {pooling!r}")
+        params = lib.fastllm_embed_default_params()
+        params.pooling = self.POOLINGS[pooling]
+        params.normalize, params.truncate = int(bool(normalize)), int(bool(truncate))
+        params.add_special = -1 if add_special is None else int(bool(add_special))
+        params.n_threads, params.n_batch = threads, batch
+        H = self.info["hidden_size"]
+        n_vec = ctypes.c_size_t()
+        tokens = bool(items) and not isinstance(items[0], str)
+        if tokens:
+            arrays = [(ctypes.c_int32 * len(ids))(*ids) for ids in items]
+            ptrs = (ctypes.POINTER(ctypes.c_int32) * len(items))(*[ctypes.cast(a, ctypes.POINTER(ctypes.c_int32)) for a in arrays])
+            lens = (ctypes.c_size_t * len(items))(*[len(ids) for ids in items])
+            call = lambda out, cap: lib.fastllm_embed_tokens(self.handle, ptrs, lens, len(items), ctypes.byref(params),
+                                                             out, cap, ctypes.byref(n_vec))
+        else:
+            data = (ctypes.c_char_p * len(items))(*[t.encode() for t in items])
+            call = lambda out, cap: lib.fastllm_embed(self.handle, data, len(items), ctypes.byref(params), out, cap,
+                                                      ctypes.byref(n_vec))
+        n = len(items)
+        if pooling == "none":  # the size: the inputs' token counts
+            status = call(None, 0)
+            if status != raw.ERR_BUFFER_TOO_SMALL:
+                _check(status)
+            n = n_vec.value
+        out = np.empty((n, H), dtype=np.float32)
+        _check(call(out.ctypes.data_as(ctypes.POINTER(ctypes.c_float)), out.size))
+        if pooling == "none":
+            counts = [len(ids) for ids in items] if tokens else [
+                len(self._embed_ids(t, add_special, truncate)) for t in items]
+            return np.split(out, np.cumsum(counts)[:-1])
+        return out[0] if single else out
+
+    def _embed_ids(self, text: str, add_special, truncate: bool) -> list[int]:
+        ids = self.tokenize(text, add_special)
+        return ids if not truncate or len(ids) <= self.context_length else ids[: self.context_length]
+
     # -- tokenizer --------------------------------------------------------------------------
     def tokenize(self, text: str, add_bos: bool | None = None) -> list[int]:
         """Token ids of text; add_bos None uses the model's default."""
