@@ -436,11 +436,12 @@ def dequantize(data: np.ndarray, dtype: str, shape) -> np.ndarray:
     return from_codes(q[:n].reshape(n, ng, group).astype(np.float32), Grid(scale, mins), dtype).reshape(n, k)
 
 
-def tell_policy(policy, n_layers: int, tied: bool) -> None:
+def tell_policy(policy, n_layers: int, tied: bool, precise: tuple = ()) -> None:
     """What a DtypePolicy learns from the model before its tensors are declared (the families'
-    add_tensors call this): the layer count and whether the embedding is the head."""
+    add_tensors call this): the layer count, whether the embedding is the head, and the layer
+    matrices (by kind: "attn_qkv") that get one step more precision, as the head does."""
     if isinstance(policy, DtypePolicy):
-        policy.n_layers, policy.tied = n_layers, tied
+        policy.n_layers, policy.tied, policy.precise = n_layers, tied, tuple(precise)
 
 
 class DtypePolicy:
@@ -458,6 +459,7 @@ class DtypePolicy:
         self.native = {}  # --dtype auto (GGUF files): each tensor's dtype, set by gguf_import
         self.n_layers = n_layers
         self.tied = True  # whether the embedding is the output head (tell_policy)
+        self.precise = ()  # layer matrix kinds with one step more precision (tell_policy)
         self.overrides = []
         for item in overrides:
             pattern, sep, dtype = item.partition("=")
@@ -498,6 +500,10 @@ class DtypePolicy:
         return p.base
 
 
+    def _is_precise(self, name: str) -> bool:
+        parts = name.split(".")
+        return len(parts) == 4 and parts[0] == "blk" and parts[2] in self.precise
+
     def __call__(self, name: str, shape) -> str:
         if len(shape) != 2:
             return "f32"
@@ -508,7 +514,8 @@ class DtypePolicy:
             dtype = self.native[name]
         elif self.preset is not None:
             dtype = self._preset_dtype(name)
-        elif dtype in QUANT and name in ("token_embd.weight", "output.weight", "position_embd.weight", "token_types.weight"):
+        elif dtype in QUANT and (name in ("token_embd.weight", "output.weight", "position_embd.weight", "token_types.weight")
+                                 or self._is_precise(name)):
             dtype = "q8" if dtype.startswith("q4") else "f16"  # the head shapes every logit, the tables every input
         forced = None
         for pattern, d in self.overrides:

@@ -1,5 +1,7 @@
-"""The pooling a sentence-transformers folder asks for (modules.json -> its Pooling module's
-config.json), stored as `{arch}.pooling` so that fastllm_embed pools as the reference does."""
+"""What a sentence-transformers folder says about embedding: the pooling (modules.json -> its
+Pooling module's config.json), stored as `{arch}.pooling`, and the longest input
+(sentence_bert_config.json's max_seq_length), which becomes the context length, so that
+fastllm_embed pools and truncates as the reference does."""
 
 from __future__ import annotations
 
@@ -43,3 +45,19 @@ def read_pooling(folder: Path):
     if len(modes) != 1:
         raise ConversionError(f"{config_path}: needs exactly one pooling mode, has {on or 'none'}")
     return modes[0]
+
+
+def read_max_seq_length(folder: Path):
+    """sentence_bert_config.json's max_seq_length, or None."""
+    path = Path(folder) / "sentence_bert_config.json"
+    if not path.is_file():
+        return None
+    try:
+        v = json.loads(path.read_text(encoding="utf-8")).get("max_seq_length")
+    except (OSError, ValueError, AttributeError) as e:
+        raise ConversionError(f"{path}: cannot read it ({e})") from None
+    if v is None:
+        return None
+    if isinstance(v, bool) or not isinstance(v, int) or v <= 0:
+        raise ConversionError(f"{path}: max_seq_length must be a positive integer, got {v!r}")
+    return v

@@ -2,6 +2,7 @@
 // sessions and threads.
 using System;
 using System.Collections.Generic;
+using System.Runtime.InteropServices;
 using System.Text;
 
 namespace FastLLM
@@ -312,6 +313,52 @@ namespace FastLLM
                 var t = Utf8.Z(ToolTemplate(template));
                 return Utf8.Text((byte[] b, UIntPtr c, out UIntPtr n) => Native.fastllm_chat_tool_triggers(h, t, b, c, out n), 256);
             });
+        }
+
+        /// <summary>Embeddings of texts (docs/embeddings.md): one vector of Info.HiddenSize floats per
+        /// text, pooled as `pooling` says (Pooling.None: one per token of every text in order) and of
+        /// length 1 unless `normalize` is false. Texts longer than the model's context are cut
+        /// (truncate), or throw FastLLMException (ContextFull). Runs on the calling thread; passes
+        /// take turns with the model's sessions'.</summary>
+        public float[][] Embed(string[] texts, Pooling pooling = Pooling.Model, bool normalize = true, bool truncate = true)
+        {
+            if (texts == null) throw new FastLLMException(Status.InvalidArgument, "texts is null");
+            var p = Native.fastllm_embed_default_params();
+            p.pooling = (int)pooling;
+            p.normalize = normalize ? 1 : 0;
+            p.truncate = truncate ? 1 : 0;
+            var ptrs = new IntPtr[texts.Length];
+            try
+            {
+                for (int i = 0; i < texts.Length; i++)
+                {
+                    if (texts[i] == null) throw new FastLLMException(Status.InvalidArgument, "texts[" + i + "] is null");
+                    var z = Utf8.Z(texts[i]);
+                    ptrs[i] = Marshal.AllocHGlobal(z.Length);
+                    Marshal.Copy(z, 0, ptrs[i], z.Length);
+                }
+                return With(h =>
+                {
+                    int dim = Native.fastllm_model_get_info(h, out var info) == Status.Ok ? info.hidden_size : 0;
+                    UIntPtr n;
+                    var status = Native.fastllm_embed(h, ptrs, (UIntPtr)texts.Length, ref p, null, UIntPtr.Zero, out n);
+                    if (status != Status.BufferTooSmall) FastLLMException.Check(status);
+                    var flat = new float[(int)n * dim];
+                    FastLLMException.Check(Native.fastllm_embed(h, ptrs, (UIntPtr)texts.Length, ref p, flat, (UIntPtr)flat.Length, out n));
+                    var rows = new float[(int)n][];
+                    for (int i = 0; i < rows.Length; i++)
+                    {
+                        rows[i] = new float[dim];
+                        Array.Copy(flat, i * dim, rows[i], 0, dim);
+                    }
+                    return rows;
+                });
+            }
+            finally
+            {
+                foreach (var q in ptrs)
+                    if (q != IntPtr.Zero) Marshal.FreeHGlobal(q);
+            }
         }
 
         /// <summary>A session with the default parameters.</summary>

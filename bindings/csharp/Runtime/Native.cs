@@ -57,6 +57,19 @@ namespace FastLLM
         Q8 = 2,
     }
 
+    /// <summary>fastllm_pooling: how Model.Embed makes one vector of an input's.</summary>
+    public enum Pooling
+    {
+        /// <summary>What the model's file says (its sentence-transformers pooling); else Cls for an
+        /// encoder, Last for a decoder.</summary>
+        Model = -1,
+        /// <summary>One vector per token.</summary>
+        None = 0,
+        Mean = 1,
+        Cls = 2,
+        Last = 3,
+    }
+
     /// <summary>fastllm_logits_mode.</summary>
     public enum LogitsMode
     {
@@ -84,7 +97,7 @@ namespace FastLLM
         public const string Library = "fastllm";
 
         /// <summary>FASTLLM_ABI_VERSION of the header this file mirrors.</summary>
-        public const int AbiVersion = 10;
+        public const int AbiVersion = 11;
 
         public const int ThinkingUnset = -1;
         public const int ThinkingOff = 0;
@@ -220,6 +233,17 @@ namespace FastLLM
         }
 
         [StructLayout(LayoutKind.Sequential)]
+        public struct fastllm_embed_params
+        {
+            public int pooling;
+            public int normalize;
+            public int truncate;
+            public int add_special;
+            public int n_threads;
+            public int n_batch;
+        }
+
+        [StructLayout(LayoutKind.Sequential)]
         public struct fastllm_speculative_params
         {
             public IntPtr draft_model;
@@ -272,6 +296,15 @@ namespace FastLLM
         [DllImport(Library, CallingConvention = CallingConvention.Cdecl)]
         public static extern Status fastllm_tokenize(ModelHandle model, byte[] text, UIntPtr text_len, int add_bos,
                                                      [Out] int[] out_tokens, UIntPtr out_capacity, out UIntPtr out_n_tokens);
+        [DllImport(Library, CallingConvention = CallingConvention.Cdecl)]
+        public static extern fastllm_embed_params fastllm_embed_default_params();
+        [DllImport(Library, CallingConvention = CallingConvention.Cdecl)]
+        public static extern Status fastllm_embed(ModelHandle model, IntPtr[] texts, UIntPtr n_texts, ref fastllm_embed_params params_,
+                                                  [Out] float[] out_, UIntPtr out_capacity, out UIntPtr out_n_vectors);
+        [DllImport(Library, CallingConvention = CallingConvention.Cdecl)]
+        public static extern Status fastllm_embed_tokens(ModelHandle model, IntPtr[] tokens, UIntPtr[] n_tokens, UIntPtr n_inputs,
+                                                         ref fastllm_embed_params params_, [Out] float[] out_, UIntPtr out_capacity,
+                                                         out UIntPtr out_n_vectors);
         [DllImport(Library, CallingConvention = CallingConvention.Cdecl)]
         public static extern Status fastllm_detokenize(ModelHandle model, int[] tokens, UIntPtr n_tokens, [Out] byte[] out_text,
                                                        UIntPtr out_capacity, out UIntPtr out_len);

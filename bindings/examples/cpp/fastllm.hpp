@@ -161,6 +161,23 @@ public:
         return t ? std::optional<std::string>(t) : std::nullopt;
     }
 
+    // Embeddings of texts (docs/embeddings.md): one vector of info().hidden_size floats per text,
+    // or (FASTLLM_POOLING_NONE) per token of every text in order.
+    std::vector<std::vector<float>> embed(const std::vector<std::string> &texts,
+                                          const fastllm_embed_params &params = fastllm_embed_default_params()) const {
+        std::vector<const char *> ptrs;
+        for (const std::string &t : texts) ptrs.push_back(t.c_str());
+        size_t n = 0;
+        const fastllm_status s = fastllm_embed(model_, ptrs.data(), ptrs.size(), &params, nullptr, 0, &n);
+        if (s != FASTLLM_ERR_BUFFER_TOO_SMALL) detail::check(s);
+        const size_t dim = (size_t)info().hidden_size;
+        std::vector<float> flat(n * dim);
+        detail::check(fastllm_embed(model_, ptrs.data(), ptrs.size(), &params, flat.data(), flat.size(), &n));
+        std::vector<std::vector<float>> out;
+        for (size_t i = 0; i < n; i++) out.emplace_back(flat.begin() + i * dim, flat.begin() + (i + 1) * dim);
+        return out;
+    }
+
     // add_bos: true / false, or nullopt for the model's default.
     std::vector<int32_t> tokenize(std::string_view text, std::optional<bool> add_bos = std::nullopt) const {
         return detail::tokenize(model_, text, add_bos ? (*add_bos ? 1 : 0) : -1);

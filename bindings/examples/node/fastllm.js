@@ -19,7 +19,7 @@ const koffi = require('koffi');
 
 // FASTLLM_ABI_VERSION of the include/fastllm.h this file mirrors. Keep the structs and prototypes
 // below in step with the header, and change this number with them.
-const ABI_VERSION = 10;
+const ABI_VERSION = 11;
 
 // ---------------------------------------------------------------------------------------------
 // The library: FASTLLM_LIBRARY, else a source checkout's build/, else the system loader's search.
@@ -128,6 +128,14 @@ const types = {
         grammar_triggers: 'const char **', // a JS array of strings, or null
         n_grammar_triggers: 'int32_t',
     }),
+    fastllm_embed_params: koffi.struct('fastllm_embed_params', {
+        pooling: 'int32_t', // fastllm_pooling: -1 the model's, 0 none, 1 mean, 2 cls, 3 last
+        normalize: 'int32_t',
+        truncate: 'int32_t',
+        add_special: 'int32_t',
+        n_threads: 'int32_t',
+        n_batch: 'int32_t',
+    }),
     fastllm_generation_result: koffi.struct('fastllm_generation_result', {
         n_prompt_tokens: 'int32_t',
         n_generated_tokens: 'int32_t',
@@ -161,6 +169,10 @@ const C = {
         + 'size_t text_len, int add_bos, int32_t *out_tokens, size_t out_capacity, _Out_ size_t *out_n_tokens)'),
     detokenize: lib.func('fastllm_status fastllm_detokenize(const fastllm_model *model, const int32_t *tokens, '
         + 'size_t n_tokens, uint8_t *out_text, size_t out_capacity, _Out_ size_t *out_len)'),
+
+    embedDefaultParams: lib.func('fastllm_embed_params fastllm_embed_default_params(void)'),
+    embed: lib.func('fastllm_status fastllm_embed(const fastllm_model *model, const char **texts, size_t n_texts, '
+        + 'const fastllm_embed_params *params, float *out, size_t out_capacity, _Out_ size_t *out_n_vectors)'),
 
     sessionDefaultParams: lib.func('fastllm_session_params fastllm_session_default_params(void)'),
     sessionCreate: lib.func('fastllm_status fastllm_session_create(const fastllm_model *model, '
@@ -287,6 +299,32 @@ class Model {
         }
         check(status);
         return ids.slice(0, n[0]);
+    }
+
+    /**
+     * Embeddings of texts (docs/embeddings.md): an array of Float32Arrays of info.hiddenSize, one per
+     * text, or with pooling 'none' one per token of every text in order. pooling: undefined (the
+     * model's own), 'mean', 'cls', 'last' or 'none'; normalize (default true): length 1; truncate
+     * (default true): cut texts longer than the context, else throw.
+     */
+    embed(texts, { pooling, normalize = true, truncate = true } = {}) {
+        const handle = this.handle;
+        const list = Array.isArray(texts) ? texts.map(String) : [String(texts)];
+        const poolings = { none: 0, mean: 1, cls: 2, last: 3 };
+        if (pooling !== undefined && !(pooling in poolings)) throw new TypeError(`unknown pooling ${pooling}`);
+        const params = C.embedDefaultParams();
+        params.pooling = pooling === undefined ? -1 : poolings[pooling];
+        params.normalize = normalize ? 1 : 0;
+        params.truncate = truncate ? 1 : 0;
+        const n = [0];
+        const status = C.embed(handle, list, list.length, params, null, 0, n);
+        if (status !== ERR_BUFFER_TOO_SMALL) check(status);
+        const dim = this.info.hiddenSize;
+        const out = new Float32Array(n[0] * dim);
+        check(C.embed(handle, list, list.length, params, out, out.length, n));
+        const rows = [];
+        for (let i = 0; i < n[0]; i++) rows.push(out.slice(i * dim, (i + 1) * dim));
+        return rows;
     }
 
     /** UTF-8 text of token ids (an array or Int32Array); control tokens such as BOS give no text. */

