@@ -46,7 +46,7 @@ const char *const kUsage =
     "usage: fastllm-server MODEL.flm [options]\n"
     "\n"
     "An OpenAI-compatible HTTP server (/v1/completions, /v1/chat/completions, /v1/models, /health,\n"
-    "/tokenize, /detokenize, /metrics) with continuous batching over libfastllm.\n"
+    "/v1/embeddings, /tokenize, /detokenize, /metrics) with continuous batching over libfastllm.\n"
     "\n"
     "options:\n"
     "  --host HOST          address to bind (default 127.0.0.1)\n"
@@ -66,6 +66,8 @@ const char *const kUsage =
     "  --n-draft N          most tokens drafted a step (1 to 16, default 5; a request's \"n_draft\")\n"
     "  --prefill-chunk N    new requests' prompt tokens evaluated a step, in the same pass as the running\n"
     "                       requests' next tokens (default 256); 0 = each prompt whole, on admission\n"
+    "  --embeddings         also serve /v1/embeddings with a generating model (an embedding model,\n"
+    "                       such as a BERT, serves only it)\n"
     "  -h, --help           this text\n";
 
 struct Options {
@@ -85,6 +87,7 @@ struct Options {
     std::string speculative;  // "" = draft with a draft model, else off
     int n_draft = 5;
     int prefill_chunk = 256;
+    bool embeddings = false;
 };
 
 [[noreturn]] void usage_error(const std::string &message) {
@@ -110,6 +113,10 @@ Options parse_options(int argc, char **argv) {
         if (a == "-h" || a == "--help") {
             std::fputs(kUsage, stdout);
             std::exit(0);
+        }
+        if (a == "--embeddings") {
+            o.embeddings = true;
+            continue;
         }
         if (a.rfind("--", 0) != 0) {
             if (!o.model_path.empty()) usage_error("more than one model given ('" + o.model_path + "', '" + a + "')");
@@ -182,6 +189,17 @@ int main(int argc, char **argv) {
         std::fprintf(stderr, "fastllm-server: cannot load %s: %s\n", opt.model_path.c_str(), error.c_str());
         return 1;
     }
+    // An embedding model (an encoder) cannot have sessions: it serves /v1/embeddings alone.
+    bool generates = true;
+    {
+        fastllm_session *probe = nullptr;
+        if (fastllm_session_create(engine->model(), nullptr, &probe) == FASTLLM_ERR_UNSUPPORTED) generates = false;
+        fastllm_session_free(probe);
+    }
+    if (!generates && !opt.draft_model_path.empty()) {
+        std::fprintf(stderr, "fastllm-server: %s is an embedding model: it cannot have a draft model\n", opt.model_path.c_str());
+        return 1;
+    }
     // The draft model, checked against the model (same vocabulary) before anything starts.
     fastllm_model *draft = nullptr;
     if (!opt.draft_model_path.empty()) {
@@ -203,7 +221,7 @@ int main(int argc, char **argv) {
     std::unique_ptr<fastllm_model, void (*)(fastllm_model *)> draft_owner(draft, fastllm_model_free);
     Metrics metrics;
     SchedulerOptions so;
-    so.max_sessions = opt.max_sessions;
+    so.max_sessions = generates ? opt.max_sessions : 0;
     so.max_queue = opt.max_queue;
     so.n_ctx = opt.n_ctx;
     so.prefill_chunk = opt.prefill_chunk;
@@ -231,6 +249,8 @@ int main(int argc, char **argv) {
     config.speculative = opt.speculative;
     config.draft_model = draft;
     config.n_draft = opt.n_draft;
+    config.generates = generates;
+    config.embeddings = opt.embeddings || !generates;
     Routes routes(*engine, scheduler, metrics, config, stopping);
     routes.install(svr);
 

@@ -138,7 +138,7 @@ bool stream_some(Stream &st, httplib::DataSink &sink) {
 
 std::string endpoint_label(const std::string &path) {
     static const char *const known[] = {"/v1/completions", "/v1/chat/completions", "/v1/models", "/health",
-                                        "/metrics",        "/tokenize",            "/detokenize"};
+                                        "/metrics",        "/tokenize",            "/detokenize", "/v1/embeddings"};
     for (const char *k : known)
         if (path == k) return k;
     if (path.rfind("/v1/models/", 0) == 0) return "/v1/models/{model}";
@@ -171,6 +171,7 @@ void Routes::install(httplib::Server &svr) {
     svr.Get("/metrics", get_route(true, bind(&Routes::metrics)));
     svr.Post("/tokenize", post_route(bind(&Routes::tokenize)));
     svr.Post("/detokenize", post_route(bind(&Routes::detokenize)));
+    svr.Post("/v1/embeddings", post_route(bind(&Routes::embeddings)));
     svr.Post("/v1/completions", post_route([this](const httplib::Request &, httplib::Response &s, const std::string &b) {
                  generate(s, b, Endpoint::Completions);
              }));
@@ -331,7 +332,132 @@ std::vector<int32_t> Routes::prompt_tokens(const GenerationRequest &r) const {
     return engine_.tokenize(r.prompt, -1);  // the model's BOS default, as fastllm's generate
 }
 
+namespace {
+std::string base64(const unsigned char *p, size_t n) {
+    static const char kAlphabet[] = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+    std::string out;
+    out.reserve((n + 2) / 3 * 4);
+    for (size_t i = 0; i < n; i += 3) {
+        const uint32_t v = (uint32_t)p[i] << 16 | (i + 1 < n ? (uint32_t)p[i + 1] << 8 : 0) | (i + 2 < n ? p[i + 2] : 0);
+        out += kAlphabet[v >> 18 & 63];
+        out += kAlphabet[v >> 12 & 63];
+        out += i + 1 < n ? kAlphabet[v >> 6 & 63] : '=';
+        out += i + 2 < n ? kAlphabet[v & 63] : '=';
+    }
+    return out;
+}
+}  // namespace
+
+// OpenAI's embeddings: input a string, a list of strings, a token list or a list of token lists;
+// encoding_format float (default) or base64 (the float32 bytes, little-endian); usage counts the
+// tokens. An input past the model's context is a 400, as OpenAI answers it.
+void Routes::embeddings(const httplib::Request &, httplib::Response &res, const std::string &text) {
+    if (!config_.embeddings)
+        throw bad_request("this server does not serve embeddings: start it with --embeddings (or serve an embedding "
+                          "model)", "", "embeddings_disabled");
+    const json body = parse_body(text);
+    if (body.contains("model") && !body["model"].is_null()) {
+        if (!body["model"].is_string()) throw bad_request("'model' must be a string", "model");
+        if (body["model"].get<std::string>() != config_.model_name) {
+            ApiError e = make_error(404, "the model '" + body["model"].get<std::string>() + "' does not exist; this server serves '" +
+                                             config_.model_name + "'", "invalid_request_error", "model_not_found");
+            e.param = "model";
+            throw e;
+        }
+    }
+    const std::string format = body.value("encoding_format", json("float")).is_string()
+                                   ? body.value("encoding_format", std::string("float")) : std::string("?");
+    if (format != "float" && format != "base64")
+        throw bad_request("'encoding_format' must be 'float' or 'base64'", "encoding_format", "invalid_value");
+    const fastllm_model_info &info = engine_.info();
+    if (body.contains("dimensions") && !body["dimensions"].is_null() &&
+        !(body["dimensions"].is_number_integer() && body["dimensions"].get<int64_t>() == info.hidden_size))
+        throw bad_request("'dimensions' must be the model's " + std::to_string(info.hidden_size) + " (it cannot be changed)",
+                          "dimensions", "invalid_value");
+    if (!body.contains("input")) throw bad_request("'input' is required", "input");
+    const json &in = body["input"];
+    // Texts, or token lists: a list of integers is one input, a list of lists is many.
+    std::vector<std::string> texts;
+    std::vector<std::vector<int32_t>> lists;
+    auto token_list = [&](const json &j, const std::string &where) {
+        std::vector<int32_t> ids;
+        for (const json &t : j) {
+            if (!t.is_number_integer()) throw bad_request("'" + where + "' must hold token ids (integers)", "input");
+            const int64_t v = t.get<int64_t>();
+            if (v < 0 || v >= info.vocab_size)
+                throw bad_request("'" + where + "' holds the token " + std::to_string(v) + ", outside the vocabulary of " +
+                                  std::to_string(info.vocab_size), "input");
+            ids.push_back((int32_t)v);
+        }
+        if (ids.empty()) throw bad_request("'" + where + "' is an empty token list", "input");
+        return ids;
+    };
+    if (in.is_string()) {
+        texts.push_back(in.get<std::string>());
+    } else if (in.is_array() && !in.empty() && in[0].is_number_integer()) {
+        lists.push_back(token_list(in, "input"));
+    } else if (in.is_array() && !in.empty()) {
+        for (size_t i = 0; i < in.size(); i++) {
+            const std::string where = "input[" + std::to_string(i) + "]";
+            if (in[i].is_string()) texts.push_back(in[i].get<std::string>());
+            else if (in[i].is_array()) lists.push_back(token_list(in[i], where));
+            else throw bad_request("'" + where + "' must be a string or a token list", "input");
+        }
+        if (!texts.empty() && !lists.empty()) throw bad_request("'input' mixes texts and token lists", "input");
+    } else {
+        throw bad_request(in.is_array() ? "'input' is an empty list" : "'input' must be a string, a list of strings or token lists",
+                          "input");
+    }
+    for (size_t i = 0; i < texts.size(); i++) {
+        if (texts[i].find('\0') != std::string::npos) throw bad_request("'input' must not contain NUL characters", "input");
+        if (texts[i].empty()) throw bad_request("'input[" + std::to_string(i) + "]' is an empty string", "input");
+    }
+    // The token counts (usage), and the inputs past the context.
+    size_t n_tokens = 0;
+    const size_t n = texts.empty() ? lists.size() : texts.size();
+    for (size_t i = 0; i < n; i++) {
+        const size_t len = texts.empty() ? lists[i].size() : engine_.tokenize(texts[i], -1).size();
+        if (len > (size_t)info.context_length)
+            throw bad_request("input " + std::to_string(i) + " has " + std::to_string(len) + " tokens, more than the model's " +
+                              std::to_string(info.context_length), "input", "context_length_exceeded");
+        n_tokens += len;
+    }
+    fastllm_embed_params p = fastllm_embed_default_params();
+    p.truncate = 0;
+    std::vector<float> out(n * (size_t)info.hidden_size);
+    size_t n_vectors = 0;
+    fastllm_status st;
+    if (texts.empty()) {
+        std::vector<const int32_t *> ptrs;
+        std::vector<size_t> lens;
+        for (const auto &l : lists) ptrs.push_back(l.data()), lens.push_back(l.size());
+        st = fastllm_embed_tokens(engine_.model(), ptrs.data(), lens.data(), n, &p, out.data(), out.size(), &n_vectors);
+    } else {
+        std::vector<const char *> ptrs;
+        for (const auto &t : texts) ptrs.push_back(t.c_str());
+        st = fastllm_embed(engine_.model(), ptrs.data(), n, &p, out.data(), out.size(), &n_vectors);
+    }
+    if (st != FASTLLM_OK) {
+        const bool client = st == FASTLLM_ERR_INVALID_ARGUMENT || st == FASTLLM_ERR_CONTEXT_FULL || st == FASTLLM_ERR_TOKEN_OUT_OF_RANGE;
+        throw make_error(client ? 400 : 500, fastllm_last_error(), client ? "invalid_request_error" : "server_error", "");
+    }
+    json data = json::array();
+    const size_t H = (size_t)info.hidden_size;
+    for (size_t i = 0; i < n; i++) {
+        json e{{"object", "embedding"}, {"index", i}};
+        if (format == "base64") e["embedding"] = base64((const unsigned char *)&out[i * H], H * sizeof(float));
+        else e["embedding"] = std::vector<float>(out.begin() + i * H, out.begin() + (i + 1) * H);
+        data.push_back(std::move(e));
+    }
+    res.set_content(dump(json{{"object", "list"}, {"data", std::move(data)}, {"model", config_.model_name},
+                              {"usage", {{"prompt_tokens", n_tokens}, {"total_tokens", n_tokens}}}}),
+                    kJson);
+}
+
 void Routes::generate(httplib::Response &res, const std::string &text, Endpoint endpoint) {
+    if (!config_.generates)
+        throw bad_request("the model '" + config_.model_name + "' is an embedding model: it does not generate; use "
+                          "/v1/embeddings", "", "model_cannot_generate");
     const json body = parse_body(text);
     GenerationRequest r =
         endpoint == Endpoint::Completions ? parse_completion_request(body) : parse_chat_request(body);

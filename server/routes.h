@@ -27,6 +27,8 @@ struct ServerConfig {
     std::string speculative = "off";
     const fastllm_model *draft_model = nullptr;
     int n_draft = 5;
+    bool generates = true;     // false: an embedding model (an encoder); the generating endpoints get 400
+    bool embeddings = false;   // /v1/embeddings served (always for an embedding model; --embeddings)
 };
 
 class Routes {
@@ -57,6 +59,7 @@ private:
     void tokenize(const httplib::Request &req, httplib::Response &res, const std::string &body);
     void detokenize(const httplib::Request &req, httplib::Response &res, const std::string &body);
     void generate(httplib::Response &res, const std::string &body, Endpoint endpoint);
+    void embeddings(const httplib::Request &req, httplib::Response &res, const std::string &body);
 
     std::vector<int32_t> prompt_tokens(const GenerationRequest &r) const;
     json model_json() const;

@@ -184,3 +184,59 @@ def test_vulkan_embeds_as_the_cpu(minilm, texts):
         some = sorted(texts, key=len)[:160:32]  # 5 inputs of 2 to about 40 tokens: lavapipe is slow
         cos = (cpu.embed(some) * gpu.embed(some)).sum(1)
     assert cos.min() >= 0.99999, cos.min()
+
+
+def test_server_embeddings_through_the_openai_client(minilm, stories_flm):
+    """/v1/embeddings as OpenAI defines it, through the official client: an embedding model served
+    alone, and a generating one with --embeddings."""
+    import base64
+    import openai
+    import fastllm
+    from test_server import Server
+    texts = ["The merchant sells swords.", "Where can I buy a blade?", "héllo 😀"]
+    with fastllm.Model(minilm["f32"], threads=1) as m:
+        want = m.embed(texts)
+        counts = [len(m.tokenize(t)) for t in texts]
+    srv = Server(minilm["f32"], "--model-name", "minilm")
+    try:
+        c = srv.client()
+        r = c.embeddings.create(model="minilm", input=texts)
+        got = np.array([d.embedding for d in r.data], dtype=np.float32)
+        assert [d.index for d in r.data] == [0, 1, 2] and r.model == "minilm"
+        np.testing.assert_allclose(got, want, atol=1e-6)
+        assert r.usage.prompt_tokens == r.usage.total_tokens == sum(counts)
+        r = c.embeddings.create(model="minilm", input=texts[0], encoding_format="base64")
+        raw = base64.b64decode(r.data[0].embedding)
+        np.testing.assert_allclose(np.frombuffer(raw, dtype="<f4"), want[0], atol=1e-6)
+        r = c.embeddings.create(model="minilm", input=[[101, 7592, 102], [101, 102]])
+        assert len(r.data) == 2 and r.usage.prompt_tokens == 5
+        for bad, words in (([], "empty list"), ([""], "empty string"), ("word " * 300, "more than the model's 256"),
+                           ([[101, 99999]], "outside the vocabulary"), ([1.5], "must be a string")):
+            with pytest.raises(openai.BadRequestError) as e:
+                c.embeddings.create(model="minilm", input=bad)
+            assert words in str(e.value), (bad, e.value)
+        with pytest.raises(openai.BadRequestError) as e:
+            c.embeddings.create(model="minilm", input="hi", dimensions=128)
+        assert "dimensions" in str(e.value)
+        with pytest.raises(openai.NotFoundError):
+            c.embeddings.create(model="other", input="hi")
+        with pytest.raises(openai.BadRequestError) as e:
+            c.chat.completions.create(model="minilm", messages=[{"role": "user", "content": "hi"}])
+        assert "embedding model" in str(e.value)
+    finally:
+        srv.stop()
+    # a generating model: /v1/embeddings only with --embeddings
+    for flag in ([], ["--embeddings"]):
+        srv = Server(stories_flm, *flag)
+        try:
+            c = srv.client()
+            if not flag:
+                with pytest.raises(openai.BadRequestError) as e:
+                    c.embeddings.create(model="stories260K", input="Once upon a time")
+                assert "--embeddings" in str(e.value)
+                continue
+            r = c.embeddings.create(model="stories260K", input="Once upon a time")
+            with fastllm.Model(stories_flm, threads=1) as m:
+                np.testing.assert_allclose(r.data[0].embedding, m.embed("Once upon a time"), atol=1e-5)
+        finally:
+            srv.stop()
