@@ -61,9 +61,11 @@ from .flm_writer import FlmWriter
 
 # general.architecture -> the family it converts as: the family of that name (Mistral's files
 # say llama), else the one whose files have it (chatglm: glm)
+# (GGUF_ARCH None: a family whose GGUF files are not read yet)
 GGUF_FAMILIES = {m.GGUF_ARCH: m for m in FAMILIES.values() if m.GGUF_ARCH == m.ARCH}
 for _m in FAMILIES.values():
-    GGUF_FAMILIES.setdefault(_m.GGUF_ARCH, _m)
+    if _m.GGUF_ARCH is not None:
+        GGUF_FAMILIES.setdefault(_m.GGUF_ARCH, _m)
 SUPPORTED_ARCHITECTURES = tuple(GGUF_FAMILIES)
 # llama.cpp reorders the q / k rows for its RoPE only when it writes these architectures
 PERMUTED_ARCHITECTURES = ("llama",)

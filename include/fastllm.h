@@ -268,6 +268,25 @@ FASTLLM_API fastllm_status fastllm_embed_tokens(const fastllm_model *model, cons
                                                 const fastllm_embed_params *params, float *out,
                                                 size_t out_capacity, size_t *out_n_vectors);
 
+typedef struct fastllm_rerank_params {
+    int32_t normalize; /* 1 (default): each score is the sigmoid of the classifier's, in (0, 1), as
+                        * sentence-transformers' CrossEncoder.predict gives it; 0: the raw score */
+    int32_t truncate;  /* 1 (default): a pair past the context is cut longest first, as HuggingFace
+                        * tokenizers cuts it; 0: FASTLLM_ERR_CONTEXT_FULL */
+    int32_t n_threads; /* 0 (default): the model's */
+    int32_t n_batch;   /* tokens per pass; 0 (default): 512 */
+} fastllm_rerank_params;
+
+FASTLLM_API fastllm_rerank_params fastllm_rerank_default_params(void);
+
+/* How well each of n_documents answers the query, by a cross-encoder (a BERT with a one-label
+ * classifier, BertForSequenceClassification: ms-marco-MiniLM, bge-reranker): the classifier over
+ * [CLS] query [SEP] document [SEP]. out_scores: n_documents floats, in the documents' order
+ * (higher: more relevant). FASTLLM_ERR_UNSUPPORTED for a model without such a head;
+ * FASTLLM_ERR_INVALID_ARGUMENT for no documents. */
+FASTLLM_API fastllm_status fastllm_rerank(const fastllm_model *model, const char *query, const char *const *documents,
+                                          size_t n_documents, const fastllm_rerank_params *params, float *out_scores);
+
 /* ------------------------------------------------------------------------------------------ */
 /* Chat templates                                                                              */
 

@@ -1,5 +1,6 @@
 #include "routes.h"
 
+#include <algorithm>
 #include <limits>
 #include <memory>
 #include <random>
@@ -138,7 +139,8 @@ bool stream_some(Stream &st, httplib::DataSink &sink) {
 
 std::string endpoint_label(const std::string &path) {
     static const char *const known[] = {"/v1/completions", "/v1/chat/completions", "/v1/models", "/health",
-                                        "/metrics",        "/tokenize",            "/detokenize", "/v1/embeddings"};
+                                        "/metrics",        "/tokenize",            "/detokenize", "/v1/embeddings",
+                                        "/v1/rerank",      "/rerank"};
     for (const char *k : known)
         if (path == k) return k;
     if (path.rfind("/v1/models/", 0) == 0) return "/v1/models/{model}";
@@ -172,6 +174,8 @@ void Routes::install(httplib::Server &svr) {
     svr.Post("/tokenize", post_route(bind(&Routes::tokenize)));
     svr.Post("/detokenize", post_route(bind(&Routes::detokenize)));
     svr.Post("/v1/embeddings", post_route(bind(&Routes::embeddings)));
+    svr.Post("/v1/rerank", post_route(bind(&Routes::rerank)));
+    svr.Post("/rerank", post_route(bind(&Routes::rerank)));
     svr.Post("/v1/completions", post_route([this](const httplib::Request &, httplib::Response &s, const std::string &b) {
                  generate(s, b, Endpoint::Completions);
              }));
@@ -450,6 +454,67 @@ void Routes::embeddings(const httplib::Request &, httplib::Response &res, const 
         data.push_back(std::move(e));
     }
     res.set_content(dump(json{{"object", "list"}, {"data", std::move(data)}, {"model", config_.model_name},
+                              {"usage", {{"prompt_tokens", n_tokens}, {"total_tokens", n_tokens}}}}),
+                    kJson);
+}
+
+// Reranking in the shape Jina and Cohere define and llama.cpp serves: a query and documents
+// (strings, or objects with "text"); results sorted by relevance_score (highest first), top_n of
+// them, each with its document's index (and the document, with return_documents).
+void Routes::rerank(const httplib::Request &, httplib::Response &res, const std::string &text) {
+    const json body = parse_body(text);
+    if (body.contains("model") && body["model"].is_string() && body["model"].get<std::string>() != config_.model_name) {
+        ApiError e = make_error(404, "the model '" + body["model"].get<std::string>() + "' does not exist; this server serves '" +
+                                         config_.model_name + "'", "invalid_request_error", "model_not_found");
+        e.param = "model";
+        throw e;
+    }
+    if (!body.contains("query") || !body["query"].is_string()) throw bad_request("'query' must be a string", "query");
+    const std::string query = body["query"].get<std::string>();
+    if (!body.contains("documents") || !body["documents"].is_array() || body["documents"].empty())
+        throw bad_request("'documents' must be a non-empty list", "documents");
+    std::vector<std::string> docs;
+    for (const json &d : body["documents"]) {
+        if (d.is_string()) docs.push_back(d.get<std::string>());
+        else if (d.is_object() && d.contains("text") && d["text"].is_string()) docs.push_back(d["text"].get<std::string>());
+        else throw bad_request("each of 'documents' must be a string or an object with a string 'text'", "documents");
+    }
+    for (const std::string &t : docs)
+        if (t.find('\0') != std::string::npos || query.find('\0') != std::string::npos)
+            throw bad_request("'query' and 'documents' must not contain NUL characters", "documents");
+    size_t top_n = docs.size();
+    if (body.contains("top_n") && !body["top_n"].is_null()) {
+        if (!body["top_n"].is_number_integer() || body["top_n"].get<int64_t>() < 1)
+            throw bad_request("'top_n' must be a positive integer", "top_n");
+        top_n = std::min(top_n, (size_t)body["top_n"].get<int64_t>());
+    }
+    if (body.contains("return_documents") && !body["return_documents"].is_boolean())
+        throw bad_request("'return_documents' must be true or false", "return_documents");
+    const bool return_documents = body.value("return_documents", false);
+    std::vector<const char *> ptrs;
+    for (const auto &d : docs) ptrs.push_back(d.c_str());
+    std::vector<float> scores(docs.size());
+    fastllm_rerank_params p = fastllm_rerank_default_params();
+    const fastllm_status st = fastllm_rerank(engine_.model(), query.c_str(), ptrs.data(), docs.size(), &p, scores.data());
+    if (st != FASTLLM_OK) {
+        const bool client = st == FASTLLM_ERR_INVALID_ARGUMENT || st == FASTLLM_ERR_CONTEXT_FULL || st == FASTLLM_ERR_UNSUPPORTED;
+        throw make_error(client ? 400 : 500, fastllm_last_error(), client ? "invalid_request_error" : "server_error",
+                         st == FASTLLM_ERR_UNSUPPORTED ? "model_cannot_rerank" : "");
+    }
+    // usage: the tokens of every pair as the model ran it ([CLS] query [SEP] document [SEP], cut to the context)
+    const size_t q = engine_.tokenize(query, 0).size(), ctx = (size_t)engine_.info().context_length;
+    size_t n_tokens = 0;
+    for (const auto &d : docs) n_tokens += std::min(ctx, q + engine_.tokenize(d, 0).size() + 3);
+    std::vector<size_t> order(docs.size());
+    for (size_t i = 0; i < order.size(); i++) order[i] = i;
+    std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) { return scores[a] > scores[b]; });
+    json results = json::array();
+    for (size_t k = 0; k < top_n; k++) {
+        json r{{"index", order[k]}, {"relevance_score", scores[order[k]]}};
+        if (return_documents) r["document"] = json{{"text", docs[order[k]]}};
+        results.push_back(std::move(r));
+    }
+    res.set_content(dump(json{{"object", "list"}, {"model", config_.model_name}, {"results", std::move(results)},
                               {"usage", {{"prompt_tokens", n_tokens}, {"total_tokens", n_tokens}}}}),
                     kJson);
 }

@@ -60,6 +60,7 @@ private:
     void detokenize(const httplib::Request &req, httplib::Response &res, const std::string &body);
     void generate(httplib::Response &res, const std::string &body, Endpoint endpoint);
     void embeddings(const httplib::Request &req, httplib::Response &res, const std::string &body);
+    void rerank(const httplib::Request &req, httplib::Response &res, const std::string &body);
 
     std::vector<int32_t> prompt_tokens(const GenerationRequest &r) const;
     json model_json() const;

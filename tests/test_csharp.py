@@ -19,7 +19,8 @@ GOLDEN = json.loads((STORIES / "golden_greedy.json").read_text())
 # Every test method of Tests.cs (Test<Name>): one that is missing or renamed fails here.
 TESTS = ["Layout", "VersionAndAbi", "GoldenGreedy", "StreamingPiecesEqualTheText", "EvalLogits", "JsonSchemaAction",
          "ForkSaveLoadContinues", "CancelStopsALongPrompt", "CyclesKeepMemoryFlat", "ModelOutlivesItsSessions",
-         "DomainReloads", "ErrorsAreFastLLMExceptions", "InfoMemoryLog", "ChatTemplatesAndTools", "NpcSample"]
+         "DomainReloads", "ErrorsAreFastLLMExceptions", "InfoMemoryLog", "ChatTemplatesAndTools", "NpcSample",
+         "Embeddings"]
 
 
 def _tool(name):
@@ -99,6 +100,17 @@ def test_structs_match_the_header(suite, tmp_path):
     subprocess.run(["cc", "-I", str(REPO / "include"), str(tmp_path / "layout.c"), "-o", str(exe)], check=True)
     got = [int(x) for x in subprocess.run([str(exe)], capture_output=True, text=True, check=True).stdout.split()]
     assert got == want
+
+
+def test_embeddings_are_the_python_bindings(suite, stories_flm):
+    """Model.Embed's vectors (written by Tests.cs) equal the Python binding's for the same texts."""
+    import numpy as np
+    import fastllm
+    *_, outdir = suite
+    got = np.array([[float(x) for x in line.split()] for line in (outdir / "Embeddings.txt").read_text().splitlines()])
+    with fastllm.Model(stories_flm, threads=2) as m:
+        want = m.embed(["Once upon a time", "The dog ran to the park.", "héllo"])
+    np.testing.assert_allclose(got, want, atol=1e-6)
 
 
 def test_version_and_abi_match_the_header(suite):

@@ -240,3 +240,109 @@ def test_server_embeddings_through_the_openai_client(minilm, stories_flm):
                 np.testing.assert_allclose(r.data[0].embedding, m.embed("Once upon a time"), atol=1e-5)
         finally:
             srv.stop()
+
+
+def make_cross_encoder(tmp_path: Path, seed: int = 0, max_len: int = 48) -> Path:
+    """A BertForSequenceClassification with one label and random weights (a cross-encoder, as
+    ms-marco-MiniLM is), with MiniLM's tokenizer truncating at its context."""
+    import json
+    import shutil
+    import torch
+    from transformers import BertConfig, BertForSequenceClassification
+    torch.manual_seed(seed)
+    model = BertForSequenceClassification(BertConfig(vocab_size=30522, hidden_size=64, num_attention_heads=4,
+                                                     num_hidden_layers=2, intermediate_size=128, num_labels=1,
+                                                     max_position_embeddings=max_len)).eval()
+    with torch.no_grad():
+        for p in model.parameters():
+            p.normal_(0.0, 0.2 if p.dim() > 1 else 0.5)
+    model.save_pretrained(tmp_path)
+    for name in ("tokenizer.json", "special_tokens_map.json"):
+        shutil.copy(minilm_dir() / name, tmp_path / name)
+    config = json.loads((minilm_dir() / "tokenizer_config.json").read_text())
+    config["model_max_length"] = max_len
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps(config))
+    return tmp_path
+
+
+QUERY = "Where can I buy a sword?"
+DOCS = ["The blacksmith in the north sells swords and shields.", "Bread is baked at dawn.", "",
+        "Swords " * 60 + "are sold here.", "A merchant trades blades, axes and bows near the gate. " * 3]
+
+
+def test_cross_encoder_scores_match_sentence_transformers(tmp_path):
+    """fastllm_rerank's scores against sentence-transformers' CrossEncoder.predict on a random
+    cross-encoder: the pair's token types, the pooler and classifier, the sigmoid, and the longest-
+    first truncation of pairs past the context (two of the documents)."""
+    import fastllm
+    from sentence_transformers import CrossEncoder
+    hf = make_cross_encoder(tmp_path / "hf")
+    want = CrossEncoder(str(hf), device="cpu").predict([(QUERY, d) for d in DOCS])
+    for dtype, tol in (("f32", 1e-5), ("int8", 2e-2)):
+        with fastllm.Model(convert(hf, tmp_path / f"ce-{dtype}.flm", dtype=dtype), threads=2) as m:
+            got = m.rerank(QUERY, DOCS)
+            raw = m.rerank(QUERY, DOCS, normalize=False)
+            with pytest.raises(fastllm.FastLLMError) as e:
+                m.rerank(QUERY, DOCS, truncate=False)
+            assert e.value.status_name == "FASTLLM_ERR_CONTEXT_FULL"
+            with pytest.raises(fastllm.FastLLMError) as e:
+                m.rerank(QUERY, [])
+            assert "no documents" in str(e.value)
+        np.testing.assert_allclose(got, want, atol=tol, err_msg=dtype)
+        np.testing.assert_allclose(got, 1 / (1 + np.exp(-raw)), atol=1e-6)
+    assert np.ptp(want) > 0.01  # the documents score differently (0.20 to 0.25): the test could fail
+
+
+def test_rerank_needs_a_cross_encoder(minilm):
+    import fastllm
+    with fastllm.Model(minilm["f32"], threads=1) as m:
+        with pytest.raises(fastllm.FastLLMError) as e:
+            m.rerank("q", ["d"])
+    assert e.value.status_name == "FASTLLM_ERR_UNSUPPORTED" and "cross-encoder" in str(e.value)
+
+
+def test_server_rerank(tmp_path, minilm):
+    """/v1/rerank in the Jina / Cohere shape llama.cpp serves: sorted by relevance, top_n,
+    return_documents; a model that cannot rerank gets 400."""
+    import fastllm
+    from test_server import Server
+    hf = make_cross_encoder(tmp_path / "hf")
+    flm = convert(hf, tmp_path / "ce.flm")
+    with fastllm.Model(flm, threads=1) as m:
+        want = m.rerank(QUERY, DOCS)
+    srv = Server(flm, "--model-name", "ce")
+    try:
+        status, body = srv.request("POST", "/v1/rerank", {"model": "ce", "query": QUERY, "documents": DOCS, "top_n": 3,
+                                                          "return_documents": True})
+        assert status == 200, body
+        order = list(np.argsort(-want, kind="stable")[:3])
+        assert [r["index"] for r in body["results"]] == order
+        np.testing.assert_allclose([r["relevance_score"] for r in body["results"]], want[order], atol=1e-6)
+        assert body["results"][0]["document"]["text"] == DOCS[order[0]] and body["usage"]["prompt_tokens"] > 0
+        status, body = srv.request("POST", "/rerank", {"query": QUERY, "documents": [{"text": DOCS[1]}]})
+        assert status == 200 and len(body["results"]) == 1, body
+        for bad in ({"query": QUERY, "documents": []}, {"query": 3, "documents": ["a"]},
+                    {"query": QUERY, "documents": ["a"], "top_n": 0}):
+            status, body = srv.request("POST", "/v1/rerank", bad)
+            assert status == 400, (bad, body)
+    finally:
+        srv.stop()
+    srv = Server(minilm["f32"])
+    try:
+        status, body = srv.request("POST", "/v1/rerank", {"query": "q", "documents": ["d"]})
+        assert status == 400 and body["error"]["code"] == "model_cannot_rerank", body
+    finally:
+        srv.stop()
+
+
+def test_a_bert_config_without_architectures_converts_as_bert(tmp_path):
+    """config.json's model_type alone names the family."""
+    import json
+    from converter.convert import convert as run
+    from converter.flm_reader import load_flm
+    hf = make_bert(tmp_path / "hf", BERT_CONFIGS["uncased-2types"])
+    config = json.loads((hf / "config.json").read_text())
+    config.pop("architectures")
+    (hf / "config.json").write_text(json.dumps(config))
+    md = load_flm(run(str(hf), str(tmp_path / "m.flm"), progress=False)).metadata
+    assert md["general.architecture"] == "bert" and md["bert.causal"] == 0 and md["bert.position_embedding"] == "learned"

@@ -23,6 +23,7 @@ from converter.convert import ConversionError, convert
 from converter.families import FAMILIES
 from converter.flm_reader import load_flm
 from gguf_models import write_gguf
+import hf_models
 from hf_models import PHI3_ADDED, QWEN_ADDED, QWEN_BPE_SIZE, edit_config, load_model, make_model
 
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
@@ -286,7 +287,7 @@ def test_qwen_tokenizer_json_is_byte_level_bpe(tmp_path):
     assert md["tokenizer.add_bos"] == 0
 
 
-@pytest.mark.parametrize("family", sorted(FAMILIES))
+@pytest.mark.parametrize("family", sorted(hf_models.FAMILIES))  # bert's: tests/test_embeddings.py
 def test_model_type_without_architectures(tmp_path, family):
     """A config.json naming only its model_type converts as that family."""
     path = make_model(tmp_path, family)
@@ -316,7 +317,7 @@ def test_model_type_choices_are_the_families():
     r = subprocess.run([sys.executable, str(REPO / "converter" / "convert.py"), "--help"],
                        capture_output=True, text=True, timeout=60)
     assert r.returncode == 0
-    assert "{gemma,gemma2,gemma3,glm,glm4,llama,mistral,phi3,qwen2,qwen3}" in r.stdout.replace("\n", "").replace(" ", "")
+    assert "{bert,gemma,gemma2,gemma3,glm,glm4,llama,mistral,phi3,qwen2,qwen3}" in r.stdout.replace("\n", "").replace(" ", "")
 
 
 # ---- GGUF files ---------------------------------------------------------------------------------

@@ -14,7 +14,8 @@ NODE_DIR = REPO / "bindings" / "examples" / "node"
 GOLDEN_PATH = STORIES / "golden_greedy.json"
 GOLDEN = json.loads(GOLDEN_PATH.read_text())
 STRUCTS = ["fastllm_model_params", "fastllm_model_info", "fastllm_session_params", "fastllm_sampling_params",
-           "fastllm_generation_result", "fastllm_session_memory_info", "fastllm_embed_params"]
+           "fastllm_generation_result", "fastllm_session_memory_info", "fastllm_embed_params",
+           "fastllm_rerank_params"]
 
 
 def _tool(name):

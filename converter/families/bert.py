@@ -1,7 +1,9 @@
 """BERT encoders (BertModel: sentence-transformers' all-MiniLM, bge, e5 and the like): learned
 absolute positions and token types added to the word embeddings, then LayerNorm; per layer
 bidirectional attention with biases, LayerNorm after each residual add (post-norm), a non-gated
-MLP with the exact (erf) GELU. No output head: the model embeds (docs/embeddings.md). Its
+MLP with the exact (erf) GELU. No output head: the model embeds (docs/embeddings.md); with a
+sequence classifier (BertForSequenceClassification: a cross-encoder reranker), its pooler and
+classifier become `cls.weight` / `cls.bias` and `cls.output.weight` / `cls.output.bias`. Its
 metadata names each of these knobs, which the core reads generally (bert.causal 0, post_norm 1,
 ffn_gated 0, position_embedding learned, layer_norm_eps). The pooling comes from the folder's
 sentence-transformers config (sentence_transformers.py), not from here."""
@@ -15,9 +17,9 @@ from ..errors import ConversionError
 from . import common
 
 ARCH = "bert"
-HF_ARCHITECTURES = ("BertModel",)
+HF_ARCHITECTURES = ("BertModel", "BertForSequenceClassification")
 MODEL_TYPE = "bert"
-GGUF_ARCH = "bert"
+GGUF_ARCH = None  # llama.cpp's bert GGUF files are not read yet (their vocabulary is rewritten: "##" dropped, "▁" added)
 ADD_BOS_DEFAULT = True  # [CLS] ... [SEP]
 
 # transformers' BERT activation names -> the core's
@@ -149,6 +151,17 @@ def add_tensors(writer, ckpt, hp: HParams, dtype: str) -> bool:
             return common.to_numpy((ts[0] if len(ts) == 1 else torch.cat(ts, dim=0))[:rows], "f32", name)
 
         writer.add_tensor(name, dtype if len(shape) == 2 else "f32", tuple(shape), produce)
+    if "classifier.weight" in names:  # a sequence classifier: the pooler (dense + tanh), then the labels
+        labels = ckpt.shape("classifier.weight")[0]
+        H = hp.hidden_size
+        head = (("cls.weight", prefix + "pooler.dense.weight", (H, H)), ("cls.bias", prefix + "pooler.dense.bias", (H,)),
+                ("cls.output.weight", "classifier.weight", (labels, H)), ("cls.output.bias", "classifier.bias", (labels,)))
+        for name, n, shape in head:
+            if not ckpt.has(n) or tuple(ckpt.shape(n)) != shape:
+                raise ConversionError(f"the classifier needs {n} of shape {list(shape)}")
+            used.add(n)
+            writer.add_tensor(name, "f32", shape,
+                              lambda n=n, name=name: common.to_numpy(ckpt.get(n), "f32", name))
     extra = [n for n in names if n not in used and not n[len(prefix):].startswith(UNUSED)]
     if extra:
         shown = ", ".join(sorted(extra)[:5]) + (f" and {len(extra) - 5} more" if len(extra) > 5 else "")

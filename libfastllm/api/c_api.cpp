@@ -379,6 +379,37 @@ fastllm_status fastllm_embed_tokens(const fastllm_model *model, const int32_t *c
     });
 }
 
+fastllm_rerank_params fastllm_rerank_default_params(void) {
+    fastllm_rerank_params p;
+    p.normalize = 1;
+    p.truncate = 1;
+    p.n_threads = 0;
+    p.n_batch = 0;
+    return p;
+}
+
+fastllm_status fastllm_rerank(const fastllm_model *model, const char *query, const char *const *documents,
+                              size_t n_documents, const fastllm_rerank_params *params, float *out_scores) {
+    REQUIRE(model, "model");
+    REQUIRE(query, "query");
+    REQUIRE(documents || n_documents == 0, "documents");
+    REQUIRE(out_scores || n_documents == 0, "out_scores");
+    const fastllm_rerank_params p = params ? *params : fastllm_rerank_default_params();
+    if (p.n_threads < 0 || p.n_batch < 0)
+        return set_error(FASTLLM_ERR_INVALID_ARGUMENT, "n_threads and n_batch must not be negative");
+    return guard([&] {
+        std::vector<std::string_view> docs;
+        for (size_t i = 0; i < n_documents; i++) {
+            if (!documents[i]) fastllm::fail(FASTLLM_ERR_INVALID_ARGUMENT, "documents[%zu] is NULL", i);
+            docs.emplace_back(documents[i]);
+        }
+        fastllm::RerankOptions o;
+        o.normalize = p.normalize != 0, o.truncate = p.truncate != 0;
+        o.n_threads = p.n_threads, o.n_batch = p.n_batch;
+        fastllm::rerank(model->impl, query, docs, o, out_scores);
+    });
+}
+
 fastllm_chat_params fastllm_chat_default_params(void) {
     fastllm_chat_params p;
     p.add_generation_prompt = 1;

@@ -62,6 +62,19 @@ Decoder::Decoder(const FlmFile &f, DecoderConfig config) : cfg_(std::move(config
     output_norm_ = get(f, "output_norm.weight", {H}, c.post_norm, true);
     output_norm_bias_ = get(f, "output_norm.bias", {H}, c.post_norm || !layer_norm, true);
     output_ = c.tied_embeddings ? embedding_ : get(f, "output.weight", {V, H}, !c.causal);
+    // A sequence classifier (BertForSequenceClassification): dense + tanh over a row's hidden
+    // state (BERT's pooler), then the labels.
+    if (f.has_tensor("cls.output.weight")) {
+        if (c.causal || !c.post_norm)
+            fail(FASTLLM_ERR_UNSUPPORTED, "%s: a classifier head needs a post-norm encoder", f.path().c_str());
+        pooler_ = get(f, "cls.weight", {H, H});
+        pooler_bias_ = get(f, "cls.bias", {H}, false, true);
+        const Tensor &out = f.tensor("cls.output.weight");
+        if (out.n_dims != 2 || out.dims[1] != H || out.dims[0] < 1 || out.dims[0] > 4096)
+            fail(FASTLLM_ERR_BAD_FORMAT, "%s: cls.output.weight must be [labels, %lld]", f.path().c_str(), (long long)H);
+        classifier_ = get(f, "cls.output.weight", {out.dims[0], H});
+        classifier_bias_ = get(f, "cls.output.bias", {out.dims[0]}, false, true);
+    }
     if (!output_.empty() && output_norm_.empty())
         fail(FASTLLM_ERR_UNSUPPORTED, "%s: an output head without output_norm (post-norm) is not supported", f.path().c_str());
     for (int l = 0; l < c.num_layers; l++) {
@@ -137,7 +150,8 @@ std::vector<const Tensor *> Decoder::weights(int first_layer, int end_layer, boo
     if (embedding)
         for (const Tensor *t : {&embedding_, &position_embd_, &token_types_, &embd_norm_, &embd_norm_bias_}) add(*t);
     if (head)
-        for (const Tensor *t : {&output_norm_, &output_norm_bias_, &output_}) add(*t);
+        for (const Tensor *t : {&output_norm_, &output_norm_bias_, &output_, &pooler_, &pooler_bias_, &classifier_, &classifier_bias_})
+            add(*t);
     for (int l = first_layer; l < end_layer; l++) {
         const DecoderLayer &L = layers_[l];
         for (const Tensor *t : {&L.attn_norm, &L.attn_norm_bias, &L.qkv, &L.qkv_bias, &L.q_norm, &L.k_norm,
@@ -264,20 +278,31 @@ bool Decoder::forward(const std::vector<Stage> &stages, const int32_t *tokens, c
             while (t + g < T && rows[t + g].hidden == rows[t].hidden + (size_t)g * H) g++;
             be.download(rows[t].hidden, w.x + (size_t)t * H, sizeof(float) * H * g);
         }
+    // A classifier's rows: the pooler over each row's hidden state, then the labels.
+    const bool classify = !classifier_.empty();
+    const int n_out = classify ? n_labels() : c.vocab_size;
     int wanted[kLogitRows];
     for (int t = 0; t < T;) {
         int n = 0;
         for (; t < T && n < kLogitRows; t++) {
-            if (output_norm_.empty() || (!rows[t].logits && !rows[t].hidden)) continue;
-            be.norm(nk, eps, output_norm_, output_norm_bias_, w.x + (size_t)t * H, 1, H, w.xb + (size_t)n * H);
-            if (rows[t].hidden) be.download(rows[t].hidden, w.xb + (size_t)n * H, sizeof(float) * H);
-            if (rows[t].logits) wanted[n++] = t;
+            float *h = w.xb + (size_t)n * H;
+            if (classify) {  // post-norm: x is the final hidden state (downloaded above)
+                if (!rows[t].logits) continue;
+                be.matmul(pooler_, pooler_bias_, w.x + (size_t)t * H, 1, h);
+                be.act(Act::Tanh, h, (size_t)H, h);
+            } else {
+                if (output_norm_.empty() || (!rows[t].logits && !rows[t].hidden)) continue;
+                be.norm(nk, eps, output_norm_, output_norm_bias_, w.x + (size_t)t * H, 1, H, h);
+                if (rows[t].hidden) be.download(rows[t].hidden, h, sizeof(float) * H);
+                if (!rows[t].logits) continue;
+            }
+            wanted[n++] = t;
         }
         if (n == 0) continue;
-        be.matmul(output_, Tensor{}, w.xb, n, w.logits);
-        if (c.final_softcap > 0) be.softcap(w.logits, (size_t)n * c.vocab_size, c.final_softcap);
-        for (int i = 0; i < n; i++)
-            be.download(rows[wanted[i]].logits, w.logits + (size_t)i * c.vocab_size, sizeof(float) * c.vocab_size);
+        if (classify) be.matmul(classifier_, classifier_bias_, w.xb, n, w.logits);
+        else be.matmul(output_, Tensor{}, w.xb, n, w.logits);
+        if (c.final_softcap > 0 && !classify) be.softcap(w.logits, (size_t)n * c.vocab_size, c.final_softcap);
+        for (int i = 0; i < n; i++) be.download(rows[wanted[i]].logits, w.logits + (size_t)i * n_out, sizeof(float) * n_out);
     }
     finish_all();
     return true;

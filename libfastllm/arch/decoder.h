@@ -60,6 +60,9 @@ public:
     const DecoderConfig &config() const { return cfg_; }
     // Whether the file has an output head over the vocabulary (an encoder has none: it embeds).
     bool has_lm_head() const { return !output_.empty(); }
+    // A sequence classifier's labels (a cross-encoder reranker: 1), 0 without one. With one, a
+    // row's logits are its labels' scores: the classifier over its hidden state (a [CLS] row).
+    int n_labels() const { return classifier_.empty() ? 0 : (int)classifier_.rows(); }
     DType weight_dtype() const { return layers_[0].qkv.dtype; }
     uint64_t n_params() const { return n_params_; }
     // The longest matrix row (for the backend's scratch).
@@ -89,6 +92,7 @@ private:
     DecoderConfig cfg_;
     Tensor embedding_, output_norm_, output_norm_bias_, output_;
     Tensor position_embd_, token_types_, embd_norm_, embd_norm_bias_;  // learned_positions
+    Tensor pooler_, pooler_bias_, classifier_, classifier_bias_;      // a sequence classifier's head
     std::vector<DecoderLayer> layers_;
     std::vector<RopeTable> rope_;  // one per RopeConfig set
     uint64_t n_params_ = 0;

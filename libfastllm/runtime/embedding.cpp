@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <functional>
+#include <string>
 #include <memory>
 #include <mutex>
 
@@ -57,76 +59,102 @@ std::vector<int32_t> embed_tokens_of(const Model &m, const char *text, size_t le
     return out;
 }
 
-void embed(const Model &m, const std::vector<std::vector<int32_t>> &inputs, const EmbedOptions &o, float *out) {
+namespace {
+
+// One input of a pass: its ids, and (a pair) its token types.
+struct Input {
+    std::vector<int32_t> ids, types;
+};
+
+// Where input i's row t goes: its hidden state and its logits (nullptr: not needed).
+using RowTargets = std::function<void(size_t i, size_t t, float **hidden, float **logits)>;
+
+// Runs the inputs in passes of up to n_batch rows (an encoder's input whole in one pass), each
+// its own run of rows with a short-lived KV cache.
+void run_inputs(const Model &m, const std::vector<Input> &inputs, int n_threads, int n_batch, const RowTargets &rows) {
     const DecoderConfig &c = m.config();
-    const size_t H = (size_t)c.hidden_size;
     size_t longest = 0;
-    for (const auto &in : inputs) {
-        if (in.empty()) fail(FASTLLM_ERR_INVALID_ARGUMENT, "an input has no tokens");
-        if (in.size() > (size_t)c.context_length)
-            fail(FASTLLM_ERR_CONTEXT_FULL, "an input of %zu tokens is longer than the model's context (%d)", in.size(),
+    for (const Input &in : inputs) {
+        if (in.ids.empty()) fail(FASTLLM_ERR_INVALID_ARGUMENT, "an input has no tokens");
+        if (in.ids.size() > (size_t)c.context_length)
+            fail(FASTLLM_ERR_CONTEXT_FULL, "an input of %zu tokens is longer than the model's context (%d)", in.ids.size(),
                  c.context_length);
-        m.check_token_ids(in.data(), in.size());
-        longest = std::max(longest, in.size());
+        m.check_token_ids(in.ids.data(), in.ids.size());
+        longest = std::max(longest, in.ids.size());
     }
     // An encoder sees a whole input in one pass: a pass holds at least the longest.
-    int capacity = o.n_batch > 0 ? o.n_batch : kDefaultBatch;
+    int capacity = n_batch > 0 ? n_batch : kDefaultBatch;
     if (!c.causal) capacity = std::max(capacity, (int)longest);
     capacity = std::min(capacity, std::max((int)longest, 1) * (int)inputs.size());
-    Compute &compute = m.compute(o.n_threads > 0 ? o.n_threads : m.n_threads());
+    Compute &compute = m.compute(n_threads > 0 ? n_threads : m.n_threads());
     // Exact keys for an encoder's short inputs; a decoder's long ones take half (as a session's default).
     const KvType kv = c.causal ? KvType::F16 : KvType::F32;
     const std::vector<Memory *> memory = compute.kv_memory(c.num_layers);
-
-    std::vector<float> hidden;  // the rows of the inputs in the pass, [rows, H]
     std::vector<std::unique_ptr<KvCache>> caches;
-    size_t row_out = 0;  // Pooling::None: the next output row
     std::lock_guard<std::mutex> lock(compute.mutex);
     compute.reserve(m.decoder(), capacity, c.context_length);
     for (size_t first = 0; first < inputs.size();) {
         // The inputs of this pass: as many as fit (a decoder's input may run over several passes).
-        size_t end = first, rows = 0;
-        while (end < inputs.size() && (end == first || rows + inputs[end].size() <= (size_t)capacity))
-            rows += inputs[end++].size();
-        hidden.assign(rows * H, 0.0f);
+        size_t end = first, n_rows = 0;
+        while (end < inputs.size() && (end == first || n_rows + inputs[end].ids.size() <= (size_t)capacity))
+            n_rows += inputs[end++].ids.size();
         caches.clear();
-        std::vector<size_t> offset;  // each input's first row in `hidden`
         for (size_t i = first; i < end; i++) {
-            const int n = (int)inputs[i].size();
+            const int n = (int)inputs[i].ids.size();
             caches.push_back(std::make_unique<KvCache>(c.num_layers, (n + KvCache::kBlock - 1) / KvCache::kBlock * KvCache::kBlock,
                                                        c.kv_dim(), kv, kv, c.window, false, 0, memory));
             caches.back()->prepare(0, n);
-            offset.push_back(i == first ? 0 : offset.back() + inputs[i - 1].size());
         }
         Pass pass(m.decoder(), compute, capacity);
         for (size_t i = first; i < end; i++) {
-            const std::vector<int32_t> &in = inputs[i];
-            const bool all = o.pooling == Pooling::None || o.pooling == Pooling::Mean;
-            for (size_t t = 0; t < in.size(); t++) {
-                const bool want = all || (o.pooling == Pooling::Cls && t == 0) || (o.pooling == Pooling::Last && t + 1 == in.size());
-                pass.add(*caches[i - first], (int)t, in[t], nullptr, want ? &hidden[(offset[i - first] + t) * H] : nullptr);
+            const Input &in = inputs[i];
+            for (size_t t = 0; t < in.ids.size(); t++) {
+                float *hidden = nullptr, *logits = nullptr;
+                rows(i, t, &hidden, &logits);
+                pass.add(*caches[i - first], (int)t, in.ids[t], logits, hidden, in.types.empty() ? 0 : in.types[t]);
             }
         }
         pass.flush();
-        for (size_t i = first; i < end; i++) {
-            const float *h = &hidden[offset[i - first] * H];
-            const size_t n = inputs[i].size();
-            if (o.pooling == Pooling::None) {
-                std::memcpy(out + row_out * H, h, sizeof(float) * n * H);
-                row_out += n;
-                continue;
-            }
-            float *v = out + i * H;
-            if (o.pooling == Pooling::Mean) {
-                std::vector<double> sum(H, 0.0);
-                for (size_t t = 0; t < n; t++)
-                    for (size_t j = 0; j < H; j++) sum[j] += h[t * H + j];
-                for (size_t j = 0; j < H; j++) v[j] = (float)(sum[j] / (double)n);
-            } else {
-                std::memcpy(v, h + (o.pooling == Pooling::Cls ? 0 : n - 1) * H, sizeof(float) * H);
-            }
-        }
         first = end;
+    }
+}
+
+}  // namespace
+
+void embed(const Model &m, const std::vector<std::vector<int32_t>> &ids, const EmbedOptions &o, float *out) {
+    const size_t H = (size_t)m.config().hidden_size;
+    std::vector<Input> inputs(ids.size());
+    for (size_t i = 0; i < inputs.size(); i++) inputs[i].ids = ids[i];
+    // The rows each input keeps (mean and none: all of them; cls and last: one), at kept[i].
+    const bool all = o.pooling == Pooling::None || o.pooling == Pooling::Mean;
+    std::vector<size_t> kept(inputs.size() + 1, 0);
+    for (size_t i = 0; i < inputs.size(); i++) kept[i + 1] = kept[i] + (all ? inputs[i].ids.size() : 1);
+    std::vector<float> hidden(kept.back() * H);
+    run_inputs(
+        m, inputs, o.n_threads, o.n_batch,
+        [&](size_t i, size_t t, float **h, float **) {
+            const size_t n = inputs[i].ids.size();
+            if (all) *h = &hidden[(kept[i] + t) * H];
+            else if ((o.pooling == Pooling::Cls && t == 0) || (o.pooling == Pooling::Last && t + 1 == n)) *h = &hidden[kept[i] * H];
+        });
+    size_t row_out = 0;  // Pooling::None: the next output row
+    for (size_t i = 0; i < inputs.size(); i++) {
+        const float *h = &hidden[kept[i] * H];
+        const size_t n = inputs[i].ids.size();
+        if (o.pooling == Pooling::None) {
+            std::memcpy(out + row_out * H, h, sizeof(float) * n * H);
+            row_out += n;
+            continue;
+        }
+        float *v = out + i * H;
+        if (o.pooling == Pooling::Mean) {
+            std::vector<double> sum(H, 0.0);
+            for (size_t t = 0; t < n; t++)
+                for (size_t j = 0; j < H; j++) sum[j] += h[t * H + j];
+            for (size_t j = 0; j < H; j++) v[j] = (float)(sum[j] / (double)n);
+        } else {
+            std::memcpy(v, h, sizeof(float) * H);
+        }
     }
     if (o.normalize) {
         const size_t n_vec = o.pooling == Pooling::None ? row_out : inputs.size();
@@ -138,6 +166,64 @@ void embed(const Model &m, const std::vector<std::vector<int32_t>> &inputs, cons
             for (size_t j = 0; j < H; j++) v[j] = (float)(v[j] * inv);
         }
     }
+}
+
+namespace {
+// tokenizers' LongestFirst truncation of a pair to max ids (the special tokens not counted).
+void truncate_pair(std::vector<int32_t> &a, std::vector<int32_t> &b, size_t max) {
+    size_t n1 = a.size(), n2 = b.size();
+    if (n1 + n2 <= max) return;
+    const bool swap = n1 > n2;
+    if (swap) std::swap(n1, n2);
+    n2 = n1 > max ? n1 : std::max(n1, max - n1);
+    if (n1 + n2 > max) {
+        n1 = max / 2;
+        n2 = n1 + max % 2;
+    }
+    if (swap) std::swap(n1, n2);
+    a.resize(std::min(a.size(), n1));
+    b.resize(std::min(b.size(), n2));
+}
+}  // namespace
+
+void rerank(const Model &m, std::string_view query, const std::vector<std::string_view> &documents,
+            const RerankOptions &o, float *scores) {
+    const Decoder &d = m.decoder();
+    const Tokenizer &tok = m.tokenizer();
+    if (d.n_labels() != 1)
+        fail(FASTLLM_ERR_UNSUPPORTED, "%s cannot rerank: that needs a cross-encoder (an encoder with a one-label "
+             "classifier head)%s", m.file().path().c_str(),
+             d.n_labels() > 1 ? (", and its classifier has " + std::to_string(d.n_labels()) + " labels").c_str() : "");
+    if (tok.bos_id() < 0 || tok.sep_id() < 0)
+        fail(FASTLLM_ERR_UNSUPPORTED, "%s: its tokenizer has no [CLS] / [SEP] to join a query and a document", m.file().path().c_str());
+    if (documents.empty()) fail(FASTLLM_ERR_INVALID_ARGUMENT, "no documents to rerank");
+    const std::vector<int32_t> q = tok.encode(query, false);
+    const size_t max = (size_t)m.config().context_length;
+    std::vector<Input> inputs(documents.size());
+    for (size_t i = 0; i < documents.size(); i++) {
+        std::vector<int32_t> a = q, b = tok.encode(documents[i], false);
+        if (a.size() + b.size() + 3 > max) {
+            if (!o.truncate || max < 4)
+                fail(FASTLLM_ERR_CONTEXT_FULL, "document %zu and the query are %zu tokens, more than the model's %zu (truncate cuts them)",
+                     i, a.size() + b.size() + 3, max);
+            truncate_pair(a, b, max - 3);
+        }
+        Input &in = inputs[i];
+        in.ids.push_back(tok.bos_id());
+        in.ids.insert(in.ids.end(), a.begin(), a.end());
+        in.ids.push_back(tok.sep_id());
+        in.types.assign(in.ids.size(), 0);
+        in.ids.insert(in.ids.end(), b.begin(), b.end());
+        in.ids.push_back(tok.sep_id());
+        in.types.resize(in.ids.size(), 1);
+    }
+    run_inputs(
+        m, inputs, o.n_threads, o.n_batch,
+        [&](size_t i, size_t t, float **, float **logits) {
+            if (t == 0) *logits = &scores[i];  // the classifier over [CLS]
+        });
+    if (o.normalize)
+        for (size_t i = 0; i < documents.size(); i++) scores[i] = (float)(1.0 / (1.0 + std::exp(-(double)scores[i])));
 }
 
 }  // namespace fastllm

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <string_view>
 #include <vector>
 
 #include "runtime/model.h"
@@ -27,6 +28,17 @@ const char *pooling_name(Pooling p);
 // inputs: token ids (validated here), each at most the model's context length. out: one row of
 // hidden_size floats per input, or (Pooling::None) per token of every input in order.
 void embed(const Model &m, const std::vector<std::vector<int32_t>> &inputs, const EmbedOptions &o, float *out);
+
+struct RerankOptions {
+    bool normalize = true;  // the sigmoid of the classifier's score (a probability), as sentence-transformers' CrossEncoder
+    bool truncate = true;   // a pair past the context is cut longest first, as tokenizers cuts it; else CONTEXT_FULL
+    int n_threads = 0, n_batch = 0;
+};
+
+// A cross-encoder's (an encoder with a one-label classifier) score of each document for the
+// query: [CLS] query [SEP] document [SEP], token types 0 then 1, the classifier over [CLS].
+void rerank(const Model &m, std::string_view query, const std::vector<std::string_view> &documents,
+            const RerankOptions &o, float *scores);
 
 // The ids of text with the model's special tokens where add_special; an encoding longer than the
 // context keeps its first tokens and every special token around them (as the reference's

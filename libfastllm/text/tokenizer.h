@@ -59,6 +59,9 @@ public:
     int32_t vocab_size() const { return (int32_t)pieces_.size(); }
     const std::string &piece(int32_t id) const { return pieces_[id]; }
     int32_t bos_id() const { return bos_id_; }
+    // The separator between the two texts of a pair ([CLS] a [SEP] b [SEP]); -1: none (a
+    // tokenizer that encodes no pairs).
+    virtual int32_t sep_id() const { return -1; }
     int32_t eos_id() const { return eos_id_; }
     bool add_bos_default() const { return add_bos_; }
     bool is_eos(int32_t id) const;

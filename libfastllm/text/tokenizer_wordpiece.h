@@ -25,7 +25,7 @@ public:
     std::string decode(const int32_t *ids, size_t n) const override;
     std::string piece_bytes(int32_t id) const override;
 
-    int32_t sep_id() const { return sep_id_; }
+    int32_t sep_id() const override { return sep_id_; }
 
 private:
     enum TokenType { NORMAL = 1, SPECIAL = 3 };

@@ -361,6 +361,40 @@ namespace FastLLM
             }
         }
 
+        /// <summary>A cross-encoder's score of each document for the query, in the documents' order
+        /// (higher: more relevant); with `normalize`, in (0, 1) as sentence-transformers' CrossEncoder
+        /// gives it. Throws FastLLMException (Unsupported) for a model without a classifier head.</summary>
+        public float[] Rerank(string query, string[] documents, bool normalize = true)
+        {
+            if (query == null || documents == null) throw new FastLLMException(Status.InvalidArgument, "query or documents is null");
+            var p = Native.fastllm_rerank_default_params();
+            p.normalize = normalize ? 1 : 0;
+            var q = Utf8.Z(query);
+            var ptrs = new IntPtr[documents.Length];
+            try
+            {
+                for (int i = 0; i < documents.Length; i++)
+                {
+                    if (documents[i] == null) throw new FastLLMException(Status.InvalidArgument, "documents[" + i + "] is null");
+                    var z = Utf8.Z(documents[i]);
+                    ptrs[i] = Marshal.AllocHGlobal(z.Length);
+                    Marshal.Copy(z, 0, ptrs[i], z.Length);
+                }
+                var scores = new float[documents.Length];
+                With(h =>
+                {
+                    FastLLMException.Check(Native.fastllm_rerank(h, q, ptrs, (UIntPtr)documents.Length, ref p, scores));
+                    return 0;
+                });
+                return scores;
+            }
+            finally
+            {
+                foreach (var x in ptrs)
+                    if (x != IntPtr.Zero) Marshal.FreeHGlobal(x);
+            }
+        }
+
         /// <summary>A session with the default parameters.</summary>
         public Session CreateSession() { return CreateSession(null); }
 

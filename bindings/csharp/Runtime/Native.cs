@@ -244,6 +244,15 @@ namespace FastLLM
         }
 
         [StructLayout(LayoutKind.Sequential)]
+        public struct fastllm_rerank_params
+        {
+            public int normalize;
+            public int truncate;
+            public int n_threads;
+            public int n_batch;
+        }
+
+        [StructLayout(LayoutKind.Sequential)]
         public struct fastllm_speculative_params
         {
             public IntPtr draft_model;
@@ -305,6 +314,11 @@ namespace FastLLM
         public static extern Status fastllm_embed_tokens(ModelHandle model, IntPtr[] tokens, UIntPtr[] n_tokens, UIntPtr n_inputs,
                                                          ref fastllm_embed_params params_, [Out] float[] out_, UIntPtr out_capacity,
                                                          out UIntPtr out_n_vectors);
+        [DllImport(Library, CallingConvention = CallingConvention.Cdecl)]
+        public static extern fastllm_rerank_params fastllm_rerank_default_params();
+        [DllImport(Library, CallingConvention = CallingConvention.Cdecl)]
+        public static extern Status fastllm_rerank(ModelHandle model, byte[] query, IntPtr[] documents, UIntPtr n_documents,
+                                                   ref fastllm_rerank_params params_, [Out] float[] out_scores);
         [DllImport(Library, CallingConvention = CallingConvention.Cdecl)]
         public static extern Status fastllm_detokenize(ModelHandle model, int[] tokens, UIntPtr n_tokens, [Out] byte[] out_text,
                                                        UIntPtr out_capacity, out UIntPtr out_len);

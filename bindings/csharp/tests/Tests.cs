@@ -189,6 +189,28 @@ static class Tests
         }
     }
 
+    // Embeddings of a decoder (its last token), written for the test to compare with the Python
+    // binding's; the poolings' shapes; reranking on a model without a classifier is refused.
+    static void TestEmbeddings()
+    {
+        using (var model = Stories())
+        {
+            var texts = new[] { "Once upon a time", "The dog ran to the park.", "héllo" };
+            var v = model.Embed(texts);
+            Equal(texts.Length, v.Length, "vectors");
+            foreach (var row in v)
+            {
+                Equal(model.Info.HiddenSize, row.Length, "dimension");
+                Check(Math.Abs(Math.Sqrt(row.Sum(x => (double)x * x)) - 1) < 1e-5, "unit length");
+            }
+            Write("Embeddings", string.Join("\n", v.Select(r => string.Join(" ", r.Select(x => x.ToString("R", System.Globalization.CultureInfo.InvariantCulture))))));
+            var perToken = model.Embed(new[] { texts[0] }, Pooling.None, normalize: false);
+            Equal(model.Tokenize(texts[0]).Length, perToken.Length, "one vector per token");
+            Throws(() => model.Embed(new string[0]), Status.InvalidArgument, "no inputs");
+            Throws(() => model.Rerank("q", new[] { "d" }), Status.Unsupported, "cross-encoder");
+        }
+    }
+
     // A JSON action under a schema (checked by jsonschema in the test).
     static void TestJsonSchemaAction()
     {

@@ -178,6 +178,16 @@ public:
         return out;
     }
 
+    // A cross-encoder's score of each document for the query (docs/embeddings.md).
+    std::vector<float> rerank(const std::string &query, const std::vector<std::string> &documents,
+                              const fastllm_rerank_params &params = fastllm_rerank_default_params()) const {
+        std::vector<const char *> ptrs;
+        for (const std::string &d : documents) ptrs.push_back(d.c_str());
+        std::vector<float> scores(documents.size());
+        detail::check(fastllm_rerank(model_, query.c_str(), ptrs.data(), ptrs.size(), &params, scores.data()));
+        return scores;
+    }
+
     // add_bos: true / false, or nullopt for the model's default.
     std::vector<int32_t> tokenize(std::string_view text, std::optional<bool> add_bos = std::nullopt) const {
         return detail::tokenize(model_, text, add_bos ? (*add_bos ? 1 : 0) : -1);

@@ -136,6 +136,12 @@ const types = {
         n_threads: 'int32_t',
         n_batch: 'int32_t',
     }),
+    fastllm_rerank_params: koffi.struct('fastllm_rerank_params', {
+        normalize: 'int32_t',
+        truncate: 'int32_t',
+        n_threads: 'int32_t',
+        n_batch: 'int32_t',
+    }),
     fastllm_generation_result: koffi.struct('fastllm_generation_result', {
         n_prompt_tokens: 'int32_t',
         n_generated_tokens: 'int32_t',
@@ -173,6 +179,10 @@ const C = {
     embedDefaultParams: lib.func('fastllm_embed_params fastllm_embed_default_params(void)'),
     embed: lib.func('fastllm_status fastllm_embed(const fastllm_model *model, const char **texts, size_t n_texts, '
         + 'const fastllm_embed_params *params, float *out, size_t out_capacity, _Out_ size_t *out_n_vectors)'),
+
+    rerankDefaultParams: lib.func('fastllm_rerank_params fastllm_rerank_default_params(void)'),
+    rerank: lib.func('fastllm_status fastllm_rerank(const fastllm_model *model, const char *query, const char **documents, '
+        + 'size_t n_documents, const fastllm_rerank_params *params, float *out_scores)'),
 
     sessionDefaultParams: lib.func('fastllm_session_params fastllm_session_default_params(void)'),
     sessionCreate: lib.func('fastllm_status fastllm_session_create(const fastllm_model *model, '
@@ -325,6 +335,20 @@ class Model {
         const rows = [];
         for (let i = 0; i < n[0]; i++) rows.push(out.slice(i * dim, (i + 1) * dim));
         return rows;
+    }
+
+    /**
+     * A cross-encoder's score of each document for the query (a Float32Array in the documents'
+     * order, higher: more relevant); normalize (default true): in (0, 1), as sentence-transformers'
+     * CrossEncoder gives it.
+     */
+    rerank(query, documents, { normalize = true } = {}) {
+        const docs = documents.map(String);
+        const params = C.rerankDefaultParams();
+        params.normalize = normalize ? 1 : 0;
+        const scores = new Float32Array(docs.length);
+        check(C.rerank(this.handle, String(query), docs, docs.length, params, scores));
+        return scores;
     }
 
     /** UTF-8 text of token ids (an array or Int32Array); control tokens such as BOS give no text. */

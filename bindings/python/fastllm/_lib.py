@@ -113,6 +113,10 @@ class EmbedParams(Structure):
                 ("n_threads", c_int32), ("n_batch", c_int32)]
 
 
+class RerankParams(Structure):
+    _fields_ = [("normalize", c_int32), ("truncate", c_int32), ("n_threads", c_int32), ("n_batch", c_int32)]
+
+
 # fastllm_pooling
 POOLING_MODEL, POOLING_NONE, POOLING_MEAN, POOLING_CLS, POOLING_LAST = -1, 0, 1, 2, 3
 
@@ -144,6 +148,8 @@ _PROTOTYPES = {
                               POINTER(c_size_t)]),
     "fastllm_embed_tokens": (c_int, [c_void_p, POINTER(POINTER(c_int32)), POINTER(c_size_t), c_size_t,
                                      POINTER(EmbedParams), POINTER(c_float), c_size_t, POINTER(c_size_t)]),
+    "fastllm_rerank_default_params": (RerankParams, []),
+    "fastllm_rerank": (c_int, [c_void_p, c_char_p, POINTER(c_char_p), c_size_t, POINTER(RerankParams), POINTER(c_float)]),
     "fastllm_chat_apply_template": (c_int, [c_void_p, c_char_p, POINTER(ChatMessage), c_size_t, c_int, c_char_p,
                                             c_size_t, POINTER(c_size_t)]),
     "fastllm_chat_default_params": (ChatParams, []),

@@ -277,6 +277,21 @@ class Model(_Handle):
             return np.split(out, np.cumsum(counts)[:-1])
         return out[0] if single else out
 
+    def rerank(self, query: str, documents: Sequence[str], normalize: bool = True, truncate: bool = True,
+               threads: int = 0, batch: int = 0) -> np.ndarray:
+        """A cross-encoder's score of each document for the query (float32, the documents' order;
+        higher: more relevant): with normalize, the sigmoid of the classifier's score, in (0, 1), as
+        sentence-transformers' CrossEncoder.predict gives it. See docs/embeddings.md."""
+        docs = list(documents)
+        params = lib.fastllm_rerank_default_params()
+        params.normalize, params.truncate = int(bool(normalize)), int(bool(truncate))
+        params.n_threads, params.n_batch = threads, batch
+        data = (ctypes.c_char_p * max(len(docs), 1))(*[d.encode() for d in docs])
+        out = np.empty(len(docs), dtype=np.float32)
+        _check(lib.fastllm_rerank(self.handle, query.encode(), data, len(docs), ctypes.byref(params),
+                                  out.ctypes.data_as(ctypes.POINTER(ctypes.c_float))))
+        return out
+
     def _embed_ids(self, text: str, add_special, truncate: bool) -> list[int]:
         ids = self.tokenize(text, add_special)
         return ids if not truncate or len(ids) <= self.context_length else ids[: self.context_length]

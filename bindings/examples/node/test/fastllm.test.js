@@ -294,3 +294,17 @@ test('a JSON schema (an object) gives JSON of that shape', () => {
                       { statusName: 'FASTLLM_ERR_INVALID_ARGUMENT', message: /grammar: line 1 col 10/ });
     });
 });
+
+test('embed gives unit vectors of the hidden size, one per text (or per token); rerank needs a cross-encoder', () => {
+    const v = model.embed(['Once upon a time', 'The dog ran']);
+    assert.equal(v.length, 2);
+    for (const row of v) {
+        assert.equal(row.length, model.info.hiddenSize);
+        assert.ok(Math.abs(Math.hypot(...row) - 1) < 1e-5);
+    }
+    const alone = model.embed('Once upon a time')[0]; // alone as in the batch (up to rounding)
+    assert.ok(alone.every((x, i) => Math.abs(x - v[0][i]) < 1e-5));
+    assert.equal(model.embed(['Once upon a time'], { pooling: 'none' }).length, model.tokenize('Once upon a time').length);
+    assert.throws(() => model.embed([]), (e) => e instanceof FastllmError && /no inputs/.test(e.message));
+    assert.throws(() => model.rerank('q', ['d']), (e) => e instanceof FastllmError && /cross-encoder/.test(e.message));
+});

