@@ -346,3 +346,26 @@ def test_a_bert_config_without_architectures_converts_as_bert(tmp_path):
     (hf / "config.json").write_text(json.dumps(config))
     md = load_flm(run(str(hf), str(tmp_path / "m.flm"), progress=False)).metadata
     assert md["general.architecture"] == "bert" and md["bert.causal"] == 0 and md["bert.position_embedding"] == "learned"
+
+
+@pytest.mark.parametrize("family", ["qwen3", "llama"])
+def test_decoder_last_token_embeddings_match_transformers(tmp_path, family):
+    """A decoder's embedding (Qwen3-Embedding style: the last token's hidden state after the final
+    norm) against transformers' last_hidden_state; every token's too (pooling none). A decoder's
+    keys and values are kept in f16 (as a session's): the bound is f16's rounding, 2e-4 here."""
+    import torch
+    import fastllm
+    from hf_models import load_model, make_model
+    hf = make_model(tmp_path, family)
+    ref = load_model(hf)
+    inputs = [[1, 5, 9, 33, 70, 2], [3, 4], list(range(10, 60))]
+    with fastllm.Model(convert(hf, tmp_path / "m.flm"), threads=2) as m:
+        last = m.embed(inputs, pooling="last", normalize=False)
+        every = m.embed(inputs, pooling="none", normalize=False)
+    for ids, got, rows in zip(inputs, last, every):
+        with torch.no_grad():
+            want = ref.model(torch.tensor([ids])).last_hidden_state[0].numpy()
+        scale = np.abs(want).max()
+        assert np.abs(got - want[-1]).max() / scale < 1e-3, (family, len(ids))
+        assert np.abs(rows - want).max() / scale < 1e-3, (family, len(ids))
+        assert got @ want[-1] / np.linalg.norm(got) / np.linalg.norm(want[-1]) > 0.99999

@@ -126,7 +126,7 @@ void CpuBackend::act(Act kind, const float *x, size_t n, float *out) {
     constexpr size_t kChunk = 4096;  // elements per task: MiniLM's 32-token pass is 12 chunks a layer
     per_row((int64_t)((n + kChunk - 1) / kChunk), [&](int64_t c) {
         const size_t first = (size_t)c * kChunk;
-        ops::act(kind, x + first, std::min(kChunk, n - first), out + first);
+        ops::act(k_, kind, x + first, std::min(kChunk, n - first), out + first);
     });
 }
 

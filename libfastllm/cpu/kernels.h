@@ -9,6 +9,8 @@
 #pragma once
 
 #include <cstddef>
+#include <cmath>
+#include <cstddef>
 #include <cstdint>
 
 #include "arch/kv_format.h"
@@ -44,6 +46,9 @@ struct KernelTable {
     // out[i] = gelu_tanh(gate[i]) * up[i] (Gemma's GeGLU), computed as g * up / (1 + exp(-2u)),
     // u = sqrt(2/pi) (g + 0.044715 g^3): the same exp as swiglu's, no tanh.
     void (*geglu)(const float *gate_up, int n, float *out);
+    // out[i] = gelu(x[i]), the exact (erf) GELU of BERT's MLP, erf by Abramowitz and Stegun 7.1.26
+    // (|error| < 1.5e-7) through the same exp; out may be x. MiniLM: std::erf took 20% of a pass.
+    void (*gelu_erf)(const float *x, size_t n, float *out);
     // x[i] = exp(x[i] - shift) for n elements; returns their sum (softmax).
     float (*exp_shift_sum)(float *x, int n, float shift);
     // Quantizes n (a multiple of 32) activations.
@@ -102,6 +107,15 @@ const KernelTable *neon_dot_kernels();
 float f16_to_f32(uint16_t h);
 // gelu_tanh(g) = g / (1 + exp(g (kGeluC1 + kGeluC3 g^2))): -2 sqrt(2/pi) and -2 sqrt(2/pi) 0.044715
 constexpr float kGeluC1 = -1.5957691216057308f, kGeluC3 = -0.07135481627159473f;
+// erf(x) = 1 - t (kErfA1 + t (kErfA2 + ... + t kErfA5)) exp(-x^2), t = 1 / (1 + kErfP x), x >= 0
+constexpr float kErfP = 0.3275911f, kErfA1 = 0.254829592f, kErfA2 = -0.284496736f, kErfA3 = 1.421413741f,
+                kErfA4 = -1.453152027f, kErfA5 = 1.061405429f;
+// The scalar tail of every ISA's gelu_erf (and the scalar table's).
+inline float gelu_erf_scalar(float v) {
+    const float x = std::fabs(v) * 0.70710678f, t = 1.0f / (1.0f + kErfP * x);
+    const float y = 1.0f - t * (kErfA1 + t * (kErfA2 + t * (kErfA3 + t * (kErfA4 + t * kErfA5)))) * std::exp(-x * x);
+    return 0.5f * v * (1.0f + (v < 0 ? -y : y));
+}
 uint16_t f32_to_f16(float f);
 // Row i's (< 16) scale and minimum (0 for symmetric dtypes) of group g in a tile, as floats.
 inline float tile_scale(const QuantTile &w, int64_t g, int i) {

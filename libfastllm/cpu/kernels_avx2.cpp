@@ -79,6 +79,25 @@ void geglu(const float *gate_up, int n, float *out) {
     }
 }
 
+void gelu_erf(const float *x, size_t n, float *out) {
+    size_t i = 0;
+    const __m256 sign = _mm256_set1_ps(-0.0f);
+    for (; i + 8 <= n; i += 8) {
+        const __m256 v = _mm256_loadu_ps(x + i);
+        const __m256 a = _mm256_mul_ps(_mm256_andnot_ps(sign, v), _mm256_set1_ps(0.70710678f));
+        const __m256 t = _mm256_div_ps(_mm256_set1_ps(1.0f), _mm256_fmadd_ps(a, _mm256_set1_ps(kErfP), _mm256_set1_ps(1.0f)));
+        __m256 p = _mm256_fmadd_ps(t, _mm256_set1_ps(kErfA5), _mm256_set1_ps(kErfA4));
+        p = _mm256_fmadd_ps(p, t, _mm256_set1_ps(kErfA3));
+        p = _mm256_fmadd_ps(p, t, _mm256_set1_ps(kErfA2));
+        p = _mm256_fmadd_ps(p, t, _mm256_set1_ps(kErfA1));
+        const __m256 e = exp8(_mm256_sub_ps(_mm256_setzero_ps(), _mm256_mul_ps(a, a)));
+        const __m256 y = _mm256_fnmadd_ps(_mm256_mul_ps(t, p), e, _mm256_set1_ps(1.0f));  // erf(|v| / sqrt 2)
+        const __m256 erf = _mm256_or_ps(y, _mm256_and_ps(sign, v));                      // its sign: v's
+        _mm256_storeu_ps(out + i, _mm256_mul_ps(_mm256_mul_ps(_mm256_set1_ps(0.5f), v), _mm256_add_ps(_mm256_set1_ps(1.0f), erf)));
+    }
+    for (; i < n; i++) out[i] = gelu_erf_scalar(x[i]);
+}
+
 float exp_shift_sum(float *x, int n, float shift) {
     __m256 acc = _mm256_setzero_ps();
     int i = 0;
@@ -483,6 +502,7 @@ const KernelTable kPlain = {
     {to_f32<load8_f32, load1_f32>, to_f32<load8_f16, load1_f16>, to_f32<load8_bf16, load1_bf16>},
     swiglu,
     geglu,
+    gelu_erf,
     exp_shift_sum,
     quantize_acts,
     {},  // dot_rows_quant

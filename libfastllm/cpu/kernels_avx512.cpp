@@ -110,6 +110,26 @@ void swiglu(const float *gate_up, int n, float *out) {
     for (; i < n; i++) out[i] = gate_up[i] / (1.0f + std::exp(-gate_up[i])) * gate_up[n + i];
 }
 
+void gelu_erf(const float *x, size_t n, float *out) {
+    size_t i = 0;
+    const __m512 sign = _mm512_set1_ps(-0.0f);
+    for (; i + 16 <= n; i += 16) {
+        const __m512 v = _mm512_loadu_ps(x + i);
+        const __m512 a = _mm512_mul_ps(_mm512_abs_ps(v), _mm512_set1_ps(0.70710678f));
+        const __m512 t = _mm512_div_ps(_mm512_set1_ps(1.0f), _mm512_fmadd_ps(a, _mm512_set1_ps(kErfP), _mm512_set1_ps(1.0f)));
+        __m512 p = _mm512_fmadd_ps(t, _mm512_set1_ps(kErfA5), _mm512_set1_ps(kErfA4));
+        p = _mm512_fmadd_ps(p, t, _mm512_set1_ps(kErfA3));
+        p = _mm512_fmadd_ps(p, t, _mm512_set1_ps(kErfA2));
+        p = _mm512_fmadd_ps(p, t, _mm512_set1_ps(kErfA1));
+        const __m512 e = exp16(_mm512_sub_ps(_mm512_setzero_ps(), _mm512_mul_ps(a, a)));
+        const __m512 y = _mm512_fnmadd_ps(_mm512_mul_ps(t, p), e, _mm512_set1_ps(1.0f));  // erf(|v| / sqrt 2)
+        const __m512 erf = _mm512_castsi512_ps(_mm512_or_si512(  // its sign: v's (no AVX512DQ here)
+            _mm512_castps_si512(y), _mm512_and_si512(_mm512_castps_si512(sign), _mm512_castps_si512(v))));
+        _mm512_storeu_ps(out + i, _mm512_mul_ps(_mm512_mul_ps(_mm512_set1_ps(0.5f), v), _mm512_add_ps(_mm512_set1_ps(1.0f), erf)));
+    }
+    for (; i < n; i++) out[i] = gelu_erf_scalar(x[i]);
+}
+
 float exp_shift_sum(float *x, int n, float shift) {
     __m512 acc = _mm512_setzero_ps();
     int i = 0;
@@ -295,6 +315,7 @@ const KernelTable kPlain = {
     {to_f32<load16_f32, load1_f32>, to_f32<load16_f16, load1_f16>, to_f32<load16_bf16, load1_bf16>},
     swiglu,
     geglu,
+    gelu_erf,
     exp_shift_sum,
     quantize_acts,
     {},  // dot_rows_quant

@@ -69,6 +69,24 @@ void geglu(const float *gate_up, int n, float *out) {
     }
 }
 
+void gelu_erf(const float *x, size_t n, float *out) {
+    size_t i = 0;
+    for (; i + 4 <= n; i += 4) {
+        const float32x4_t v = vld1q_f32(x + i);
+        const float32x4_t a = vmulq_n_f32(vabsq_f32(v), 0.70710678f);
+        const float32x4_t t = vdivq_f32(vdupq_n_f32(1.0f), vfmaq_n_f32(vdupq_n_f32(1.0f), a, kErfP));
+        float32x4_t p = vfmaq_n_f32(vdupq_n_f32(kErfA4), t, kErfA5);
+        p = vfmaq_f32(vdupq_n_f32(kErfA3), p, t);
+        p = vfmaq_f32(vdupq_n_f32(kErfA2), p, t);
+        p = vfmaq_f32(vdupq_n_f32(kErfA1), p, t);
+        const float32x4_t e = exp4(vnegq_f32(vmulq_f32(a, a)));
+        float32x4_t y = vfmsq_f32(vdupq_n_f32(1.0f), vmulq_f32(t, p), e);  // erf(|v| / sqrt 2)
+        y = vbslq_f32(vcltq_f32(v, vdupq_n_f32(0.0f)), vnegq_f32(y), y);  // its sign: v's
+        vst1q_f32(out + i, vmulq_f32(vmulq_n_f32(v, 0.5f), vaddq_f32(vdupq_n_f32(1.0f), y)));
+    }
+    for (; i < n; i++) out[i] = gelu_erf_scalar(x[i]);
+}
+
 float exp_shift_sum(float *x, int n, float shift) {
     float32x4_t acc = vdupq_n_f32(0.0f);
     int i = 0;
@@ -305,6 +323,7 @@ const KernelTable kPlain = {
     {to_f32<load4_f32, load1_f32>, to_f32<load4_f16, load1_f16>, to_f32<load4_bf16, load1_bf16>},
     swiglu,
     geglu,
+    gelu_erf,
     exp_shift_sum,
     quantize_acts,
     {},  // dot_rows_quant

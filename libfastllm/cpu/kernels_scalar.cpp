@@ -193,6 +193,10 @@ void geglu(const float *gate_up, int n, float *out) {
     }
 }
 
+void gelu_erf(const float *x, size_t n, float *out) {
+    for (size_t i = 0; i < n; i++) out[i] = gelu_erf_scalar(x[i]);
+}
+
 float exp_shift_sum(float *x, int n, float shift) {
     float sum = 0;
     for (int i = 0; i < n; i++) sum += (x[i] = std::exp(x[i] - shift));
@@ -233,6 +237,7 @@ const KernelTable kPlain = {Isa::Scalar,
                             {to_f32_f32, to_f32_f16, to_f32_bf16},
                             swiglu,
                             geglu,
+                            gelu_erf,
                             exp_shift_sum,
                             quantize_acts,
                             {},  // dot_rows_quant

@@ -181,8 +181,6 @@ void swiglu(const KernelTable &k, const float *gate_up, int n, float *out) { k.s
 void geglu(const KernelTable &k, const float *gate_up, int n, float *out) { k.geglu(gate_up, n, out); }
 
 namespace {
-// The exact GELU through std::erf: BERT's MLP (MiniLM: 1,536 values a token).
-inline float gelu_erf(float x) { return 0.5f * x * (1.0f + std::erf(x * 0.70710678118654752f)); }
 inline float silu(float x) { return x / (1.0f + std::exp(-x)); }
 inline float gelu_tanh(float x) { return 0.5f * x * (1.0f + std::tanh(0.7978845608f * (x + 0.044715f * x * x * x))); }
 }  // namespace
@@ -190,14 +188,14 @@ inline float gelu_tanh(float x) { return 0.5f * x * (1.0f + std::tanh(0.79788456
 void glu(const KernelTable &k, Act kind, const float *gate_up, int n, float *out) {
     if (kind == Act::Silu) return k.swiglu(gate_up, n, out);
     if (kind == Act::GeluTanh) return k.geglu(gate_up, n, out);
-    for (int i = 0; i < n; i++) out[i] = (kind == Act::GeluErf ? gelu_erf(gate_up[i]) : std::tanh(gate_up[i])) * gate_up[n + i];
+    for (int i = 0; i < n; i++) out[i] = (kind == Act::GeluErf ? gelu_erf_scalar(gate_up[i]) : std::tanh(gate_up[i])) * gate_up[n + i];
 }
 
-void act(Act kind, const float *x, size_t n, float *out) {
+void act(const KernelTable &k, Act kind, const float *x, size_t n, float *out) {
     switch (kind) {
     case Act::Silu: for (size_t i = 0; i < n; i++) out[i] = silu(x[i]); break;
     case Act::GeluTanh: for (size_t i = 0; i < n; i++) out[i] = gelu_tanh(x[i]); break;
-    case Act::GeluErf: for (size_t i = 0; i < n; i++) out[i] = gelu_erf(x[i]); break;
+    case Act::GeluErf: k.gelu_erf(x, n, out); break;
     case Act::Tanh: for (size_t i = 0; i < n; i++) out[i] = std::tanh(x[i]); break;
     }
 }

@@ -50,8 +50,8 @@ void swiglu(const KernelTable &k, const float *gate_up, int n, float *out);
 void geglu(const KernelTable &k, const float *gate_up, int n, float *out);
 // out[i] = act(gate[i]) * up[i]: the table's kernels for silu and gelu_tanh.
 void glu(const KernelTable &k, Act kind, const float *gate_up, int n, float *out);
-// out[i] = act(x[i]) (out may be x).
-void act(Act kind, const float *x, size_t n, float *out);
+// out[i] = act(x[i]) (out may be x); the exact GELU by the table's kernel.
+void act(const KernelTable &k, Act kind, const float *x, size_t n, float *out);
 // x[i] = cap * tanh(x[i] / cap).
 void softcap(float *x, size_t n, float cap);
 

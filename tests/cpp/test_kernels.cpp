@@ -437,6 +437,13 @@ static void test_exp_ops(const KernelTable &k) {
     ref::geglu(gu.data(), n, b.data());
     e = rel_err(a.data(), b.data(), n);
     CHECK(e < 1e-6, "geglu %s rel err %g", isa_name(k.isa), e);
+    ops::act(k, Act::GeluErf, gu.data(), n, a.data());
+    ref::act(Act::GeluErf, gu.data(), n, b.data());
+    e = rel_err(a.data(), b.data(), n);
+    CHECK(e < 1e-6, "gelu_erf %s rel err %g", isa_name(k.isa), e);
+    double gelu_worst = 0;  // and value by value: A&S 7.1.26's erf is within 1.5e-7
+    for (int i = 0; i < n; i++) gelu_worst = std::max(gelu_worst, std::fabs((double)a[i] - b[i]) / (1.0 + std::fabs(gu[i])));
+    CHECK(gelu_worst < 2e-7, "gelu_erf %s worst error %g", isa_name(k.isa), gelu_worst);
     for (float spread : {1.0f, 10.0f, 60.0f}) {
         std::vector<float> x = randn(n, spread);
         a = x, b = x;
