@@ -61,11 +61,9 @@ from .flm_writer import FlmWriter
 
 # general.architecture -> the family it converts as: the family of that name (Mistral's files
 # say llama), else the one whose files have it (chatglm: glm)
-# (GGUF_ARCH None: a family whose GGUF files are not read yet)
 GGUF_FAMILIES = {m.GGUF_ARCH: m for m in FAMILIES.values() if m.GGUF_ARCH == m.ARCH}
 for _m in FAMILIES.values():
-    if _m.GGUF_ARCH is not None:
-        GGUF_FAMILIES.setdefault(_m.GGUF_ARCH, _m)
+    GGUF_FAMILIES.setdefault(_m.GGUF_ARCH, _m)
 SUPPORTED_ARCHITECTURES = tuple(GGUF_FAMILIES)
 # llama.cpp reorders the q / k rows for its RoPE only when it writes these architectures
 PERMUTED_ARCHITECTURES = ("llama",)
@@ -881,6 +879,9 @@ def convert_gguf(model_path, out_path, dtype: str = "f32", progress: bool = True
     out_path = Path(out_path)
     g = read_gguf(model_path)
     family = gguf_family(g, model_type)
+    if family.ARCH == "bert":  # an encoder: its own layout and vocabulary (gguf_bert.py)
+        from .gguf_bert import convert_bert_gguf
+        return convert_bert_gguf(g, out_path, dtype, dtype_policy, progress)
     hp = read_hparams(g, family)
     tok = read_tokenizer(g, hp.vocab_size)
 

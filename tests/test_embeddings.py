@@ -369,3 +369,54 @@ def test_decoder_last_token_embeddings_match_transformers(tmp_path, family):
         assert np.abs(got - want[-1]).max() / scale < 1e-3, (family, len(ids))
         assert np.abs(rows - want).max() / scale < 1e-3, (family, len(ids))
         assert got @ want[-1] / np.linalg.norm(got) / np.linalg.norm(want[-1]) > 0.99999
+
+
+@pytest.fixture(scope="module")
+def llama_cpp_converter(tmp_path_factory):
+    """llama.cpp's own convert_hf_to_gguf.py (and its gguf-py), from the llama-cpp-python source
+    package scripts/setup.sh fetches into build/peers/: the GGUF files llama.cpp users have."""
+    import tarfile
+    from conftest import REPO
+    sdist = REPO / "build" / "peers" / "llama_cpp_python-0.3.36.tar.gz"
+    if not sdist.exists():
+        pytest.fail(f"{sdist} is missing: scripts/setup.sh fetches it")
+    d = tmp_path_factory.mktemp("llama_cpp")
+    with tarfile.open(sdist) as tar:
+        keep = [m for m in tar.getmembers() if "/vendor/llama.cpp/" in m.name and (
+            m.name.endswith("/convert_hf_to_gguf.py") or "/vendor/llama.cpp/conversion/" in m.name
+            or "/vendor/llama.cpp/gguf-py/" in m.name)]
+        tar.extractall(d, members=keep, filter="data")
+    return next(d.glob("*/vendor/llama.cpp/convert_hf_to_gguf.py"))
+
+
+def _llama_cpp_gguf(converter, hf: Path, out: Path, outtype: str = "f32") -> Path:
+    import subprocess
+    import sys
+    r = subprocess.run([sys.executable, str(converter), str(hf), "--outfile", str(out), "--outtype", outtype],
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+    return out
+
+
+def test_a_llama_cpp_bert_gguf_embeds_as_its_folder(tmp_path, minilm, llama_cpp_converter):
+    """all-MiniLM-L6-v2 written to GGUF by llama.cpp's converter (its phantom-space vocabulary, q/k/v
+    apart, bert.pooling_type): the same token ids and vectors as the HF folder's conversion (inputs
+    within the folder's 256 tokens: the GGUF keeps the model's 512), and a random BERT's hidden
+    states as its folder's."""
+    import fastllm
+    from converter.flm_reader import load_flm
+    flm = convert(_llama_cpp_gguf(llama_cpp_converter, minilm_dir(), tmp_path / "minilm.gguf"), tmp_path / "g.flm")
+    md = load_flm(flm).metadata
+    assert md["general.source"] == "gguf" and md["bert.pooling"] == "mean" and md["tokenizer.lowercase"] == 1
+    texts = [t for t in sentences(120, seed=5)]
+    with fastllm.Model(flm, threads=2) as g, fastllm.Model(minilm["f32"], threads=2) as h:
+        assert [g.tokenize(t) for t in texts] == [h.tokenize(t) for t in texts]
+        short = [t for t in texts if len(h.tokenize(t)) <= 256]
+        assert len(short) > 100
+        np.testing.assert_allclose(g.embed(short), h.embed(short), atol=1e-6)
+    hf = make_bert(tmp_path / "hf", BERT_CONFIGS["3types-gelu-tanh"] | dict(hidden_act="gelu"))
+    ids = [[101, 2023, 2003, 1037, 3231, 102], [101, 102]]
+    with fastllm.Model(convert(_llama_cpp_gguf(llama_cpp_converter, hf, tmp_path / "r.gguf"), tmp_path / "r.flm")) as g, \
+            fastllm.Model(convert(hf, tmp_path / "r-hf.flm")) as h:
+        for a, b in zip(g.embed(ids, pooling="none", normalize=False), h.embed(ids, pooling="none", normalize=False)):
+            np.testing.assert_allclose(a, b, atol=1e-6)

@@ -423,7 +423,7 @@ def test_unsupported_gguf_architecture_is_refused(tmp_path):
     path = write_gguf(hf_dir, tmp_path / "falcon.gguf", arch="falcon")
     out = tmp_path / "out.flm"
     with pytest.raises(ConversionError, match=r"unsupported GGUF architecture 'falcon' \(supported: "
-                                              r"llama, qwen2, qwen3, phi3, gemma, gemma2, gemma3, glm4, chatglm\)"):
+                                              r"llama, qwen2, qwen3, phi3, gemma, gemma2, gemma3, glm4, bert, chatglm\)"):
         convert(path, out, progress=False)
     assert not out.exists()
     with pytest.raises(ConversionError, match="--model_type qwen2 does not fit .* architecture is llama"):

@@ -17,6 +17,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+import numpy as np
 import openai
 import pytest
 import ray
@@ -134,7 +135,7 @@ class RayApp:
 @pytest.fixture(scope="module")
 def app(cluster, smollm_flm, tmp_path_factory):
     a = RayApp(tmp_path_factory.mktemp("serve"), smollm_flm, "--ray", "--ray-address", cluster, "--replicas", 2,
-               "--threads", 1, "--max-sessions", 4, "--model-name", MODEL)
+               "--threads", 1, "--max-sessions", 4, "--model-name", MODEL, "--embeddings")
     yield a
     assert a.stop() == 0, a.err.read_text()[-3000:]
     assert not replica_servers()  # the replicas stopped their servers
@@ -149,7 +150,7 @@ def client(app):
 @pytest.fixture(scope="module")
 def reference(smollm_flm):
     """One plain fastllm-server on the same model: what Ray's answers must equal."""
-    s = Server(smollm_flm, "--max-sessions", 4, "--model-name", MODEL)
+    s = Server(smollm_flm, "--max-sessions", 4, "--model-name", MODEL, "--embeddings")
     with s.client() as c:
         yield c
     assert s.stop() == 0
@@ -191,6 +192,14 @@ def test_errors_and_other_routes_pass_through(client, reference):
         with pytest.raises(openai.NotFoundError):
             c.models.retrieve("gpt-4")
     assert [m.id for m in client.models.list().data] == [MODEL]
+
+
+def test_embeddings_through_ray_equal_one_server(client, reference):
+    """/v1/embeddings passes through (--embeddings reaches every replica): one server's vectors."""
+    texts = ["The merchant sells swords.", "Where can I buy a blade?"]
+    want = [d.embedding for d in reference.embeddings.create(model=MODEL, input=texts).data]
+    got = [d.embedding for d in client.embeddings.create(model=MODEL, input=texts).data]
+    assert len(got) == 2 and np.allclose(got, want, atol=1e-6)
 
 
 # -- routing ----------------------------------------------------------------------------------------

@@ -19,7 +19,7 @@ from . import common
 ARCH = "bert"
 HF_ARCHITECTURES = ("BertModel", "BertForSequenceClassification")
 MODEL_TYPE = "bert"
-GGUF_ARCH = None  # llama.cpp's bert GGUF files are not read yet (their vocabulary is rewritten: "##" dropped, "▁" added)
+GGUF_ARCH = "bert"  # read by gguf_bert.py
 ADD_BOS_DEFAULT = True  # [CLS] ... [SEP]
 
 # transformers' BERT activation names -> the core's

@@ -43,6 +43,7 @@ class RayServeOptions:
     prefill_chunk: int = 256
     device: str | None = None            # fastllm-server --device (docs/gpu.md)
     gpu_layers: int = -1
+    embeddings: bool = False             # fastllm-server --embeddings: /v1/embeddings beside generation
     route_prefix_chars: int = 256        # prompt characters that choose the replica; 0 = least loaded
     host: str = "127.0.0.1"              # Ray's HTTP proxy
     port: int = 8080
@@ -142,6 +143,8 @@ def server_args(o: RayServeOptions) -> list[str]:
         args += ["--speculative", o.speculative]
     if o.device:
         args += ["--device", o.device, "--gpu-layers", o.gpu_layers]
+    if o.embeddings:
+        args.append("--embeddings")
     return [str(a) for a in args]
 
 
