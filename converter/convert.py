@@ -41,6 +41,7 @@ import sys
 from pathlib import Path
 
 from . import calibrate, gguf_import, hf_tokenizer, quantize, sentence_transformers
+from . import reranker as rerank
 from .checkpoint import Checkpoint
 from .errors import ConversionError
 from .families import FAMILIES  # ARCH -> the family's module (families/__init__.py)
@@ -101,12 +102,15 @@ def _check_out_path(out_path: Path) -> None:
 
 def convert(model_path, out_path, dtype: str = "f32", model_type: str | None = None,
             progress: bool = True, group_size: int = 32, dtype_config=(), calib=None,
-            calib_tokens: int = calibrate.DEFAULT_TOKENS) -> str:
+            calib_tokens: int = calibrate.DEFAULT_TOKENS, reranker: bool | None = None,
+            rerank_tokens=("yes", "no")) -> str:
     """Converts the HF folder `model_path` to `out_path`; returns out_path.
     dtype: f32, f16, bf16, int8, int4 (int4m: with minimums) or a .flm quantized type name;
     group_size: int4 group (32, 64, 128); dtype_config: ["PATTERN=DTYPE", ...] per-tensor overrides
     (see quantize.DtypePolicy); calib: a text file to calibrate int8 / int4 rounding on,
-    calib_tokens of it (see calibrate.py). Raises ConversionError for anything wrong with the input."""
+    calib_tokens of it (see calibrate.py); reranker: a causal LM that answers "yes" or "no" to a
+    query and document (Qwen3-Reranker: its prompt is stored; None: detected by name), with
+    rerank_tokens its answer tokens (reranker.py). Raises ConversionError for anything wrong with the input."""
     policy = quantize.DtypePolicy(dtype, group_size, dtype_config)
     model_path = Path(model_path)
     out_path = Path(out_path)
@@ -139,6 +143,13 @@ def convert(model_path, out_path, dtype: str = "f32", model_type: str | None = N
     pooling = sentence_transformers.read_pooling(model_path)
     if pooling is not None:
         writer.add_string(f"{family.ARCH}.pooling", pooling)
+    if reranker is None:
+        reranker = rerank.is_qwen3_reranker(model_path, ckpt.config)
+    if reranker:
+        if family.ARCH == "bert":
+            raise ConversionError("--reranker is for a causal LM; a BERT cross-encoder (BertForSequenceClassification) "
+                                  "reranks by its classifier")
+        rerank.add_rerank_metadata(writer, family.ARCH, tuple(rerank_tokens))
     hf_tokenizer.add_tokenizer_metadata(writer, tok)
     writer.write(progress=progress, desc=f"{out_path.name} ({dtype})")
     return str(out_path)
@@ -175,13 +186,20 @@ def main(argv=None, prog: str = "convert.py") -> int:
                     help="tokens of the --calib text to run (default %(default)s)")
     ap.add_argument("--model_type", default=None, choices=sorted(FAMILIES),
                     help="model family; detected from config.json when omitted")
+    ap.add_argument("--reranker", action="store_true", default=None,
+                    help="a causal LM that reranks by answering yes or no (Qwen3-Reranker, detected by its name): "
+                         "store its prompt for fastllm_rerank")
+    ap.add_argument("--rerank_tokens", default="yes,no", metavar="YES,NO",
+                    help="with --reranker: its answer tokens (default yes,no)")
     ap.add_argument("--quiet", action="store_true", help="no progress bar")
     args = ap.parse_args(argv)
     try:
         out = convert(args.model_path, args.out_path, dtype=args.dtype,
                       model_type=args.model_type, progress=not args.quiet, group_size=args.group_size,
                       dtype_config=args.dtype_config, calib=args.calib,
-                      calib_tokens=args.calib_tokens)
+                      calib_tokens=args.calib_tokens, reranker=args.reranker,
+                      rerank_tokens=tuple(args.rerank_tokens.split(",", 1)) if "," in args.rerank_tokens
+                      else (args.rerank_tokens, ""))
     except ConversionError as e:
         print(f"error: {e}", file=sys.stderr)
         return 1

@@ -275,15 +275,18 @@ typedef struct fastllm_rerank_params {
                         * tokenizers cuts it; 0: FASTLLM_ERR_CONTEXT_FULL */
     int32_t n_threads; /* 0 (default): the model's */
     int32_t n_batch;   /* tokens per pass; 0 (default): 512 */
+    const char *instruction; /* a decoder reranker's task ("Given a web search query, retrieve relevant
+                              * passages that answer the query"); NULL (default): the file's */
 } fastllm_rerank_params;
 
 FASTLLM_API fastllm_rerank_params fastllm_rerank_default_params(void);
 
-/* How well each of n_documents answers the query, by a cross-encoder (a BERT with a one-label
- * classifier, BertForSequenceClassification: ms-marco-MiniLM, bge-reranker): the classifier over
- * [CLS] query [SEP] document [SEP]. out_scores: n_documents floats, in the documents' order
- * (higher: more relevant). FASTLLM_ERR_UNSUPPORTED for a model without such a head;
- * FASTLLM_ERR_INVALID_ARGUMENT for no documents. */
+/* How well each of n_documents answers the query (docs/embeddings.md), by a cross-encoder (a BERT
+ * with a one-label classifier, BertForSequenceClassification: ms-marco-MiniLM, bge-reranker): the
+ * classifier over [CLS] query [SEP] document [SEP]; or by a decoder reranker (Qwen3-Reranker,
+ * converted with its rerank keys): the logit of "yes" minus that of "no" after its prompt.
+ * out_scores: n_documents floats, in the documents' order (higher: more relevant).
+ * FASTLLM_ERR_UNSUPPORTED for a model that is neither; FASTLLM_ERR_INVALID_ARGUMENT for no documents. */
 FASTLLM_API fastllm_status fastllm_rerank(const fastllm_model *model, const char *query, const char *const *documents,
                                           size_t n_documents, const fastllm_rerank_params *params, float *out_scores);
 

@@ -420,3 +420,39 @@ def test_a_llama_cpp_bert_gguf_embeds_as_its_folder(tmp_path, minilm, llama_cpp_
             fastllm.Model(convert(hf, tmp_path / "r-hf.flm")) as h:
         for a, b in zip(g.embed(ids, pooling="none", normalize=False), h.embed(ids, pooling="none", normalize=False)):
             np.testing.assert_allclose(a, b, atol=1e-6)
+
+
+def test_decoder_reranker_scores_match_transformers(tmp_path):
+    """A decoder reranker (Qwen3-Reranker's protocol on a random Qwen3, answer tokens "y" / "n"):
+    p(yes) of the filled prompt against transformers' logits at its last position; the instruction
+    can be replaced; a query holding "{document}" is text, not a field."""
+    import torch
+    import fastllm
+    from converter.convert import convert as run
+    from converter.flm_reader import load_flm
+    from converter.reranker import QWEN3_INSTRUCTION, QWEN3_TEMPLATE
+    from hf_models import load_model, make_model
+    from transformers import AutoTokenizer
+    hf = make_model(tmp_path, "qwen3", max_position_embeddings=512)  # the prompt is 230 tokens of this vocabulary
+    flm = run(str(hf), str(tmp_path / "r.flm"), progress=False, reranker=True, rerank_tokens=("y", "n"))
+    assert load_flm(flm).metadata["qwen3.rerank.template"] == QWEN3_TEMPLATE
+    ref, tok = load_model(hf), AutoTokenizer.from_pretrained(hf)
+    y, n = tok.convert_tokens_to_ids("y"), tok.convert_tokens_to_ids("n")
+    query, docs = "where is the {document} sword", ["the sword is in the cave", "bread", "a sword shop near the gate"]
+
+    def want(instruction):
+        out = []
+        for d in docs:
+            text = QWEN3_TEMPLATE.replace("{instruction}", instruction).replace("{query}", query, 1)
+            text = text.replace("<Document>: {document}", "<Document>: " + d)
+            with torch.no_grad():
+                logits = ref(torch.tensor([tok(text)["input_ids"]])).logits[0, -1]
+            out.append(torch.softmax(logits[[n, y]], 0)[1].item())
+        return np.array(out)
+
+    with fastllm.Model(flm, threads=2) as m:
+        np.testing.assert_allclose(m.rerank(query, docs), want(QWEN3_INSTRUCTION), atol=2e-3)
+        np.testing.assert_allclose(m.rerank(query, docs, instruction="Find swords"), want("Find swords"), atol=2e-3)
+        raw = m.rerank(query, docs, normalize=False)
+        np.testing.assert_allclose(m.rerank(query, docs), 1 / (1 + np.exp(-raw)), atol=1e-6)
+    assert np.ptp(want(QWEN3_INSTRUCTION)) > 1e-3  # the documents score differently: the test could fail

@@ -385,6 +385,7 @@ fastllm_rerank_params fastllm_rerank_default_params(void) {
     p.truncate = 1;
     p.n_threads = 0;
     p.n_batch = 0;
+    p.instruction = nullptr;
     return p;
 }
 
@@ -406,6 +407,7 @@ fastllm_status fastllm_rerank(const fastllm_model *model, const char *query, con
         fastllm::RerankOptions o;
         o.normalize = p.normalize != 0, o.truncate = p.truncate != 0;
         o.n_threads = p.n_threads, o.n_batch = p.n_batch;
+        o.instruction = p.instruction;
         fastllm::rerank(model->impl, query, docs, o, out_scores);
     });
 }

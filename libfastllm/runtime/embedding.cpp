@@ -186,17 +186,76 @@ void truncate_pair(std::vector<int32_t> &a, std::vector<int32_t> &b, size_t max)
 }
 }  // namespace
 
+namespace {
+// A template's {instruction}, {query} and {document} filled in, in one pass (a query holding
+// "{document}" stays as it is).
+std::string fill(const std::string &tmpl, std::string_view instruction, std::string_view query, std::string_view document) {
+    std::string out;
+    for (size_t i = 0; i < tmpl.size();) {
+        bool done = false;
+        for (auto [name, value] : {std::pair<std::string_view, std::string_view>{"{instruction}", instruction},
+                                   {"{query}", query}, {"{document}", document}})
+            if (tmpl.compare(i, name.size(), name) == 0) {
+                out += value;
+                i += name.size();
+                done = true;
+                break;
+            }
+        if (!done) out += tmpl[i++];
+    }
+    return out;
+}
+
+int32_t single_token(const Model &m, const std::string &key) {
+    const std::string text = m.file().get_string(key);
+    const std::vector<int32_t> ids = m.tokenizer().encode(text, false);
+    if (ids.size() != 1)
+        fail(FASTLLM_ERR_BAD_FORMAT, "%s: %s '%s' is %zu tokens, not one", m.file().path().c_str(), key.c_str(), text.c_str(),
+             ids.size());
+    return ids[0];
+}
+
+// A decoder reranker: p(yes) against p(no) at the end of its prompt.
+void rerank_decoder(const Model &m, std::string_view query, const std::vector<std::string_view> &documents,
+                    const RerankOptions &o, float *scores) {
+    const std::string a = m.config().arch + ".rerank.";
+    const FlmFile &f = m.file();
+    const int32_t yes = single_token(m, a + "yes"), no = single_token(m, a + "no");
+    const std::string tmpl = f.get_string(a + "template"), own = f.get_string(a + "instruction", "");
+    const std::string_view instruction = o.instruction ? std::string_view(o.instruction) : std::string_view(own);
+    const size_t V = (size_t)m.config().vocab_size, max = (size_t)m.config().context_length;
+    std::vector<Input> inputs(documents.size());
+    for (size_t i = 0; i < documents.size(); i++) {
+        inputs[i].ids = m.tokenizer().encode(fill(tmpl, instruction, query, documents[i]), m.tokenizer().add_bos_default());
+        if (inputs[i].ids.size() > max)  // the prompt's end is the question: nothing to cut
+            fail(FASTLLM_ERR_CONTEXT_FULL, "document %zu's prompt is %zu tokens, more than the model's %zu", i,
+                 inputs[i].ids.size(), max);
+    }
+    std::vector<float> logits(documents.size() * V);
+    run_inputs(m, inputs, o.n_threads, o.n_batch, [&](size_t i, size_t t, float **, float **l) {
+        if (t + 1 == inputs[i].ids.size()) *l = &logits[i * V];
+    });
+    for (size_t i = 0; i < documents.size(); i++) scores[i] = logits[i * V + yes] - logits[i * V + no];
+}
+}  // namespace
+
 void rerank(const Model &m, std::string_view query, const std::vector<std::string_view> &documents,
             const RerankOptions &o, float *scores) {
     const Decoder &d = m.decoder();
     const Tokenizer &tok = m.tokenizer();
+    if (documents.empty()) fail(FASTLLM_ERR_INVALID_ARGUMENT, "no documents to rerank");
+    if (d.has_lm_head() && m.file().has(m.config().arch + ".rerank.template")) {
+        rerank_decoder(m, query, documents, o, scores);
+        if (o.normalize)
+            for (size_t i = 0; i < documents.size(); i++) scores[i] = (float)(1.0 / (1.0 + std::exp(-(double)scores[i])));
+        return;
+    }
     if (d.n_labels() != 1)
         fail(FASTLLM_ERR_UNSUPPORTED, "%s cannot rerank: that needs a cross-encoder (an encoder with a one-label "
-             "classifier head)%s", m.file().path().c_str(),
+             "classifier head) or a decoder reranker (rerank keys, converted with --reranker)%s", m.file().path().c_str(),
              d.n_labels() > 1 ? (", and its classifier has " + std::to_string(d.n_labels()) + " labels").c_str() : "");
     if (tok.bos_id() < 0 || tok.sep_id() < 0)
         fail(FASTLLM_ERR_UNSUPPORTED, "%s: its tokenizer has no [CLS] / [SEP] to join a query and a document", m.file().path().c_str());
-    if (documents.empty()) fail(FASTLLM_ERR_INVALID_ARGUMENT, "no documents to rerank");
     const std::vector<int32_t> q = tok.encode(query, false);
     const size_t max = (size_t)m.config().context_length;
     std::vector<Input> inputs(documents.size());

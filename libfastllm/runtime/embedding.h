@@ -30,13 +30,16 @@ const char *pooling_name(Pooling p);
 void embed(const Model &m, const std::vector<std::vector<int32_t>> &inputs, const EmbedOptions &o, float *out);
 
 struct RerankOptions {
-    bool normalize = true;  // the sigmoid of the classifier's score (a probability), as sentence-transformers' CrossEncoder
+    bool normalize = true;  // the sigmoid of the score (a probability), as sentence-transformers' CrossEncoder
     bool truncate = true;   // a pair past the context is cut longest first, as tokenizers cuts it; else CONTEXT_FULL
     int n_threads = 0, n_batch = 0;
+    const char *instruction = nullptr;  // a decoder reranker's task; nullptr: the file's
 };
 
-// A cross-encoder's (an encoder with a one-label classifier) score of each document for the
-// query: [CLS] query [SEP] document [SEP], token types 0 then 1, the classifier over [CLS].
+// Each document's score for the query. A cross-encoder (an encoder with a one-label classifier):
+// [CLS] query [SEP] document [SEP], token types 0 then 1, the classifier over [CLS]. A decoder
+// reranker (`{arch}.rerank.*`: Qwen3-Reranker): its prompt with the instruction, query and
+// document filled in, the logit of its "yes" token minus that of its "no" at the last position.
 void rerank(const Model &m, std::string_view query, const std::vector<std::string_view> &documents,
             const RerankOptions &o, float *scores);
 

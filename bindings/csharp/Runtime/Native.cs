@@ -250,6 +250,7 @@ namespace FastLLM
             public int truncate;
             public int n_threads;
             public int n_batch;
+            public IntPtr instruction;
         }
 
         [StructLayout(LayoutKind.Sequential)]

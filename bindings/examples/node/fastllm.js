@@ -141,6 +141,7 @@ const types = {
         truncate: 'int32_t',
         n_threads: 'int32_t',
         n_batch: 'int32_t',
+        instruction: 'const char *', // a decoder reranker's task, or null: the file's
     }),
     fastllm_generation_result: koffi.struct('fastllm_generation_result', {
         n_prompt_tokens: 'int32_t',

@@ -114,7 +114,8 @@ class EmbedParams(Structure):
 
 
 class RerankParams(Structure):
-    _fields_ = [("normalize", c_int32), ("truncate", c_int32), ("n_threads", c_int32), ("n_batch", c_int32)]
+    _fields_ = [("normalize", c_int32), ("truncate", c_int32), ("n_threads", c_int32), ("n_batch", c_int32),
+                ("instruction", c_char_p)]
 
 
 # fastllm_pooling

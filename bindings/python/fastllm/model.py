@@ -278,14 +278,16 @@ class Model(_Handle):
         return out[0] if single else out
 
     def rerank(self, query: str, documents: Sequence[str], normalize: bool = True, truncate: bool = True,
-               threads: int = 0, batch: int = 0) -> np.ndarray:
-        """A cross-encoder's score of each document for the query (float32, the documents' order;
-        higher: more relevant): with normalize, the sigmoid of the classifier's score, in (0, 1), as
-        sentence-transformers' CrossEncoder.predict gives it. See docs/embeddings.md."""
+               threads: int = 0, batch: int = 0, instruction: str | None = None) -> np.ndarray:
+        """Each document's score for the query (float32, the documents' order; higher: more
+        relevant), by a cross-encoder or a decoder reranker (instruction: its task, None: the
+        file's). With normalize, a sigmoid, in (0, 1), as sentence-transformers' CrossEncoder.predict
+        and Qwen3-Reranker's p(yes) give it. See docs/embeddings.md."""
         docs = list(documents)
         params = lib.fastllm_rerank_default_params()
         params.normalize, params.truncate = int(bool(normalize)), int(bool(truncate))
         params.n_threads, params.n_batch = threads, batch
+        params.instruction = instruction.encode() if instruction is not None else None
         data = (ctypes.c_char_p * max(len(docs), 1))(*[d.encode() for d in docs])
         out = np.empty(len(docs), dtype=np.float32)
         _check(lib.fastllm_rerank(self.handle, query.encode(), data, len(docs), ctypes.byref(params),
