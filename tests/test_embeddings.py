@@ -41,7 +41,7 @@ def sentences(n: int, seed: int = 0) -> list:
 @pytest.fixture(scope="module")
 def minilm(tmp_path_factory):
     d = tmp_path_factory.mktemp("minilm")
-    return {dtype: convert(minilm_dir(), d / f"minilm-{dtype}.flm", dtype=dtype) for dtype in ("f32", "int8")}
+    return {dtype: convert(minilm_dir(), d / f"minilm-{dtype}.flm", dtype=dtype) for dtype in ("f32", "int8", "int4")}
 
 
 @pytest.fixture(scope="module")
@@ -56,7 +56,7 @@ def st_reference(texts):
     return st.encode(texts, batch_size=32, convert_to_numpy=True)
 
 
-@pytest.mark.parametrize("dtype, bound", [("f32", 0.9999), ("int8", 0.999)])
+@pytest.mark.parametrize("dtype, bound", [("f32", 0.9999), ("int8", 0.999), ("int4", 0.97)])
 def test_minilm_matches_sentence_transformers(minilm, texts, st_reference, dtype, bound):
     import fastllm
     with fastllm.Model(minilm[dtype], threads=2) as m:
