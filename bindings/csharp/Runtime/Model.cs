@@ -361,10 +361,11 @@ namespace FastLLM
             }
         }
 
-        /// <summary>A cross-encoder's score of each document for the query, in the documents' order
-        /// (higher: more relevant); with `normalize`, in (0, 1) as sentence-transformers' CrossEncoder
-        /// gives it. Throws FastLLMException (Unsupported) for a model without a classifier head.</summary>
-        public float[] Rerank(string query, string[] documents, bool normalize = true)
+        /// <summary>Each document's score for the query, in the documents' order (higher: more
+        /// relevant), by a cross-encoder or a decoder reranker (`instruction`: its task, null: the
+        /// file's); with `normalize`, in (0, 1) as sentence-transformers' CrossEncoder gives it.
+        /// Throws FastLLMException (Unsupported) for a model that cannot rerank.</summary>
+        public float[] Rerank(string query, string[] documents, bool normalize = true, string instruction = null)
         {
             if (query == null || documents == null) throw new FastLLMException(Status.InvalidArgument, "query or documents is null");
             var p = Native.fastllm_rerank_default_params();
@@ -373,6 +374,12 @@ namespace FastLLM
             var ptrs = new IntPtr[documents.Length];
             try
             {
+                if (instruction != null)
+                {
+                    var z = Utf8.Z(instruction);
+                    p.instruction = Marshal.AllocHGlobal(z.Length);
+                    Marshal.Copy(z, 0, p.instruction, z.Length);
+                }
                 for (int i = 0; i < documents.Length; i++)
                 {
                     if (documents[i] == null) throw new FastLLMException(Status.InvalidArgument, "documents[" + i + "] is null");
@@ -392,6 +399,7 @@ namespace FastLLM
             {
                 foreach (var x in ptrs)
                     if (x != IntPtr.Zero) Marshal.FreeHGlobal(x);
+                if (p.instruction != IntPtr.Zero) Marshal.FreeHGlobal(p.instruction);
             }
         }
 
