@@ -4,9 +4,9 @@
 #include <cmath>
 #include <cstring>
 #include <functional>
-#include <string>
 #include <memory>
 #include <mutex>
+#include <string>
 
 #include "base/error.h"
 #include "runtime/pass.h"
