@@ -9,7 +9,8 @@ The runs alternate (fastllm, PyTorch, llama.cpp, again) and each figure is the m
 --llama_cpp is a llama.cpp source tree built outside this repository (build/bin/llama-embedding
 and convert_hf_to_gguf.py; ../shared/PEERS.md says how). Without it the llama.cpp column is left out.
 llama-embedding's figure is its own "prompt eval time" (the model's load is not counted), over all
-the sentences in batches of --batch sequences.
+the sentences in batches of 16 x --batch tokens (its batches are counted in tokens: 512 tokens hold
+about 40 of these sentences).
 """
 from __future__ import annotations
 
@@ -73,8 +74,8 @@ def run_llama(llama_cpp: Path, gguf: Path, texts, batch, threads, pooling):
     """Sentences per second of llama-embedding's prompt evaluation (its own timer)."""
     prompt = "\n".join(t.replace("\n", " ") for t in texts)
     r = subprocess.run([str(llama_cpp / "build" / "bin" / "llama-embedding"), "-m", str(gguf), "-t", str(threads),
-                        "-p", prompt, "--pooling", pooling, "--embd-normalize", "2", "-b", "8192", "-ub", "8192",
-                        "--parallel", str(batch), "--embd-output-format", "array"],
+                        "-p", prompt, "--pooling", pooling, "--embd-normalize", "2", "-b", str(16 * batch),
+                        "-ub", str(16 * batch), "--parallel", str(4 * batch), "--embd-output-format", "array", "--perf", "-v"],
                        capture_output=True, text=True, timeout=900)
     if r.returncode != 0:
         raise RuntimeError(r.stderr[-2000:])
