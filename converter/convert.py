@@ -126,7 +126,9 @@ def convert(model_path, out_path, dtype: str = "f32", model_type: str | None = N
 
     hp = family.read_hparams(ckpt.config)
     max_seq = sentence_transformers.read_max_seq_length(model_path)
-    if max_seq is not None and max_seq < hp.context_length:  # an embedding model's own limit
+    # an embedding model's own limit, where positions are a table to cut (RoPE's are not: LongRoPE
+    # ties its switch to the original context)
+    if max_seq is not None and max_seq < hp.context_length and hasattr(hp, "max_positions"):
         hp.context_length = max_seq
     policy.n_layers = hp.num_layers  # a _m preset's layer choice (calibration asks before add_tensors)
     tok = hf_tokenizer.read_tokenizer(ckpt, hp.vocab_size, family.ADD_BOS_DEFAULT,

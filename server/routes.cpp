@@ -1,6 +1,7 @@
 #include "routes.h"
 
 #include <algorithm>
+#include <cmath>
 #include <limits>
 #include <memory>
 #include <random>
@@ -428,6 +429,14 @@ void Routes::embeddings(const httplib::Request &, httplib::Response &res, const 
     }
     fastllm_embed_params p = fastllm_embed_default_params();
     p.truncate = 0;
+    {  // OpenAI's shape is one vector per input: a model that pools none has one per token
+        size_t count = 0;
+        const char *probe = "a";
+        fastllm_embed(engine_.model(), &probe, 1, &p, nullptr, 0, &count);
+        if (count != 1)
+            throw bad_request("this model gives one vector per token (its pooling is none), which /v1/embeddings cannot "
+                              "return", "", "pooling_none");
+    }
     std::vector<float> out(n * (size_t)info.hidden_size);
     size_t n_vectors = 0;
     fastllm_status st;
@@ -507,7 +516,8 @@ void Routes::rerank(const httplib::Request &, httplib::Response &res, const std:
     for (const auto &d : docs) n_tokens += std::min(ctx, q + engine_.tokenize(d, 0).size() + 3);
     std::vector<size_t> order(docs.size());
     for (size_t i = 0; i < order.size(); i++) order[i] = i;
-    std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) { return scores[a] > scores[b]; });
+    auto key = [&](size_t i) { return std::isnan(scores[i]) ? -INFINITY : scores[i]; };  // a strict weak order
+    std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) { return key(a) > key(b); });
     json results = json::array();
     for (size_t k = 0; k < top_n; k++) {
         json r{{"index", order[k]}, {"relevance_score", scores[order[k]]}};

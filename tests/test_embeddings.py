@@ -456,3 +456,22 @@ def test_decoder_reranker_scores_match_transformers(tmp_path):
         raw = m.rerank(query, docs, normalize=False)
         np.testing.assert_allclose(m.rerank(query, docs), 1 / (1 + np.exp(-raw)), atol=1e-6)
     assert np.ptp(want(QWEN3_INSTRUCTION)) > 1e-3  # the documents score differently: the test could fail
+
+
+def test_a_model_that_pools_none(minilm, tmp_path):
+    """A file whose pooling is none (llama.cpp's pooling_type 0): the default gives one vector per
+    token in Python, and /v1/embeddings, which has no shape for that, answers 400."""
+    import fastllm
+    from conftest import rewrite_flm
+    from test_server import Server
+    flm = tmp_path / "none.flm"
+    rewrite_flm(minilm["f32"], flm, metadata={"bert.pooling": "none"})
+    with fastllm.Model(flm, threads=1) as m:
+        rows = m.embed(["one two", "three"], normalize=False)
+        assert [len(r) for r in rows] == [len(m.tokenize("one two")), len(m.tokenize("three"))]
+    srv = Server(flm)
+    try:
+        status, body = srv.request("POST", "/v1/embeddings", {"input": "one two"})
+        assert status == 400 and body["error"]["code"] == "pooling_none", body
+    finally:
+        srv.stop()

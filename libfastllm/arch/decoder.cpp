@@ -59,8 +59,10 @@ Decoder::Decoder(const FlmFile &f, DecoderConfig config) : cfg_(std::move(config
         embd_norm_bias_ = get(f, "token_embd_norm.bias", {H}, !layer_norm, true);
     }
     // Post-norm leaves every layer's output normed: no final norm. An encoder needs no output head.
-    output_norm_ = get(f, "output_norm.weight", {H}, c.post_norm, true);
-    output_norm_bias_ = get(f, "output_norm.bias", {H}, c.post_norm || !layer_norm, true);
+    if (!c.post_norm) {
+        output_norm_ = get(f, "output_norm.weight", {H}, false, true);
+        output_norm_bias_ = get(f, "output_norm.bias", {H}, !layer_norm, true);
+    }
     output_ = c.tied_embeddings ? embedding_ : get(f, "output.weight", {V, H}, !c.causal);
     // A sequence classifier (BertForSequenceClassification): dense + tanh over a row's hidden
     // state (BERT's pooler), then the labels.
@@ -70,8 +72,9 @@ Decoder::Decoder(const FlmFile &f, DecoderConfig config) : cfg_(std::move(config
         pooler_ = get(f, "cls.weight", {H, H});
         pooler_bias_ = get(f, "cls.bias", {H}, false, true);
         const Tensor &out = f.tensor("cls.output.weight");
-        if (out.n_dims != 2 || out.dims[1] != H || out.dims[0] < 1 || out.dims[0] > 4096)
-            fail(FASTLLM_ERR_BAD_FORMAT, "%s: cls.output.weight must be [labels, %lld]", f.path().c_str(), (long long)H);
+        if (out.n_dims != 2 || out.dims[1] != H || out.dims[0] < 1 || out.dims[0] > std::min<int64_t>(4096, V))
+            fail(FASTLLM_ERR_BAD_FORMAT, "%s: cls.output.weight must be [labels, %lld], at most %lld labels", f.path().c_str(),
+                 (long long)H, (long long)std::min<int64_t>(4096, V));
         classifier_ = get(f, "cls.output.weight", {out.dims[0], H});
         classifier_bias_ = get(f, "cls.output.bias", {out.dims[0]}, false, true);
     }

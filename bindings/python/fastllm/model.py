@@ -264,16 +264,16 @@ class Model(_Handle):
             call = lambda out, cap: lib.fastllm_embed(self.handle, data, len(items), ctypes.byref(params), out, cap,
                                                       ctypes.byref(n_vec))
         n = len(items)
-        if pooling == "none":  # the size: the inputs' token counts
+        if pooling in (None, "none"):  # the size: the inputs' token counts where the pooling is none
             status = call(None, 0)
             if status != raw.ERR_BUFFER_TOO_SMALL:
                 _check(status)
             n = n_vec.value
         out = np.empty((n, H), dtype=np.float32)
         _check(call(out.ctypes.data_as(ctypes.POINTER(ctypes.c_float)), out.size))
-        if pooling == "none":
-            counts = [len(ids) for ids in items] if tokens else [
-                len(self._embed_ids(t, add_special, truncate)) for t in items]
+        if n != len(items) or pooling == "none":  # one vector per token, cut to the context as the library cuts
+            counts = [min(len(ids) if tokens else len(self.tokenize(ids, add_special)), self.context_length)
+                      for ids in items]
             return np.split(out, np.cumsum(counts)[:-1])
         return out[0] if single else out
 
@@ -293,10 +293,6 @@ class Model(_Handle):
         _check(lib.fastllm_rerank(self.handle, query.encode(), data, len(docs), ctypes.byref(params),
                                   out.ctypes.data_as(ctypes.POINTER(ctypes.c_float))))
         return out
-
-    def _embed_ids(self, text: str, add_special, truncate: bool) -> list[int]:
-        ids = self.tokenize(text, add_special)
-        return ids if not truncate or len(ids) <= self.context_length else ids[: self.context_length]
 
     # -- tokenizer --------------------------------------------------------------------------
     def tokenize(self, text: str, add_bos: bool | None = None) -> list[int]:
