@@ -33,6 +33,15 @@ ApiError make_error(int status, std::string message, std::string type, std::stri
     return e;
 }
 
+// A request naming another model than the one served: 404, as OpenAI answers it.
+void check_model(const std::string &requested, const std::string &served) {
+    if (requested.empty() || requested == served) return;
+    ApiError e = make_error(404, "the model '" + requested + "' does not exist; this server serves '" + served + "'",
+                            "invalid_request_error", "model_not_found");
+    e.param = "model";
+    throw e;
+}
+
 std::string reason_phrase(int status) {
     switch (status) {
     case 400: return "bad request";
@@ -363,12 +372,7 @@ void Routes::embeddings(const httplib::Request &, httplib::Response &res, const 
     const json body = parse_body(text);
     if (body.contains("model") && !body["model"].is_null()) {
         if (!body["model"].is_string()) throw bad_request("'model' must be a string", "model");
-        if (body["model"].get<std::string>() != config_.model_name) {
-            ApiError e = make_error(404, "the model '" + body["model"].get<std::string>() + "' does not exist; this server serves '" +
-                                             config_.model_name + "'", "invalid_request_error", "model_not_found");
-            e.param = "model";
-            throw e;
-        }
+        check_model(body["model"].get<std::string>(), config_.model_name);
     }
     const std::string format = body.value("encoding_format", json("float")).is_string()
                                    ? body.value("encoding_format", std::string("float")) : std::string("?");
@@ -472,12 +476,7 @@ void Routes::embeddings(const httplib::Request &, httplib::Response &res, const 
 // them, each with its document's index (and the document, with return_documents).
 void Routes::rerank(const httplib::Request &, httplib::Response &res, const std::string &text) {
     const json body = parse_body(text);
-    if (body.contains("model") && body["model"].is_string() && body["model"].get<std::string>() != config_.model_name) {
-        ApiError e = make_error(404, "the model '" + body["model"].get<std::string>() + "' does not exist; this server serves '" +
-                                         config_.model_name + "'", "invalid_request_error", "model_not_found");
-        e.param = "model";
-        throw e;
-    }
+    if (body.contains("model") && body["model"].is_string()) check_model(body["model"].get<std::string>(), config_.model_name);
     if (!body.contains("query") || !body["query"].is_string()) throw bad_request("'query' must be a string", "query");
     const std::string query = body["query"].get<std::string>();
     if (!body.contains("documents") || !body["documents"].is_array() || body["documents"].empty())
@@ -536,13 +535,7 @@ void Routes::generate(httplib::Response &res, const std::string &text, Endpoint 
     const json body = parse_body(text);
     GenerationRequest r =
         endpoint == Endpoint::Completions ? parse_completion_request(body) : parse_chat_request(body);
-    if (!r.model.empty() && r.model != config_.model_name) {
-        ApiError e = make_error(404, "the model '" + r.model + "' does not exist; this server serves '" +
-                                         config_.model_name + "'",
-                                "invalid_request_error", "model_not_found");
-        e.param = "model";
-        throw e;
-    }
+    check_model(r.model, config_.model_name);
     Constraint constraint = engine_.constraint_of(r);  // a bad schema or grammar is answered before any work
     const char *prompt_param = endpoint == Endpoint::Completions ? "prompt" : "messages";
     std::vector<int32_t> prompt = prompt_tokens(r);

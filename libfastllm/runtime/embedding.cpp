@@ -243,19 +243,12 @@ void rerank_decoder(const Model &m, std::string_view query, const std::vector<st
         for (size_t i = 0; i < part.size(); i++) scores[first + i] = logits[i * V + yes] - logits[i * V + no];
     }
 }
-}  // namespace
 
-void rerank(const Model &m, std::string_view query, const std::vector<std::string_view> &documents,
-            const RerankOptions &o, float *scores) {
+// A cross-encoder: the classifier over [CLS] of each pair.
+void rerank_cross_encoder(const Model &m, std::string_view query, const std::vector<std::string_view> &documents,
+                          const RerankOptions &o, float *scores) {
     const Decoder &d = m.decoder();
     const Tokenizer &tok = m.tokenizer();
-    if (documents.empty()) fail(FASTLLM_ERR_INVALID_ARGUMENT, "no documents to rerank");
-    if (d.has_lm_head() && m.file().has(m.config().arch + ".rerank.template")) {
-        rerank_decoder(m, query, documents, o, scores);
-        if (o.normalize)
-            for (size_t i = 0; i < documents.size(); i++) scores[i] = (float)(1.0 / (1.0 + std::exp(-(double)scores[i])));
-        return;
-    }
     if (d.n_labels() != 1)
         fail(FASTLLM_ERR_UNSUPPORTED, "%s cannot rerank: that needs a cross-encoder (an encoder with a one-label "
              "classifier head) or a decoder reranker (rerank keys, converted with --reranker)%s", m.file().path().c_str(),
@@ -290,6 +283,16 @@ void rerank(const Model &m, std::string_view query, const std::vector<std::strin
         [&](size_t i, size_t t, float **, float **logits) {
             if (t == 0) *logits = &scores[i];  // the classifier over [CLS]
         });
+}
+}  // namespace
+
+void rerank(const Model &m, std::string_view query, const std::vector<std::string_view> &documents,
+            const RerankOptions &o, float *scores) {
+    if (documents.empty()) fail(FASTLLM_ERR_INVALID_ARGUMENT, "no documents to rerank");
+    if (m.decoder().has_lm_head() && m.file().has(m.config().arch + ".rerank.template"))
+        rerank_decoder(m, query, documents, o, scores);
+    else
+        rerank_cross_encoder(m, query, documents, o, scores);
     if (o.normalize)
         for (size_t i = 0; i < documents.size(); i++) scores[i] = (float)(1.0 / (1.0 + std::exp(-(double)scores[i])));
 }
