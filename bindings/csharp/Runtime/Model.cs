@@ -2,7 +2,6 @@
 // sessions and threads.
 using System;
 using System.Collections.Generic;
-using System.Runtime.InteropServices;
 using System.Text;
 
 namespace FastLLM
@@ -330,13 +329,7 @@ namespace FastLLM
             var ptrs = new IntPtr[texts.Length];
             try
             {
-                for (int i = 0; i < texts.Length; i++)
-                {
-                    if (texts[i] == null) throw new FastLLMException(Status.InvalidArgument, "texts[" + i + "] is null");
-                    var z = Utf8.Z(texts[i]);
-                    ptrs[i] = Marshal.AllocHGlobal(z.Length);
-                    Marshal.Copy(z, 0, ptrs[i], z.Length);
-                }
+                Utf8.AllocAll(texts, ptrs, "texts");
                 return With(h =>
                 {
                     int dim = Native.fastllm_model_get_info(h, out var info) == Status.Ok ? info.hidden_size : 0;
@@ -356,8 +349,7 @@ namespace FastLLM
             }
             finally
             {
-                foreach (var q in ptrs)
-                    if (q != IntPtr.Zero) Marshal.FreeHGlobal(q);
+                Utf8.Free(ptrs);
             }
         }
 
@@ -374,19 +366,8 @@ namespace FastLLM
             var ptrs = new IntPtr[documents.Length];
             try
             {
-                if (instruction != null)
-                {
-                    var z = Utf8.Z(instruction);
-                    p.instruction = Marshal.AllocHGlobal(z.Length);
-                    Marshal.Copy(z, 0, p.instruction, z.Length);
-                }
-                for (int i = 0; i < documents.Length; i++)
-                {
-                    if (documents[i] == null) throw new FastLLMException(Status.InvalidArgument, "documents[" + i + "] is null");
-                    var z = Utf8.Z(documents[i]);
-                    ptrs[i] = Marshal.AllocHGlobal(z.Length);
-                    Marshal.Copy(z, 0, ptrs[i], z.Length);
-                }
+                p.instruction = Utf8.Alloc(instruction);
+                Utf8.AllocAll(documents, ptrs, "documents");
                 var scores = new float[documents.Length];
                 With(h =>
                 {
@@ -397,9 +378,8 @@ namespace FastLLM
             }
             finally
             {
-                foreach (var x in ptrs)
-                    if (x != IntPtr.Zero) Marshal.FreeHGlobal(x);
-                if (p.instruction != IntPtr.Zero) Marshal.FreeHGlobal(p.instruction);
+                Utf8.Free(ptrs);
+                Utf8.Free(new[] { p.instruction });
             }
         }
 

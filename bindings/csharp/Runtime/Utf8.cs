@@ -22,6 +22,34 @@ namespace FastLLM
             return b;
         }
 
+        /// <summary>s as NUL-terminated UTF-8 in unmanaged memory (give it back with Free); null gives
+        /// IntPtr.Zero.</summary>
+        public static IntPtr Alloc(string s)
+        {
+            var z = Z(s);
+            if (z == null) return IntPtr.Zero;
+            var p = Marshal.AllocHGlobal(z.Length);
+            Marshal.Copy(z, 0, p, z.Length);
+            return p;
+        }
+
+        /// <summary>Each of strings as Alloc gives it, into ptrs (of the same length): a `const char
+        /// *const *` argument. A null string throws; what was allocated is in ptrs, for Free.</summary>
+        public static void AllocAll(string[] strings, IntPtr[] ptrs, string what)
+        {
+            for (int i = 0; i < strings.Length; i++)
+            {
+                if (strings[i] == null) throw new FastLLMException(Status.InvalidArgument, what + "[" + i + "] is null");
+                ptrs[i] = Alloc(strings[i]);
+            }
+        }
+
+        public static void Free(IntPtr[] ptrs)
+        {
+            foreach (var p in ptrs)
+                if (p != IntPtr.Zero) Marshal.FreeHGlobal(p);
+        }
+
         public static string FromPtr(IntPtr p)
         {
             if (p == IntPtr.Zero) return null;
