@@ -8,9 +8,12 @@ The runs alternate (fastllm, PyTorch, llama.cpp, again) and each figure is the m
 
 --llama_cpp is a llama.cpp source tree built outside this repository (build/bin/llama-embedding
 and convert_hf_to_gguf.py; ../shared/PEERS.md says how). Without it the llama.cpp column is left out.
-llama-embedding's figure is its own "prompt eval time" (the model's load is not counted), over all
-the sentences in batches of 16 x --batch tokens (its batches are counted in tokens: 512 tokens hold
-about 40 of these sentences).
+llama-embedding's figure is the wall-clock time of a run over all the sentences less that of a run
+over one (its load and exit cancel out; its own "prompt eval time" undercounts an encoder's
+batches, see run_llama), in batches of 16 x --batch tokens (its batches are counted in tokens: 512
+tokens hold about 40 of these sentences). A second llama.cpp row is llama-bench's rate for passes of
+64 tokens, one sequence each, as sentences of the corpus's mean length: no tokenizer, no output, no
+padding, a bound llama-embedding itself does not reach.
 """
 from __future__ import annotations
 
@@ -70,19 +73,38 @@ def run_torch(st, texts, batch):
     return len(texts) / (time.perf_counter() - t0)
 
 
-def run_llama(llama_cpp: Path, gguf: Path, texts, batch, threads, pooling):
-    """Sentences per second of llama-embedding's prompt evaluation (its own timer)."""
+def _llama_embedding_seconds(llama_cpp: Path, gguf: Path, texts, batch, threads, pooling) -> float:
     prompt = "\n".join(t.replace("\n", " ") for t in texts)
+    t0 = time.perf_counter()
     r = subprocess.run([str(llama_cpp / "build" / "bin" / "llama-embedding"), "-m", str(gguf), "-t", str(threads),
                         "-p", prompt, "--pooling", pooling, "--embd-normalize", "2", "-b", str(16 * batch),
-                        "-ub", str(16 * batch), "--parallel", str(4 * batch), "--embd-output-format", "array", "--perf", "-v"],
+                        "-ub", str(16 * batch), "--parallel", str(4 * batch), "--embd-output-format", "array"],
                        capture_output=True, text=True, timeout=900)
+    seconds = time.perf_counter() - t0
     if r.returncode != 0:
         raise RuntimeError(r.stderr[-2000:])
-    m = re.search(r"prompt eval time =\s+([\d.]+) ms", r.stderr)
-    if not m:
-        raise RuntimeError("no prompt eval time in llama-embedding's output:\n" + r.stderr[-2000:])
-    return len(texts) / (float(m.group(1)) / 1000)
+    return seconds
+
+
+def run_llama(llama_cpp: Path, gguf: Path, texts, batch, threads, pooling):
+    """Sentences per second of llama-embedding: the wall-clock time of a run over all the sentences
+    less that of a run over the first one (the load, the warm-up pass and the exit cancel out).
+    Its own "prompt eval time" is not used: for an encoder it counts a batch only when another
+    batch follows (all 256 sentences in one batch report 0.00 ms; in batches of 512 tokens it
+    reported 187 ms where its compute took 0.8 CPU-seconds of its two threads, by perf)."""
+    full = _llama_embedding_seconds(llama_cpp, gguf, texts, batch, threads, pooling)
+    one = _llama_embedding_seconds(llama_cpp, gguf, texts[:1], batch, threads, pooling)
+    return (len(texts) - 1) / (full - one)
+
+
+def run_llama_bench(llama_cpp: Path, gguf: Path, threads, tokens_per_sentence: float):
+    """llama-bench's rate for 64-token passes (one sequence each, no tokenizer, no output),
+    as sentences of this corpus's mean length per second: a bound llama-embedding cannot reach."""
+    import json
+    r = subprocess.run([str(llama_cpp / "build" / "bin" / "llama-bench"), "-m", str(gguf), "-p", "64", "-n", "0",
+                        "-embd", "1", "-t", str(threads), "-r", "3", "-o", "json"],
+                       capture_output=True, text=True, timeout=900, check=True)
+    return json.loads(r.stdout)[0]["avg_ts"] / tokens_per_sentence
 
 
 def main() -> int:
@@ -118,13 +140,14 @@ def main() -> int:
     # warm-up, then alternating measured runs
     run_fastllm(model, texts[:args.batch], args.batch)
     run_torch(st, texts[:args.batch], args.batch)
-    figures = {"fastllm": [], "pytorch": [], "llama.cpp": []}
+    figures = {"fastllm": [], "pytorch": [], "llama.cpp": [], "llama-bench pp64": []}
+    n_tokens = sum(len(model.tokenize(t)) for t in texts)
     for _ in range(args.repeat):
         figures["fastllm"].append(run_fastllm(model, texts, args.batch))
         figures["pytorch"].append(run_torch(st, texts, args.batch))
         if gguf is not None:
             figures["llama.cpp"].append(run_llama(args.llama_cpp, gguf, texts, args.batch, args.threads, pooling))
-    n_tokens = sum(len(model.tokenize(t)) for t in texts)
+            figures["llama-bench pp64"].append(run_llama_bench(args.llama_cpp, gguf, args.threads, n_tokens / args.n))
     print(f"{cpu_name()}; {args.threads} threads; {model_dir.name}, fastllm {args.dtype} ({model.info['backend']}); "
           f"{args.n} sentences ({n_tokens} tokens) in batches of {args.batch}; median of {args.repeat}")
     base = statistics.median(figures["fastllm"])
@@ -133,7 +156,7 @@ def main() -> int:
             continue
         med = statistics.median(values)
         ratio = "" if name == "fastllm" else f"   fastllm / {name}: {base / med:.2f}x"
-        print(f"  {name:10s} {med:8.1f} sentences/s  ({', '.join(f'{v:.1f}' for v in values)}){ratio}")
+        print(f"  {name:17s} {med:8.1f} sentences/s  ({', '.join(f'{v:.1f}' for v in values)}){ratio}")
     model.close()
     return 0
 

@@ -25,7 +25,7 @@
  * generation, and a log callback receiving all their messages: no race reported, every output equal to the same
  * work done on one thread, no message lost. fastllm_generate_step over several sessions counts as
  * using each of them. Not covered: fastllm_log_set racing with messages in flight (it is locked,
- * but untested), and OpenBLAS's own threads (the TSan build runs without it).
+ * but untested).
  */
 #ifndef FASTLLM_H
 #define FASTLLM_H

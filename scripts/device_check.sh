@@ -3,7 +3,7 @@
 # tool's NVIDIA H200 machine (16 cores, an NVIDIA driver, no network, no Vulkan loader installed).
 #
 #   here, with network:  bash scripts/device_check.sh --prepare
-#       builds build-device/ (Release, Vulkan, no OpenBLAS, which that machine may lack) and
+#       builds build-device/ (Release, Vulkan) and
 #       downloads the Vulkan loader's .deb into .gl/ (ignored by git; both travel as `carry`)
 #   there:               bash scripts/device_check.sh OUT_DIR      (carry: .gl, build-device)
 #       unpacks the loader, lists the devices, runs the Vulkan op tests (test_kernels) and
@@ -16,7 +16,7 @@ cd "$(dirname "$0")/.."
 
 if [ "${1:-}" = "--prepare" ]; then
   set -e
-  cmake -S . -B build-device -DCMAKE_BUILD_TYPE=Release -DFASTLLM_BLAS=OFF -DFASTLLM_SERVER=OFF >/dev/null
+  cmake -S . -B build-device -DCMAKE_BUILD_TYPE=Release -DFASTLLM_SERVER=OFF >/dev/null
   cmake --build build-device -j2 --target fastllm test_kernels
   grep -qx '/.gl/' .git/info/exclude || echo /.gl/ >> .git/info/exclude
   grep -qx '/build-device/' .git/info/exclude || echo /build-device/ >> .git/info/exclude

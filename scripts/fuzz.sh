@@ -19,7 +19,7 @@ if ! command -v clang++-14 >/dev/null || ! dpkg -s libclang-rt-14-dev >/dev/null
   $SUDO apt-get install -y -qq clang-14 libclang-rt-14-dev >/dev/null
 fi
 cmake -S . -B build-fuzz -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_C_COMPILER=clang-14 \
-  -DCMAKE_CXX_COMPILER=clang++-14 -DFASTLLM_FUZZ=ON -DFASTLLM_BLAS=OFF -DFASTLLM_SERVER=OFF \
+  -DCMAKE_CXX_COMPILER=clang++-14 -DFASTLLM_FUZZ=ON -DFASTLLM_SERVER=OFF \
   -DFASTLLM_BUILD_EXAMPLES=OFF >/dev/null
 for t in $TARGETS; do cmake --build build-fuzz -j2 --target "fuzz_$t" >/dev/null; done
 python3 tests/fuzz/make_models.py build-fuzz/models >/dev/null

@@ -7,7 +7,7 @@ SUDO=""
 [ "$(id -u)" -ne 0 ] && SUDO="sudo"
 # nlohmann-json3-dev: the core reads JSON schemas with it (header-only), the server its requests;
 # libcpp-httplib-dev, pkg-config: for fastllm-server (server/)
-APT_PACKAGES="cmake g++ libopenblas-dev libcpp-httplib-dev nlohmann-json3-dev pkg-config"
+APT_PACKAGES="cmake g++ libcpp-httplib-dev nlohmann-json3-dev pkg-config"
 # The other platforms, cross-built and run here (tests/test_platforms.py, README "Platforms"):
 # Windows with MinGW-w64 under Wine, ARM64 Linux with the aarch64 cross compiler under QEMU.
 APT_PACKAGES="$APT_PACKAGES g++-mingw-w64-x86-64 wine wine64 g++-aarch64-linux-gnu qemu-user"

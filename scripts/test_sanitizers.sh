@@ -6,8 +6,7 @@
 # pytest files that drive the C API hardest against that build. Python loads the ASan runtime
 # first, and libstdc++ with it, so that ASan can intercept exceptions (LD_PRELOAD); leak checking
 # is off there, as CPython itself keeps memory at exit.
-# Then the 8-session thread test under ThreadSanitizer (build-tsan/, without OpenBLAS, whose own
-# threads TSan cannot see into).
+# Then the 8-session thread test under ThreadSanitizer (build-tsan/).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 cmake -S . -B build-asan -DCMAKE_BUILD_TYPE=RelWithDebInfo -DFASTLLM_SANITIZE=address >/dev/null
@@ -24,7 +23,7 @@ ASAN_OPTIONS=halt_on_error=1:detect_leaks=0 LD_PRELOAD="$(gcc -print-file-name=l
     tests/test_sliding_window.py tests/test_speculative.py tests/test_batched_admission.py \
     -k "not long_prompt_is_admitted" "$@"  # SmolLM2 streams: only their timing differs from the other server tests
 
-cmake -S . -B build-tsan -DCMAKE_BUILD_TYPE=RelWithDebInfo -DFASTLLM_SANITIZE=thread -DFASTLLM_BLAS=OFF \
+cmake -S . -B build-tsan -DCMAKE_BUILD_TYPE=RelWithDebInfo -DFASTLLM_SANITIZE=thread \
   -DFASTLLM_SERVER=OFF -DFASTLLM_BUILD_EXAMPLES=OFF >/dev/null
 cmake --build build-tsan -j2 --target test_threads >/dev/null
 SHARED="${FASTLLM_SHARED:-$PWD/../shared}"

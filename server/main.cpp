@@ -33,7 +33,7 @@
 namespace {
 
 // SIGINT/SIGTERM handler: wakes main through a pipe. (Blocking the signals and sigwait-ing for them
-// is not enough: threads that libraries start before main, such as OpenBLAS's pool, do not block them.)
+// is not enough: threads that libraries start before main do not block them.)
 int g_signal_pipe[2] = {-1, -1};
 
 extern "C" void on_signal(int sig) {

@@ -61,7 +61,9 @@ def test_wheel_is_self_contained(wheel):
     assert "-py3-none-manylinux_" in wheel.name
     names = zipfile.ZipFile(wheel).namelist()
     assert "fastllm/libfastllm.so" in names and "fastllm/converter/convert.py" in names
-    assert any(n.startswith("fastllm.libs/libopenblas") for n in names), names  # grafted by auditwheel
+    # nothing for auditwheel to graft: the library links only glibc, libstdc++ and libgcc, which every
+    # manylinux system has
+    assert not any(n.startswith("fastllm.libs/") for n in names), names
     show = sh(sys.executable, "-m", "auditwheel", "show", wheel).stdout
     assert "manylinux_" in show
     meta = zipfile.ZipFile(wheel).read(next(n for n in names if n.endswith("METADATA"))).decode()

@@ -15,11 +15,10 @@ HERE="$(cd "$(dirname "$0")" && pwd)"
 REPO="$(cd "$HERE/../.." && pwd)"
 TESTS=0
 if [ "${1:-}" = "--unity-plugins" ]; then
-  # A plugin ships inside a game, so it may need nothing the player lacks: no OpenBLAS (the
-  # library's own tiled kernels do the prompt batches), libstdc++ and libgcc linked in (the Linux
+  # A plugin ships inside a game, so it may need nothing the player lacks: libstdc++ and libgcc linked in (the Linux
   # libraries need only glibc; the MinGW DLL only Windows' own DLLs, tests/test_platforms.py).
   plugin() {  # plugin BUILD_DIR TOOLCHAIN|"" DEST
-    local dir="$REPO/$1" options=(-DCMAKE_BUILD_TYPE=Release -DFASTLLM_BLAS=OFF -DFASTLLM_SERVER=OFF
+    local dir="$REPO/$1" options=(-DCMAKE_BUILD_TYPE=Release -DFASTLLM_SERVER=OFF
       -DFASTLLM_BUILD_TESTS=OFF -DFASTLLM_BUILD_EXAMPLES=OFF)
     [ -n "$2" ] && options+=("-DCMAKE_TOOLCHAIN_FILE=$REPO/$2")
     # -s: no symbol table in a library that ships (2.0 -> 1.6 MiB on Linux x86-64)

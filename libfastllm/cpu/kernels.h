@@ -73,6 +73,15 @@ struct KernelTable {
     static constexpr int kMultiTokens = 8;
     void (*dot_rows_multi[3])(const void *w, size_t stride, int rows, const float *x, int n, int n_tok, float *y,
                               size_t ldy);
+    // Prompt batches over plain weights: a panel of up to kGemmCols weight rows, packed k-major as
+    // f32 (p[k * kGemmCols + j] = weight k of row j, zero past the panel's rows), times n_tok tokens:
+    // y[t * ldy + j] = sum over k < n of p[k * kGemmCols + j] * x[t * ldx + k], for j < cols. The
+    // tokens stream past the panel a few at a time, their sums in registers for the whole of n.
+    static constexpr int kGemmCols = 32;
+    // Packs rows (<= kGemmCols) of n weights of a plain dtype, row r at (char*)w + r*stride, into
+    // such a panel: p[k * kGemmCols + j] = float(weight k of row j), 0 for j >= rows.
+    void (*gemm_pack[3])(const void *w, size_t stride, int rows, int n, float *p);
+    void (*gemm_panel)(const float *p, int n, const float *x, size_t ldx, int n_tok, float *y, size_t ldy, int cols);
 };
 
 // `plain` with dot_rows_quant of every quantized dtype set to the ISA's kernel for its code width

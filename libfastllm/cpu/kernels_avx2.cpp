@@ -490,6 +490,78 @@ void dot_rows_quant(const QuantTile &w, int rows, int n, const QuantActs &x, int
     }
 }
 
+// In place: r[i] (row i, values 0-7) becomes column i (value i of rows 0-7).
+inline void transpose8(__m256 r[8]) {
+    __m256 t[8], u[8];
+    for (int i = 0; i < 8; i += 2) t[i] = _mm256_unpacklo_ps(r[i], r[i + 1]), t[i + 1] = _mm256_unpackhi_ps(r[i], r[i + 1]);
+    for (int g = 0; g < 2; g++) {  // u[4g + c]: rows 4g..4g+3 at column 4l + c of lane l
+        const __m256 *q = t + 4 * g;
+        u[4 * g + 0] = _mm256_shuffle_ps(q[0], q[2], 0x44), u[4 * g + 1] = _mm256_shuffle_ps(q[0], q[2], 0xEE);
+        u[4 * g + 2] = _mm256_shuffle_ps(q[1], q[3], 0x44), u[4 * g + 3] = _mm256_shuffle_ps(q[1], q[3], 0xEE);
+    }
+    for (int c = 0; c < 4; c++)
+        r[c] = _mm256_permute2f128_ps(u[c], u[4 + c], 0x20), r[4 + c] = _mm256_permute2f128_ps(u[c], u[4 + c], 0x31);
+}
+
+// The panel in blocks of 8 rows x 8 weights, each transposed in registers.
+template <__m256 (*Load8)(const void *, int), float (*Load1)(const void *, int)>
+void gemm_pack(const void *w, size_t stride, int rows, int n, float *p) {
+    constexpr int C = KernelTable::kGemmCols;
+    for (int h = 0; h < C; h += 8) {
+        const int rh = std::max(0, std::min(8, rows - h));
+        auto row = [&](int i) { return (const char *)w + (size_t)(h + i) * stride; };
+        int k = 0;
+        for (; k + 8 <= n; k += 8) {
+            __m256 r[8];
+            for (int i = 0; i < 8; i++) r[i] = i < rh ? Load8(row(i), k) : _mm256_setzero_ps();
+            transpose8(r);
+            for (int c = 0; c < 8; c++) _mm256_storeu_ps(p + (size_t)(k + c) * C + h, r[c]);
+        }
+        for (; k < n; k++)
+            for (int i = 0; i < 8; i++) p[(size_t)k * C + h + i] = i < rh ? Load1(row(i), k) : 0.0f;
+    }
+}
+
+// NT tokens x 16 columns (one half of the panel) in 2 * NT of the 16 registers, with the two panel
+// loads and a broadcast: per k, 2 * NT FMAs. Columns at and past `cols` are not stored.
+template <int NT>
+void gemm_tile(const float *p, int n, const float *x, size_t ldx, float *y, size_t ldy, int cols) {
+    __m256 c0[NT], c1[NT];
+    for (int t = 0; t < NT; t++) c0[t] = _mm256_setzero_ps(), c1[t] = _mm256_setzero_ps();
+    for (int k = 0; k < n; k++) {
+        const __m256 w0 = _mm256_loadu_ps(p + (size_t)k * 32), w1 = _mm256_loadu_ps(p + (size_t)k * 32 + 8);
+        for (int t = 0; t < NT; t++) {
+            const __m256 b = _mm256_broadcast_ss(x + (size_t)t * ldx + k);
+            c0[t] = _mm256_fmadd_ps(w0, b, c0[t]);
+            c1[t] = _mm256_fmadd_ps(w1, b, c1[t]);
+        }
+    }
+    for (int t = 0; t < NT; t++) {
+        float *yt = y + (size_t)t * ldy;
+        if (cols >= 16) {
+            _mm256_storeu_ps(yt, c0[t]);
+            _mm256_storeu_ps(yt + 8, c1[t]);
+        } else {
+            alignas(32) float v[16];
+            _mm256_store_ps(v, c0[t]);
+            _mm256_store_ps(v + 8, c1[t]);
+            for (int j = 0; j < cols; j++) yt[j] = v[j];
+        }
+    }
+}
+
+void gemm_panel(const float *p, int n, const float *x, size_t ldx, int n_tok, float *y, size_t ldy, int cols) {
+    static_assert(KernelTable::kGemmCols == 32, "two halves of 16 columns");
+    using Tile = void (*)(const float *, int, const float *, size_t, float *, size_t, int);
+    static constexpr Tile kTiles[] = {nullptr, gemm_tile<1>, gemm_tile<2>, gemm_tile<3>,
+                                      gemm_tile<4>, gemm_tile<5>, gemm_tile<6>};
+    constexpr int NT = 6;
+    for (int h = 0; h < 32 && h < cols; h += 16)
+        for (int t = 0; t < n_tok; t += NT)
+            kTiles[std::min(NT, n_tok - t)](p + h, n, x + (size_t)t * ldx, ldx, y + (size_t)t * ldy + h, ldy,
+                                            cols - h);
+}
+
 KernelTable::QuantDot quant_for_bits(int bits) {
     return bits == 8 ? dot_rows_quant<8> : bits == 6 ? dot_rows_quant<6> : bits == 5 ? dot_rows_quant<5>
          : bits == 3 ? dot_rows_quant<3> : dot_rows_quant<4>;
@@ -507,7 +579,9 @@ const KernelTable kPlain = {
     quantize_acts,
     {},  // dot_rows_quant
     {}, {}, {}, {},  // KV kernels: set by the factory
-    {dot_rows_multi<load8_f32, load1_f32>, dot_rows_multi<load8_f16, load1_f16>, dot_rows_multi<load8_bf16, load1_bf16>}};
+    {dot_rows_multi<load8_f32, load1_f32>, dot_rows_multi<load8_f16, load1_f16>, dot_rows_multi<load8_bf16, load1_bf16>},
+    {gemm_pack<load8_f32, load1_f32>, gemm_pack<load8_f16, load1_f16>, gemm_pack<load8_bf16, load1_bf16>},
+    gemm_panel};
 
 }  // namespace
 

@@ -316,6 +316,43 @@ struct DotNeon {
     }
 };
 
+// NT tokens x 16 columns (half the panel) in 4 * NT of the 32 registers, the panel's four loads
+// per k shared by every token.
+template <int NT>
+void gemm_tile(const float *p, int n, const float *x, size_t ldx, float *y, size_t ldy, int cols) {
+    float32x4_t c[NT][4];
+    for (int t = 0; t < NT; t++)
+        for (int i = 0; i < 4; i++) c[t][i] = vdupq_n_f32(0.0f);
+    for (int k = 0; k < n; k++) {
+        const float *pk = p + (size_t)k * 32;
+        const float32x4_t w0 = vld1q_f32(pk), w1 = vld1q_f32(pk + 4), w2 = vld1q_f32(pk + 8), w3 = vld1q_f32(pk + 12);
+        for (int t = 0; t < NT; t++) {
+            const float b = x[(size_t)t * ldx + k];
+            c[t][0] = vfmaq_n_f32(c[t][0], w0, b);
+            c[t][1] = vfmaq_n_f32(c[t][1], w1, b);
+            c[t][2] = vfmaq_n_f32(c[t][2], w2, b);
+            c[t][3] = vfmaq_n_f32(c[t][3], w3, b);
+        }
+    }
+    for (int t = 0; t < NT; t++) {
+        float v[16];
+        for (int i = 0; i < 4; i++) vst1q_f32(v + 4 * i, c[t][i]);
+        float *yt = y + (size_t)t * ldy;
+        for (int j = 0; j < std::min(cols, 16); j++) yt[j] = v[j];
+    }
+}
+
+void gemm_panel(const float *p, int n, const float *x, size_t ldx, int n_tok, float *y, size_t ldy, int cols) {
+    static_assert(KernelTable::kGemmCols == 32, "two halves of 16 columns");
+    using Tile = void (*)(const float *, int, const float *, size_t, float *, size_t, int);
+    static constexpr Tile kTiles[] = {nullptr, gemm_tile<1>, gemm_tile<2>, gemm_tile<3>, gemm_tile<4>};
+    constexpr int NT = 4;
+    for (int h = 0; h < 32 && h < cols; h += 16)
+        for (int t = 0; t < n_tok; t += NT)
+            kTiles[std::min(NT, n_tok - t)](p + h, n, x + (size_t)t * ldx, ldx, y + (size_t)t * ldy + h, ldy,
+                                            cols - h);
+}
+
 // dot_rows_quant: filled from the dtype table when the table is first asked for
 const KernelTable kPlain = {
     Isa::Neon,
@@ -328,7 +365,9 @@ const KernelTable kPlain = {
     quantize_acts,
     {},  // dot_rows_quant
     {}, {}, {}, {},  // KV kernels: set by the factory
-    {}};             // dot_rows_multi: none, matmul converts blocks
+    {},              // dot_rows_multi: none, matmul converts blocks
+    {},              // gemm_pack: the scalar table's, see neon_kernels()
+    gemm_panel};
 
 }  // namespace
 
@@ -343,6 +382,8 @@ const KernelTable *neon_kernels() {
         t.kv_accum[q8] = kv_accum_q8;
         t.kv_store[f16] = kv_store_f16, t.kv_store[q8] = kv_store_q8;
         t.kv_load[f16] = to_f32<load4_f16, load1_f16>, t.kv_load[q8] = kv_load_q8;
+        // Packing a panel is 1/T of a prompt matmul's work: the portable transposition is enough.
+        for (int d = 0; d < 3; d++) t.gemm_pack[d] = scalar_kernels()->gemm_pack[d];
         return t;
     }();
     return &table;

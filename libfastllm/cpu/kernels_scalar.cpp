@@ -226,6 +226,40 @@ void dot_rows_quant(const QuantTile &w, int rows, int n, const QuantActs &x, int
     for (int t = 0; t < n_tok; t++) dot_rows_quant1<kBits>(w, rows, n, token_acts(x, n, t), y + t * ldy);
 }
 
+inline float load1_f32(const void *p, int i) { return ((const float *)p)[i]; }
+inline float load1_f16(const void *p, int i) { return f16_to_f32(((const uint16_t *)p)[i]); }
+inline float load1_bf16(const void *p, int i) { return bf16_to_f32(((const uint16_t *)p)[i]); }
+
+template <float (*Load1)(const void *, int)>
+void gemm_pack(const void *w, size_t stride, int rows, int n, float *p) {
+    constexpr int C = KernelTable::kGemmCols;
+    for (int j = 0; j < C; j++) {
+        const void *row = (const char *)w + (size_t)j * stride;
+        for (int k = 0; k < n; k++) p[(size_t)k * C + j] = j < rows ? Load1(row, k) : 0.0f;
+    }
+}
+
+// Four tokens at a time against the whole panel: the j loops are plain multiply-adds over 32
+// contiguous floats, which the compiler vectorises for whatever vector unit the target has.
+void gemm_panel(const float *p, int n, const float *x, size_t ldx, int n_tok, float *y, size_t ldy, int cols) {
+    constexpr int C = KernelTable::kGemmCols, NT = 4;
+    for (int t0 = 0; t0 < n_tok; t0 += NT) {
+        const int nt = std::min(NT, n_tok - t0);
+        float acc[NT][C] = {};
+        for (int k = 0; k < n; k++) {
+            const float *pk = p + (size_t)k * C;
+            for (int t = 0; t < nt; t++) {
+                const float xv = x[(size_t)(t0 + t) * ldx + k];
+                for (int j = 0; j < C; j++) acc[t][j] += pk[j] * xv;
+            }
+        }
+        for (int t = 0; t < nt; t++) {
+            float *yt = y + (size_t)(t0 + t) * ldy;
+            for (int j = 0; j < cols; j++) yt[j] = acc[t][j];
+        }
+    }
+}
+
 KernelTable::QuantDot quant_for_bits(int bits) {
     return bits == 8 ? dot_rows_quant<8> : bits == 6 ? dot_rows_quant<6> : bits == 5 ? dot_rows_quant<5>
          : bits == 3 ? dot_rows_quant<3> : dot_rows_quant<4>;
@@ -242,7 +276,9 @@ const KernelTable kPlain = {Isa::Scalar,
                             quantize_acts,
                             {},  // dot_rows_quant
     {}, {}, {}, {},  // KV kernels: set by the factory
-    {}};             // dot_rows_multi: none, matmul converts blocks
+    {},              // dot_rows_multi: none, matmul converts blocks
+    {gemm_pack<load1_f32>, gemm_pack<load1_f16>, gemm_pack<load1_bf16>},
+    gemm_panel};
 
 }  // namespace
 
