@@ -6,8 +6,8 @@ The runs alternate (fastllm, PyTorch, llama.cpp, again) and each figure is the m
     python3 bench/bench_embed.py [--n 256] [--batch 32] [--threads 2] [--repeat 3] [--dtype f32]
                                  [--llama_cpp DIR]
 
---llama_cpp is a llama.cpp source tree built outside this repository (build/bin/llama-embedding
-and convert_hf_to_gguf.py; ../shared/PEERS.md says how). Without it the llama.cpp column is left out.
+--llama_cpp is a llama.cpp source tree built outside this repository (build/bin/llama-embedding,
+build/bin/llama-bench and convert_hf_to_gguf.py; ../shared/PEERS.md says how). Without it the llama.cpp column is left out.
 llama-embedding's figure is the wall-clock time of a run over all the sentences less that of a run
 over one (its load and exit cancel out; its own "prompt eval time" undercounts an encoder's
 batches, see run_llama), in batches of 16 x --batch tokens (its batches are counted in tokens: 512
@@ -19,9 +19,9 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
+import json
 import os
 import random
-import re
 import statistics
 import subprocess
 import sys
@@ -100,7 +100,6 @@ def run_llama(llama_cpp: Path, gguf: Path, texts, batch, threads, pooling):
 def run_llama_bench(llama_cpp: Path, gguf: Path, threads, tokens_per_sentence: float):
     """llama-bench's rate for 64-token passes (one sequence each, no tokenizer, no output),
     as sentences of this corpus's mean length per second: a bound llama-embedding cannot reach."""
-    import json
     r = subprocess.run([str(llama_cpp / "build" / "bin" / "llama-bench"), "-m", str(gguf), "-p", "64", "-n", "0",
                         "-embd", "1", "-t", str(threads), "-r", "3", "-o", "json"],
                        capture_output=True, text=True, timeout=900, check=True)

@@ -128,6 +128,10 @@ int64_t Decoder::max_row_length() const {
     return std::max({(int64_t)cfg_.hidden_size, (int64_t)cfg_.q_dim(), (int64_t)cfg_.intermediate_size});
 }
 
+PassShape Decoder::pass_shape(int max_batch, int positions) const {
+    return PassShape{max_row_length(), max_batch, positions, cfg_.head_dim, (int64_t)cfg_.kv_dim()};
+}
+
 void Decoder::carve(Arena &a, Workspace &w, int B) const {
     const DecoderConfig &c = cfg_;
     w.max_batch = B;

@@ -67,6 +67,8 @@ public:
     uint64_t n_params() const { return n_params_; }
     // The longest matrix row (for the backend's scratch).
     int64_t max_row_length() const;
+    // What a backend's scratch must hold for passes of up to max_batch rows reading `positions` keys.
+    PassShape pass_shape(int max_batch, int positions) const;
     // Every weight the passes read (for Backend::prepare_weights): of layers [first, end), with the
     // embeddings (the first stage's) and the output head (the last stage's) where asked.
     std::vector<const Tensor *> weights() const { return weights(0, cfg_.num_layers, true, true); }

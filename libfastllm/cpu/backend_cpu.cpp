@@ -17,11 +17,10 @@ std::string CpuBackend::describe() const {
 void CpuBackend::carve(Arena &a, const PassShape &s) {
     const int n_threads = pool_.n_threads();
     float *matmul = a.take(ops::matmul_scratch_floats(s.max_k, n_threads, s.max_batch));
-    float *scores = a.take((size_t)n_threads * (size_t)s.max_positions);
+    float *attn = a.take(ops::attention_scratch_floats(n_threads, s.max_positions, s.head_dim, s.kv_dim));
     if (a.planning()) return;
     scratch_ = ops::make_matmul_scratch(matmul, s.max_k, n_threads, s.max_batch);
-    scores_stride_ = (size_t)s.max_positions;
-    scores_ = scores;
+    attn_ = ops::make_attention_scratch(attn, n_threads, s.max_positions, s.head_dim, s.kv_dim);
 }
 
 void CpuBackend::download(void *dst, const void *src, size_t bytes) { std::memcpy(dst, src, bytes); }
@@ -115,7 +114,7 @@ void CpuBackend::shift_cache(KvCache &c, int layer, int from, int n, int delta, 
 
 void CpuBackend::attention(const float *q, const AttentionRun *runs, int n_runs, int layer, const AttentionShape &s,
                            float *out) {
-    ops::attention(k_, q, runs, n_runs, layer, s, out, scores_, scores_stride_, pool_);
+    ops::attention(k_, q, runs, n_runs, layer, s, out, attn_, pool_);
 }
 
 void CpuBackend::glu(Act kind, const float *gate_up, int T, int n, float *out) {

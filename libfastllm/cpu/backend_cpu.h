@@ -49,8 +49,7 @@ private:
     const KernelTable &k_;
     ThreadPool pool_;
     ops::MatmulScratch scratch_{};
-    float *scores_ = nullptr;  // [threads, max_positions]
-    size_t scores_stride_ = 0;
+    ops::AttentionScratch attn_;
 };
 
 }  // namespace fastllm

@@ -69,7 +69,7 @@ struct KernelTable {
     void (*kv_load[kNumKvTypes])(const void *row, float *x, int n);
     // dot_rows for n_tok (<= kMultiTokens) tokens at once: y[t * ldy + r] = dot(row r of w, x + t * n),
     // each weight loaded once for all of them (a step verifying speculative drafts: 2-8 rows). Plain
-    // dtypes; nullptr where the ISA has none (matmul then converts blocks of rows to f32 first).
+    // dtypes; nullptr where the ISA has none (matmul then packs panels, as for a prompt).
     static constexpr int kMultiTokens = 8;
     void (*dot_rows_multi[3])(const void *w, size_t stride, int rows, const float *x, int n, int n_tok, float *y,
                               size_t ldy);

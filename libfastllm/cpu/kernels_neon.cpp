@@ -316,6 +316,28 @@ struct DotNeon {
     }
 };
 
+// The panel in blocks of 4 rows x 4 weights, each transposed in registers.
+template <float32x4_t (*Load4)(const void *, int), float (*Load1)(const void *, int)>
+void gemm_pack(const void *w, size_t stride, int rows, int n, float *p) {
+    constexpr int C = KernelTable::kGemmCols;
+    for (int h = 0; h < C; h += 4) {
+        const int rh = std::max(0, std::min(4, rows - h));
+        auto row = [&](int i) { return (const char *)w + (size_t)(h + i) * stride; };
+        int k = 0;
+        for (; k + 4 <= n; k += 4) {
+            float32x4_t r[4];
+            for (int i = 0; i < 4; i++) r[i] = i < rh ? Load4(row(i), k) : vdupq_n_f32(0.0f);
+            const float32x4x2_t a = vtrnq_f32(r[0], r[1]), b = vtrnq_f32(r[2], r[3]);  // [a0 b0 a2 b2], [a1 b1 a3 b3]
+            vst1q_f32(p + (size_t)k * C + h, vcombine_f32(vget_low_f32(a.val[0]), vget_low_f32(b.val[0])));
+            vst1q_f32(p + (size_t)(k + 1) * C + h, vcombine_f32(vget_low_f32(a.val[1]), vget_low_f32(b.val[1])));
+            vst1q_f32(p + (size_t)(k + 2) * C + h, vcombine_f32(vget_high_f32(a.val[0]), vget_high_f32(b.val[0])));
+            vst1q_f32(p + (size_t)(k + 3) * C + h, vcombine_f32(vget_high_f32(a.val[1]), vget_high_f32(b.val[1])));
+        }
+        for (; k < n; k++)
+            for (int i = 0; i < 4; i++) p[(size_t)k * C + h + i] = i < rh ? Load1(row(i), k) : 0.0f;
+    }
+}
+
 // NT tokens x 16 columns (half the panel) in 4 * NT of the 32 registers, the panel's four loads
 // per k shared by every token.
 template <int NT>
@@ -365,8 +387,8 @@ const KernelTable kPlain = {
     quantize_acts,
     {},  // dot_rows_quant
     {}, {}, {}, {},  // KV kernels: set by the factory
-    {},              // dot_rows_multi: none, matmul converts blocks
-    {},              // gemm_pack: the scalar table's, see neon_kernels()
+    {},              // dot_rows_multi: none, matmul packs panels
+    {gemm_pack<load4_f32, load1_f32>, gemm_pack<load4_f16, load1_f16>, gemm_pack<load4_bf16, load1_bf16>},
     gemm_panel};
 
 }  // namespace
@@ -382,8 +404,6 @@ const KernelTable *neon_kernels() {
         t.kv_accum[q8] = kv_accum_q8;
         t.kv_store[f16] = kv_store_f16, t.kv_store[q8] = kv_store_q8;
         t.kv_load[f16] = to_f32<load4_f16, load1_f16>, t.kv_load[q8] = kv_load_q8;
-        // Packing a panel is 1/T of a prompt matmul's work: the portable transposition is enough.
-        for (int d = 0; d < 3; d++) t.gemm_pack[d] = scalar_kernels()->gemm_pack[d];
         return t;
     }();
     return &table;

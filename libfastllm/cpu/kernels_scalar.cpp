@@ -233,9 +233,10 @@ inline float load1_bf16(const void *p, int i) { return bf16_to_f32(((const uint1
 template <float (*Load1)(const void *, int)>
 void gemm_pack(const void *w, size_t stride, int rows, int n, float *p) {
     constexpr int C = KernelTable::kGemmCols;
-    for (int j = 0; j < C; j++) {
-        const void *row = (const char *)w + (size_t)j * stride;
-        for (int k = 0; k < n; k++) p[(size_t)k * C + j] = j < rows ? Load1(row, k) : 0.0f;
+    for (int k = 0; k < n; k++) {
+        float *pk = p + (size_t)k * C;
+        for (int j = 0; j < rows; j++) pk[j] = Load1((const char *)w + (size_t)j * stride, k);
+        for (int j = rows; j < C; j++) pk[j] = 0.0f;
     }
 }
 
@@ -276,7 +277,7 @@ const KernelTable kPlain = {Isa::Scalar,
                             quantize_acts,
                             {},  // dot_rows_quant
     {}, {}, {}, {},  // KV kernels: set by the factory
-    {},              // dot_rows_multi: none, matmul converts blocks
+    {},              // dot_rows_multi: none, matmul packs panels
     {gemm_pack<load1_f32>, gemm_pack<load1_f16>, gemm_pack<load1_bf16>},
     gemm_panel};
 

@@ -64,7 +64,7 @@ void matmul_quant(const KernelTable &k, const Tensor &W, const float *x, int T, 
 }
 
 // Plain weights, a prompt's tokens: each thread packs a panel of 32 rows as f32, k-major (in L2:
-// 48 KiB at K = 384, 256 KiB at K = 2048), and streams every token past it. Chunks of K kept in L1
+// 48 KiB at K = 384, 256 KiB at K = 2048), and streams the tokens past it. Chunks of K kept in L1
 // measured no faster at 512 x 2048 x 2048 (the sums left the registers once per chunk). Against
 // OpenBLAS's sgemm, which this replaced (AVX-512 Xeon, 2 threads, GFLOP/s, best of 9): 400 x 1536
 // x 384 275 vs 280, 400 x 384 x 1536 287 vs 270, 512 x 2048 x 2048 309 vs 317, 512 x 2048 x 5632
@@ -72,15 +72,20 @@ void matmul_quant(const KernelTable &k, const Tensor &W, const float *x, int T, 
 void matmul_panels(const KernelTable &k, const Tensor &W, const float *x, int T, float *y, const MatmulScratch &sc,
                    ThreadPool &pool) {
     constexpr int C = KernelTable::kGemmCols;
-    const int64_t N = W.rows(), K = W.cols();
+    const int64_t N = W.rows(), K = W.cols(), n_panels = (N + C - 1) / C;
     const int dt = (int)W.dtype;
-    pool.parallel_for((N + C - 1) / C, [&](int64_t first, int64_t last, int tid) {
+    // Fewer panels than two per thread (N = 384 on 16 threads): the tokens are split as well, each
+    // part packing its panel again, with at least 32 tokens a part so that packing stays small.
+    const int64_t splits = std::max<int64_t>(1, std::min<int64_t>((2 * pool.n_threads() + n_panels - 1) / n_panels, T / 32));
+    const int64_t per = (T + splits - 1) / splits;
+    pool.parallel_for(n_panels * splits, [&](int64_t first, int64_t last, int tid) {
         float *panel = sc.f32 + (size_t)tid * panel_floats(K);
-        for (int64_t b = first; b < last; b++) {
-            const int64_t r0 = b * C;
-            const int cols = (int)std::min<int64_t>(C, N - r0);
-            k.gemm_pack[dt](W.row(r0), W.row_bytes(), cols, (int)K, panel);
-            k.gemm_panel(panel, (int)K, x, (size_t)K, T, y + r0, (size_t)N, cols);
+        for (int64_t task = first, packed = -1; task < last; task++) {
+            const int64_t b = task / splits, t0 = task % splits * per, r0 = b * C;
+            const int cols = (int)std::min<int64_t>(C, N - r0), n_tok = (int)std::min<int64_t>(per, T - t0);
+            if (n_tok <= 0) continue;
+            if (b != packed) k.gemm_pack[dt](W.row(r0), W.row_bytes(), cols, (int)K, panel), packed = b;
+            k.gemm_panel(panel, (int)K, x + t0 * K, (size_t)K, n_tok, y + t0 * N + r0, (size_t)N, cols);
         }
     });
 }
@@ -175,25 +180,173 @@ void softcap(float *x, size_t n, float cap) {
     for (size_t i = 0; i < n; i++) x[i] = cap * std::tanh(x[i] * inv);
 }
 
+namespace {
+// The largest of x[0, n), n >= 1, in 8 running maxima: the compiler makes vector maxima of them,
+// where one running maximum is a chain of dependent scalar ones (4 cycles each; with it, the
+// maximum over each block of keys took two thirds of the blocked attention's own time).
+float max_of(const float *x, int n) {
+    float m[8];
+    std::fill(m, m + 8, x[0]);
+    int i = 0;
+    for (; i + 8 <= n; i += 8)
+        for (int j = 0; j < 8; j++) m[j] = m[j] < x[i + j] ? x[i + j] : m[j];
+    for (; i < n; i++) m[0] = std::max(m[0], x[i]);
+    return *std::max_element(m, m + 8);
+}
+}  // namespace
+
 void softmax(const KernelTable &k, float *x, int n) {
-    float mx = x[0];
-    for (int i = 1; i < n; i++) mx = std::max(mx, x[i]);
+    const float mx = max_of(x, n);
     const float inv = 1.0f / k.exp_shift_sum(x, n, mx);
     for (int i = 0; i < n; i++) x[i] *= inv;
 }
 
+namespace {
+
+// Keys per step of the blocked path: 4 panels. With one panel (32 keys) the per-query softmax
+// bookkeeping took as long as the products (Qwen2.5-0.5B's heads, 2048 rows).
+constexpr int kBlockKeys = 4 * KernelTable::kGemmCols;
+constexpr int kBlockQueries = 64;  // query vectors (rows x a KV head's heads) per task
+
+size_t block_floats(int hd, int64_t kv_dim) {
+    const size_t Q = kBlockQueries, B = kBlockKeys, C = KernelTable::kGemmCols;
+    // queries, their sums and one step's sums; scores; maxima and totals; the key panels; the
+    // keys' and values' heads as f32; a value panel; a whole q8 row
+    return 3 * Q * hd + Q * B + 2 * Q + (size_t)hd * B + 2 * B * hd + B * C + (size_t)kv_dim;
+}
+
+// Values [off, off + dim) of a KV row as f32 (tmp: room for a whole row, for a q8 head that does
+// not start a block).
+void load_head(const KernelTable &k, KvType t, const char *row, int off, int dim, int kv_dim, float *out, float *tmp) {
+    if (t == KvType::F32) {
+        std::memcpy(out, (const float *)row + off, (size_t)dim * 4);
+    } else if (t == KvType::F16) {
+        k.to_f32[(int)DType::F16](row + (size_t)off * 2, out, dim);
+    } else if (off % kKvQ8Block == 0) {
+        k.kv_load[(int)t](row + (size_t)(off / kKvQ8Block) * kKvQ8BlockBytes, out, dim);
+    } else {
+        k.kv_load[(int)t](row, tmp, kv_dim);
+        std::memcpy(out, tmp + off, (size_t)dim * 4);
+    }
+}
+
+// Rows [r0, r1) of a run, the heads of KV head g: queries i = (row - r0) * group + head in group.
+void attend_block(const KernelTable &k, const float *q, const AttentionRun &run, int layer, const AttentionShape &sh,
+                  int g, int r0, int r1, float *out, float *mem) {
+    constexpr int Q = kBlockQueries, B = kBlockKeys, C = KernelTable::kGemmCols;
+    const int hd = sh.head_dim, group = sh.n_heads / sh.n_kv_heads, nq = (r1 - r0) * group;
+    const KvCache &cache = *run.cache;
+    const int kv_dim = cache.kv_dim(), off = g * hd;
+    float *Qs = mem, *O = Qs + (size_t)Q * hd, *Ot = O + (size_t)Q * hd, *S = Ot + (size_t)Q * hd, *m = S + Q * B,
+          *l = m + Q, *Kp = l + Q, *Kt = Kp + (size_t)hd * B, *Vt = Kt + (size_t)B * hd, *Vp = Vt + (size_t)B * hd,
+          *tmp = Vp + B * C;
+    for (int i = 0; i < nq; i++) {
+        const int row = run.first_row + r0 + i / group, h = g * group + i % group;
+        const float *src = q + ((size_t)row * sh.n_heads + h) * hd;
+        for (int d = 0; d < hd; d++) Qs[(size_t)i * hd + d] = src[d] * sh.scale;
+    }
+    std::fill(O, O + (size_t)nq * hd, 0.0f);
+    std::fill(m, m + nq, -INFINITY);
+    std::fill(l, l + nq, 0.0f);
+    auto key_end = [&](int r) { return run.pos0 + (sh.causal ? r + 1 : run.T); };
+    auto key_begin = [&](int r) { return sh.window > 0 ? std::max(0, key_end(r) - sh.window) : 0; };
+    const int last = key_end(r1 - 1);
+    for (int p = key_begin(r0), n; p < last; p += n) {
+        n = std::min(B, last - p);
+        for (int j = 0; j < n; j++) {
+            load_head(k, cache.type_k(), cache.k_row(layer, p + j), off, hd, kv_dim, Kt + (size_t)j * hd, tmp);
+            load_head(k, cache.type_v(), cache.v_row(layer, p + j), off, hd, kv_dim, Vt + (size_t)j * hd, tmp);
+        }
+        for (int c = 0; c < n; c += C) {  // scores of every query against these keys, a panel at a time
+            float *panel = Kp + (size_t)c * hd;
+            k.gemm_pack[(int)DType::F32](Kt + (size_t)c * hd, (size_t)hd * 4, std::min(C, n - c), hd, panel);
+            k.gemm_panel(panel, hd, Qs, (size_t)hd, nq, S + c, B, std::min(C, n - c));
+        }
+        for (int i = 0; i < nq; i++) {
+            const int r = r0 + i / group;
+            const int lo = std::max(p, key_begin(r)) - p, hi = std::min(p + n, key_end(r)) - p;
+            float *s = S + (size_t)i * B;
+            if (lo >= hi) {  // none of these keys is this query's: it adds nothing
+                std::fill(s, s + n, 0.0f);
+                continue;
+            }
+            if (sh.softcap > 0) softcap(s + lo, (size_t)(hi - lo), sh.softcap);
+            const float mx = max_of(s + lo, hi - lo), m_new = std::max(m[i], mx);
+            const float alpha = std::exp(m[i] - m_new);  // 0 for the first keys (m = -inf)
+            const float sum = k.exp_shift_sum(s + lo, hi - lo, m_new);
+            std::fill(s, s + lo, 0.0f);
+            std::fill(s + hi, s + n, 0.0f);
+            l[i] = l[i] * alpha + sum, m[i] = m_new;
+            if (alpha != 1.0f)
+                for (int d = 0; d < hd; d++) O[(size_t)i * hd + d] *= alpha;
+        }
+        for (int d0 = 0; d0 < hd; d0 += C) {  // the weighted values, 32 of a head's values at a time
+            const int dc = std::min(C, hd - d0);
+            for (int j = 0; j < n; j++) {
+                std::memcpy(Vp + (size_t)j * C, Vt + (size_t)j * hd + d0, (size_t)dc * 4);
+                std::fill(Vp + (size_t)j * C + dc, Vp + (size_t)(j + 1) * C, 0.0f);
+            }
+            k.gemm_panel(Vp, n, S, B, nq, Ot + d0, (size_t)hd, dc);
+        }
+        for (size_t e = 0; e < (size_t)nq * hd; e++) O[e] += Ot[e];
+    }
+    for (int i = 0; i < nq; i++) {
+        const int row = run.first_row + r0 + i / group, h = g * group + i % group;
+        const float inv = 1.0f / l[i];
+        float *o = out + ((size_t)row * sh.n_heads + h) * hd;
+        for (int d = 0; d < hd; d++) o[d] = O[(size_t)i * hd + d] * inv;
+    }
+}
+
+bool blocked(const AttentionRun &run, const AttentionShape &sh) {
+    return run.T >= kAttentionBlockRows && sh.n_heads / sh.n_kv_heads <= kBlockQueries;
+}
+
+}  // namespace
+
+size_t attention_scratch_floats(int n_threads, int max_positions, int head_dim, int64_t kv_dim) {
+    return (size_t)n_threads * ((size_t)max_positions + block_floats(head_dim, kv_dim));
+}
+
+AttentionScratch make_attention_scratch(float *memory, int n_threads, int max_positions, int head_dim, int64_t kv_dim) {
+    AttentionScratch s;
+    if (!memory) return s;
+    s.scores = memory, s.scores_stride = (size_t)max_positions;
+    s.blocks = memory + (size_t)n_threads * max_positions, s.blocks_stride = block_floats(head_dim, kv_dim);
+    return s;
+}
+
 void attention(const KernelTable &k, const float *q, const AttentionRun *runs, int n_runs, int layer,
-               const AttentionShape &sh, float *out, float *scores, size_t scores_stride, ThreadPool &pool) {
+               const AttentionShape &sh, float *out, const AttentionScratch &sc, ThreadPool &pool) {
     const int n_heads = sh.n_heads, head_dim = sh.head_dim, group = n_heads / sh.n_kv_heads;
+    // Long runs: one job each, tasks of (rows block, KV head), the last rows (the most keys) first.
+    bool any_short = false;
+    for (int i = 0; i < n_runs; i++) {
+        const AttentionRun &run = runs[i];
+        if (!blocked(run, sh)) {
+            any_short = true;
+            continue;
+        }
+        const int rows = std::max(1, kBlockQueries / group), n_blocks = (run.T + rows - 1) / rows;
+        pool.parallel_for((int64_t)n_blocks * sh.n_kv_heads, [&](int64_t first, int64_t last, int tid) {
+            for (int64_t task = first; task < last; task++) {
+                const int b = n_blocks - 1 - (int)(task / sh.n_kv_heads), g = (int)(task % sh.n_kv_heads);
+                attend_block(k, q, run, layer, sh, g, b * rows, std::min(run.T, (b + 1) * rows), out,
+                             sc.blocks + (size_t)tid * sc.blocks_stride);
+            }
+        });
+    }
+    if (!any_short) return;
     const int rows = runs[n_runs - 1].first_row + runs[n_runs - 1].T;
-    // One job for every run: 32 sessions decoding together are 32 runs of one row, and a job per
-    // run would leave the threads waiting on each other 32 times per layer.
+    // One job for every short run: 32 sessions decoding together are 32 runs of one row, and a job
+    // per run would leave the threads waiting on each other 32 times per layer.
     pool.parallel_for((int64_t)rows * n_heads, [&](int64_t first, int64_t last, int tid) {
-        float *s = scores + (size_t)tid * scores_stride;
+        float *s = sc.scores + (size_t)tid * sc.scores_stride;
         const AttentionRun *run = runs;
         for (int64_t task = first; task < last; task++) {
             const int row = (int)(task / n_heads), h = (int)(task % n_heads);
             while (row >= run->first_row + run->T) run++;  // tasks come in order of row
+            if (blocked(*run, sh)) continue;
             const KvCache &cache = *run->cache;
             const auto kdot = k.kv_dot[(int)cache.type_k()];
             const auto vacc = k.kv_accum[(int)cache.type_v()];

@@ -17,7 +17,7 @@ class ThreadPool;
 
 namespace ops {
 
-// Working memory of matmul: per-thread f32 blocks, and room for T x K quantized activations.
+// Working memory of matmul: per-thread f32 weight panels, and room for T x K quantized activations.
 struct MatmulScratch {
     float *f32;
     QuantActs acts;
@@ -57,13 +57,28 @@ void softcap(float *x, size_t n, float cap);
 
 void softmax(const KernelTable &k, float *x, int n);
 
-// Attention (causal or, with !shape.causal, over each run's keys) over one layer of KV caches (of any KvType, read in place) for the rows of
-// runs[0..n_runs) (sorted by first_row; each run's cache already holds its positions up to
-// pos0 + T - 1); q and out are [rows, n_heads*head_dim]. One job over the threads for all the runs'
-// (row, head) pairs. scores: scratch of pool.n_threads() rows of scores_stride floats, at least
-// the longest run's pos0 + T.
+// Working memory of attention, per thread: a row of scores (short runs: one task per row and head)
+// and the blocks of the blocked path (a run of a prompt's rows).
+struct AttentionScratch {
+    float *scores = nullptr;  // n_threads rows of scores_stride floats
+    size_t scores_stride = 0;
+    float *blocks = nullptr;  // n_threads parts of blocks_stride floats
+    size_t blocks_stride = 0;
+};
+// For up to max_positions keys per query, heads of head_dim values, and KV rows of kv_dim values.
+size_t attention_scratch_floats(int n_threads, int max_positions, int head_dim, int64_t kv_dim);
+AttentionScratch make_attention_scratch(float *memory, int n_threads, int max_positions, int head_dim, int64_t kv_dim);
+
+// Attention (causal or, with !shape.causal, over each run's keys) over one layer of KV caches (of
+// any KvType, read in place) for the rows of runs[0..n_runs) (sorted by first_row; each run's
+// cache already holds its positions up to pos0 + T - 1); q and out are [rows, n_heads*head_dim].
+// A run of at least kAttentionBlockRows rows (a prompt) goes in blocks: a few rows of one KV head's
+// queries against 32 keys at a time, the keys and values converted once per block and the
+// softmax kept online (running maximum and sum), so each key is read once per block of rows, not
+// once per row. Shorter runs (decoding) take one task per (row, head), all the runs in one job.
+constexpr int kAttentionBlockRows = 16;
 void attention(const KernelTable &k, const float *q, const AttentionRun *runs, int n_runs, int layer,
-               const AttentionShape &shape, float *out, float *scores, size_t scores_stride, ThreadPool &pool);
+               const AttentionShape &shape, float *out, const AttentionScratch &scratch, ThreadPool &pool);
 
 }  // namespace ops
 

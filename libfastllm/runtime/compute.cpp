@@ -64,7 +64,7 @@ void Compute::reserve(const Decoder &d, int max_batch, int positions) {
         Backend &be = *stages[i].be;
         auto carve = [&](Arena &a, Workspace &w) {
             d.carve(a, w, max_batch);
-            be.carve(a, PassShape{d.max_row_length(), max_batch, positions});
+            be.carve(a, d.pass_shape(max_batch, positions));
         };
         arenas.push_back(std::make_unique<Arena>(be.memory()));
         carve(*arenas.back(), works[i]);
@@ -75,7 +75,7 @@ void Compute::reserve(const Decoder &d, int max_batch, int positions) {
     for (size_t i = 0; i < stages.size(); i++) {
         Backend &be = *stages[i].be;
         d.carve(*arenas[i], works[i], max_batch);
-        be.carve(*arenas[i], PassShape{d.max_row_length(), max_batch, positions});
+        be.carve(*arenas[i], d.pass_shape(max_batch, positions));
     }
     arenas_ = std::move(arenas), works_ = std::move(works), positions_ = positions;
     for (size_t i = 0; i < stages.size(); i++) stages[i].w = &works_[i];
