@@ -7,6 +7,8 @@ module reads its hyperparameters and lays out its tensors, this file only dispat
                                 [--model_type FAMILY] [--calib FILE [--calib_tokens N]]
     python converter/convert.py --model_path MODEL.gguf --out_path OUT.flm [--dtype ...]
                                 (see gguf_import.py)
+    python converter/convert.py --adapter PEFT_DIR --model_path BASE_HF_DIR --out_path ADAPTER.flm
+                                (a LoRA adapter for that base: see lora.py)
 
 or, with the repository root on sys.path:
 
@@ -40,7 +42,7 @@ import os
 import sys
 from pathlib import Path
 
-from . import calibrate, gguf_import, hf_tokenizer, quantize, sentence_transformers
+from . import calibrate, gguf_import, hf_tokenizer, lora, quantize, sentence_transformers
 from . import reranker as rerank
 from .checkpoint import Checkpoint
 from .errors import ConversionError
@@ -49,7 +51,8 @@ from .flm_writer import FlmWriter
 
 DTYPES = quantize.REQUESTS
 
-__all__ = ["convert", "main", "detect_model_type", "ConversionError"]
+__all__ = ["convert", "convert_adapter", "main", "detect_model_type", "ConversionError"]
+convert_adapter = lora.convert_adapter
 
 
 def detect_model_type(config: dict, requested: str | None = None) -> str:
@@ -169,7 +172,10 @@ def main(argv=None, prog: str = "convert.py") -> int:
         prog=prog,
         description="Convert a HuggingFace checkpoint folder to a fastllm .flm file.")
     ap.add_argument("--model_path", required=True,
-                    help="HuggingFace model folder, or a llama.cpp .gguf file")
+                    help="HuggingFace model folder, or a llama.cpp .gguf file (with --adapter: the base model's folder)")
+    ap.add_argument("--adapter", default=None, metavar="PEFT_DIR",
+                    help="convert this PEFT LoRA adapter folder for the --model_path base into an adapter .flm "
+                         "(docs/lora.md); --dtype and the options below do not apply")
     ap.add_argument("--out_path", required=True, help="output .flm file")
     ap.add_argument("--dtype", default="f32", choices=DTYPES,
                     help="dtype of the weight matrices (norms and biases stay f32); int8 / int4 quantize "
@@ -196,12 +202,15 @@ def main(argv=None, prog: str = "convert.py") -> int:
     ap.add_argument("--quiet", action="store_true", help="no progress bar")
     args = ap.parse_args(argv)
     try:
-        out = convert(args.model_path, args.out_path, dtype=args.dtype,
-                      model_type=args.model_type, progress=not args.quiet, group_size=args.group_size,
-                      dtype_config=args.dtype_config, calib=args.calib,
-                      calib_tokens=args.calib_tokens, reranker=args.reranker,
-                      rerank_tokens=tuple(args.rerank_tokens.split(",", 1)) if "," in args.rerank_tokens
-                      else (args.rerank_tokens, ""))
+        if args.adapter is not None:
+            out = convert_adapter(args.adapter, args.model_path, args.out_path, progress=not args.quiet)
+        else:
+            out = convert(args.model_path, args.out_path, dtype=args.dtype,
+                          model_type=args.model_type, progress=not args.quiet, group_size=args.group_size,
+                          dtype_config=args.dtype_config, calib=args.calib,
+                          calib_tokens=args.calib_tokens, reranker=args.reranker,
+                          rerank_tokens=tuple(args.rerank_tokens.split(",", 1)) if "," in args.rerank_tokens
+                          else (args.rerank_tokens, ""))
     except ConversionError as e:
         print(f"error: {e}", file=sys.stderr)
         return 1

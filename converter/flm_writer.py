@@ -104,14 +104,21 @@ class _TensorDecl:
     offset: int = 0  # relative to data_offset, set by _layout
 
 
+# The header's file kind (the u32 after the version; 0 in files written before adapters).
+KIND_MODEL = 0
+KIND_ADAPTER = 1
+
+
 class FlmWriter:
     """Collects metadata and tensor declarations, then writes the file in `write()`."""
 
-    def __init__(self, path, dtype_policy: Callable[[str, tuple], str] | None = None):
+    def __init__(self, path, dtype_policy: Callable[[str, tuple], str] | None = None, kind: int = 0):
         """dtype_policy(name, shape) -> dtype, when given, decides every tensor's dtype (see
-        quantize.DtypePolicy); producers may then return float32 data for any dtype."""
+        quantize.DtypePolicy); producers may then return float32 data for any dtype. kind: the
+        header's file kind (KIND_MODEL, or KIND_ADAPTER for a LoRA adapter: lora.py)."""
         self.path = os.fspath(path)
         self.dtype_policy = dtype_policy
+        self.kind = kind
         self._meta: list[bytes] = []
         self._keys: set[str] = set()
         self._tensors: list[_TensorDecl] = []
@@ -219,7 +226,7 @@ class FlmWriter:
             )
         body = b"".join(self._meta) + b"".join(table)
         data_offset = align_up(HEADER_SIZE + len(body))
-        header = MAGIC + struct.pack("<IIQQQ", VERSION, 0, len(self._meta), len(self._tensors),
+        header = MAGIC + struct.pack("<IIQQQ", VERSION, self.kind, len(self._meta), len(self._tensors),
                                      data_offset)
         assert len(header) == HEADER_SIZE
         prefix = header + body

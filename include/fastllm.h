@@ -57,7 +57,7 @@ extern "C" {
 #define FASTLLM_VERSION_MAJOR 0
 #define FASTLLM_VERSION_MINOR 6
 #define FASTLLM_VERSION_PATCH 0
-#define FASTLLM_ABI_VERSION 11
+#define FASTLLM_ABI_VERSION 12
 
 typedef enum fastllm_status {
     FASTLLM_OK = 0,
@@ -708,6 +708,35 @@ FASTLLM_API fastllm_status fastllm_session_set_speculative(fastllm_session *sess
 /* Of the current or last generation: tokens drafted and those kept (either may be NULL). */
 FASTLLM_API fastllm_status fastllm_session_speculative_stats(const fastllm_session *session, int64_t *n_drafted,
                                                              int64_t *n_accepted);
+
+/* ------------------------------------------------------------------------------------------ */
+/* LoRA adapters                                                                               */
+
+/* A LoRA adapter (docs/lora.md): small matrices that change a model's layers, y = W x + s B (A x),
+ * applied at run time without touching the base weights (of any dtype), so that one model serves
+ * characters with adapters of their own. Made from a PEFT adapter folder with
+ * `convert.py --adapter PEFT_DIR --model_path BASE_HF_DIR --out_path ADAPTER.flm`. */
+typedef struct fastllm_adapter fastllm_adapter;
+
+/* Loads an adapter file for model, checked against it: its architecture and the shape of every
+ * part (FASTLLM_ERR_BAD_FORMAT for a model file, another architecture, a part that does not fit;
+ * FASTLLM_ERR_UNSUPPORTED for a rank the pass cannot take, an encoder). Loaded once, it serves
+ * every session of model that sets it; model must outlive it. */
+FASTLLM_API fastllm_status fastllm_adapter_load(const fastllm_model *model, const char *path,
+                                                fastllm_adapter **out_adapter);
+/* Frees the handle. Sessions that have the adapter set keep applying it: its memory goes with the
+ * last of them (the free is deferred, never refused). */
+FASTLLM_API void fastllm_adapter_free(fastllm_adapter *adapter);
+/* Sets the adapters the session's evaluations apply from now on: scales[i] multiplies adapter i's
+ * own alpha / r (1.0: as trained; 0: off); n = 0 (adapters and scales may then be NULL): the base
+ * model. Every row of a pass gets its own session's adapters, so sessions with different adapters
+ * step together over one pass of the base weights. The tokens already evaluated keep the KV they
+ * were computed with (reset or truncate the session to evaluate them again); a fork takes its
+ * source's adapters. Errors, with nothing changed: FASTLLM_ERR_INVALID_ARGUMENT for a NULL adapter,
+ * an adapter of another model, the same adapter twice, a scale that is not finite, a generation in
+ * progress; FASTLLM_ERR_UNSUPPORTED when layers run on a device (adapters run on the CPU). */
+FASTLLM_API fastllm_status fastllm_session_set_adapters(fastllm_session *session, const fastllm_adapter *const *adapters,
+                                                        const float *scales, size_t n);
 
 /* ------------------------------------------------------------------------------------------ */
 /* Saved sessions                                                                              */

@@ -32,6 +32,9 @@ struct fastllm_model {
     std::once_flag template_once;
     std::unique_ptr<fastllm::jinja::Template> own_template;
 };
+struct fastllm_adapter {
+    std::shared_ptr<const fastllm::LoraAdapter> impl;
+};
 struct fastllm_session {
     fastllm::Session impl;
     fastllm_session(const fastllm::Model &m, const fastllm::SessionOptions &o) : impl(m, o) {}
@@ -878,6 +881,34 @@ fastllm_speculative_params fastllm_speculative_default_params(void) {
     p.ngram_max = d.ngram_max;
     p.p_min = d.p_min;
     return p;
+}
+
+fastllm_status fastllm_adapter_load(const fastllm_model *model, const char *path, fastllm_adapter **out_adapter) {
+    REQUIRE(out_adapter, "out_adapter");
+    *out_adapter = nullptr;
+    REQUIRE(model, "model");
+    REQUIRE(path, "path");
+    return guard([&] {
+        auto a = std::make_shared<const fastllm::LoraAdapter>(std::make_unique<fastllm::FlmFile>(path, true),
+                                                              model->impl.decoder());
+        *out_adapter = new fastllm_adapter{std::move(a)};
+    });
+}
+
+void fastllm_adapter_free(fastllm_adapter *adapter) { delete adapter; }
+
+fastllm_status fastllm_session_set_adapters(fastllm_session *session, const fastllm_adapter *const *adapters,
+                                            const float *scales, size_t n) {
+    REQUIRE(session, "session");
+    if (n > 0 && (!adapters || !scales)) return set_error(FASTLLM_ERR_INVALID_ARGUMENT, "adapters and scales must not be NULL when n > 0");
+    return guard([&] {
+        std::vector<std::pair<std::shared_ptr<const fastllm::LoraAdapter>, float>> set;
+        for (size_t i = 0; i < n; i++) {
+            if (!adapters[i]) fastllm::fail(FASTLLM_ERR_INVALID_ARGUMENT, "adapter %zu is NULL", i);
+            set.emplace_back(adapters[i]->impl, scales[i]);
+        }
+        session->impl.set_adapters(set);
+    });
 }
 
 fastllm_status fastllm_session_set_speculative(fastllm_session *session, const fastllm_speculative_params *params) {

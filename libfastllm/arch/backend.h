@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "arch/arena.h"
+#include "base/error.h"
 #include "arch/decoder_config.h"
 #include "arch/kv_format.h"
 #include "format/tensor.h"
@@ -127,6 +128,16 @@ public:
     virtual void act(Act kind, const float *x, size_t n, float *out) = 0;
     // x[i] = cap * tanh(x[i] / cap).
     virtual void softcap(float *x, size_t n, float cap) = 0;
+
+    // LoRA adapters (arch/lora.h): a backend runs them only if it reads their small matrices in
+    // host memory as matmul weights (no prepare_weights for them); the others decline them when
+    // they are set (runtime/adapter.cpp), never in a pass. add_scaled adds a part's product into
+    // its rows of the fused output: y[t * ldy + i] += s * x[t * ldx + i] for t < T, i < n.
+    virtual bool runs_adapters() const { return false; }
+    virtual void add_scaled(float *y, size_t ldy, const float *x, size_t ldx, int T, int n, float s) {
+        (void)y, (void)ldy, (void)x, (void)ldx, (void)T, (void)n, (void)s;
+        fail(FASTLLM_ERR_UNSUPPORTED, "%s does not run LoRA adapters", describe().c_str());
+    }
 };
 
 }  // namespace fastllm

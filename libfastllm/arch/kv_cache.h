@@ -122,12 +122,14 @@ private:
 // logits go and where its final hidden state goes (nullptr: not needed; host memory), and its
 // token type (an encoder's segment: 0 the first, 1 the second). Rows of one pass may belong to
 // different sessions, which is how several sessions decode together in one pass over the weights.
+struct LoraSet;
 struct ForwardRow {
     KvCache *cache;
     int pos;
     float *logits;
     float *hidden = nullptr;
     int type = 0;
+    const LoraSet *lora = nullptr;  // the session's LoRA adapters (arch/lora.h), or none
 };
 
 // Rows first_row .. first_row + T - 1 of a pass: consecutive positions pos0 .. of one cache.

@@ -131,4 +131,12 @@ void CpuBackend::act(Act kind, const float *x, size_t n, float *out) {
 
 void CpuBackend::softcap(float *x, size_t n, float cap) { ops::softcap(x, n, cap); }
 
+void CpuBackend::add_scaled(float *y, size_t ldy, const float *x, size_t ldx, int T, int n, float s) {
+    per_row(T, [&](int64_t t) {
+        float *yt = y + (size_t)t * ldy;
+        const float *xt = x + (size_t)t * ldx;
+        for (int i = 0; i < n; i++) yt[i] += s * xt[i];
+    });
+}
+
 }  // namespace fastllm

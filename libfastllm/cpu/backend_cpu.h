@@ -36,6 +36,8 @@ public:
     void glu(Act kind, const float *gate_up, int T, int n, float *out) override;
     void act(Act kind, const float *x, size_t n, float *out) override;
     void softcap(float *x, size_t n, float cap) override;
+    bool runs_adapters() const override { return true; }  // their matrices are host memory, as the weights
+    void add_scaled(float *y, size_t ldy, const float *x, size_t ldx, int T, int n, float s) override;
 
 private:
     // fn(t) for t < T, split over the threads by rows.

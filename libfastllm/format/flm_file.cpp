@@ -106,7 +106,9 @@ void FlmFile::parse() {
     if (version < 1 || version > kVersion)
         fail(FASTLLM_ERR_BAD_FORMAT, "%s: unsupported .flm version %u (this library reads versions 1 to %u)", p,
              version, kVersion);
-    c.read<uint32_t>("reserved");
+    kind_ = c.read<uint32_t>("kind");
+    if (kind_ > kKindAdapter)
+        fail(FASTLLM_ERR_BAD_FORMAT, "%s: unknown .flm file kind %u (0: a model, 1: a LoRA adapter)", p, kind_);
     uint64_t n_meta = c.count("metadata count");
     uint64_t n_tensors = c.count("tensor count");
     uint64_t data_offset = c.read<uint64_t>("data offset");

@@ -28,6 +28,8 @@ public:
     // 2: quantized rows in tiles of 16 (1: row by row)
     static constexpr uint32_t kVersion = 3;
     static constexpr uint64_t kAlignment = 64;
+    // The header's file kind (the u32 after the version, 0 before adapters existed).
+    static constexpr uint32_t kKindModel = 0, kKindAdapter = 1;
 
     // Throws Error (FASTLLM_ERR_IO / FASTLLM_ERR_BAD_FORMAT) naming the check that failed.
     FlmFile(const std::string &path, bool use_mmap);
@@ -41,6 +43,7 @@ public:
     const std::string &path() const { return path_; }
     uint64_t size() const { return size_; }
     bool mapped() const { return mapped_; }
+    uint32_t kind() const { return kind_; }
 
     bool has(const std::string &key) const { return meta_.count(key) != 0; }
     // Typed getters throw FASTLLM_ERR_BAD_FORMAT when the key is missing or has another type.
@@ -66,6 +69,7 @@ private:
     uint64_t size_ = 0;
     const uint8_t *bytes_ = nullptr;
     bool mapped_ = false;
+    uint32_t kind_ = kKindModel;
     std::map<std::string, MetaValue> meta_;
     std::map<std::string, Tensor> tensors_;
 };

@@ -21,6 +21,7 @@ void Context::fork_from(const Context &src, size_t n) {
     cache.share(src.cache, (int)std::min(n, src.n_evaluated));
     tokens.assign(src.tokens.begin(), src.tokens.begin() + n);
     n_evaluated = std::min(n, src.n_evaluated);
+    lora = src.lora;  // its tokens' KV was computed with them: the fork goes on with them
     keep_or_recompute();
 }
 
@@ -114,7 +115,7 @@ void Context::run_pending(fastllm_logits_mode mode, float *out_logits, std::atom
             float *logits = nullptr;
             if (mode == FASTLLM_LOGITS_ALL) logits = out_logits + (i - first) * vocab;
             else if (mode == FASTLLM_LOGITS_LAST && i + 1 == tokens.size()) logits = out_logits;
-            ran = pass.add(cache, (int)i, tokens[i], logits);
+            ran = pass.add(cache, (int)i, tokens[i], logits, nullptr, 0, lora.get());
         }
         if (!ran) break;
         n_evaluated += T;

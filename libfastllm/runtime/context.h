@@ -6,6 +6,7 @@
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <vector>
 
 #include "arch/kv_cache.h"
@@ -28,6 +29,7 @@ public:
     std::vector<int32_t> tokens;  // the context; the tail past n_evaluated is not yet in the cache
     size_t n_evaluated = 0;
     KvCache cache;
+    std::shared_ptr<const LoraSet> lora;  // the adapters its tokens are evaluated with (none: the base model)
 
     // This (empty) context becomes src's first n tokens, sharing the KV blocks that hold them.
     void fork_from(const Context &src, size_t n);

@@ -15,6 +15,9 @@ namespace fastllm {
 Model::Model(std::unique_ptr<FlmFile> file, const ModelOptions &o) : file_(std::move(file)) {
     const auto t0 = std::chrono::steady_clock::now();
     const std::string &path = file_->path();
+    if (file_->kind() == FlmFile::kKindAdapter)
+        fail(FASTLLM_ERR_BAD_FORMAT, "%s is a LoRA adapter, not a model: load a model, then the adapter with "
+             "fastllm_adapter_load", path.c_str());
     architecture_ = file_->get_string("general.architecture");
     const Family *family = find_family(architecture_);
     if (!family)

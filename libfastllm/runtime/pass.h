@@ -21,8 +21,9 @@ public:
 
     // Adds a row (logits, hidden: nullptr when not needed); runs the pass when it is full. False
     // when that run was cancelled (its rows' cache entries are then incomplete).
-    bool add(KvCache &cache, int pos, int32_t token, float *logits, float *hidden = nullptr, int type = 0) {
-        c_.rows[(size_t)n_] = ForwardRow{&cache, pos, logits, hidden, type};
+    bool add(KvCache &cache, int pos, int32_t token, float *logits, float *hidden = nullptr, int type = 0,
+             const LoraSet *lora = nullptr) {
+        c_.rows[(size_t)n_] = ForwardRow{&cache, pos, logits, hidden, type, lora};
         c_.tokens[(size_t)n_] = token;
         return ++n_ < capacity_ || flush();
     }

@@ -1,5 +1,7 @@
 #include "runtime/session.h"
 
+#include <cmath>
+
 #include <algorithm>
 #include <cstdio>
 #include <mutex>
@@ -53,6 +55,34 @@ Session::Session(const Model &model, const SessionOptions &options)
 
 Session::Session(const Session &src, size_t n, const SessionOptions &options) : Session(src.model_, options) {
     ctx_.fork_from(src.ctx_, n);
+}
+
+void Session::set_adapters(const std::vector<std::pair<std::shared_ptr<const LoraAdapter>, float>> &adapters) {
+    if (gen_) fail(FASTLLM_ERR_INVALID_ARGUMENT, "the session is generating: set its adapters between generations");
+    for (size_t i = 0; i < adapters.size(); i++) {
+        const LoraAdapter *a = adapters[i].first.get();
+        if (!a) fail(FASTLLM_ERR_INVALID_ARGUMENT, "adapter %zu is NULL", i);
+        if (&a->decoder() != &model_.decoder())
+            fail(FASTLLM_ERR_INVALID_ARGUMENT, "adapter %zu (%s) was loaded for another model", i, a->path().c_str());
+        if (!std::isfinite(adapters[i].second))
+            fail(FASTLLM_ERR_INVALID_ARGUMENT, "adapter %zu (%s): scale %g is not finite", i, a->path().c_str(),
+                 (double)adapters[i].second);
+        for (size_t j = 0; j < i; j++)
+            if (adapters[j].first.get() == a)
+                fail(FASTLLM_ERR_INVALID_ARGUMENT, "adapter %zu is adapter %zu again: give it one scale", i, j);
+    }
+    if (!adapters.empty())
+        for (const Stage &st : compute_.stages)
+            if (!st.be->runs_adapters())
+                fail(FASTLLM_ERR_UNSUPPORTED, "LoRA adapters run on the CPU; this model's layers %d-%d are on %s",
+                     st.first_layer, st.end_layer - 1, st.be->describe().c_str());
+    if (adapters.empty()) {
+        ctx_.lora.reset();
+        return;
+    }
+    auto set = std::make_shared<LoraSet>();
+    set->entries = adapters;
+    ctx_.lora = std::move(set);
 }
 
 void Session::reset() {

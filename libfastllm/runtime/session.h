@@ -73,6 +73,11 @@ public:
     // in the same state.
     const GrammarMatcher *grammar_matcher() const { return gen_ ? gen_->grammar.get() : nullptr; }
 
+    // The LoRA adapters this session's passes apply from now on, each with its scale (empty: the
+    // base model); see fastllm_session_set_adapters. Validates everything before changing anything.
+    void set_adapters(const std::vector<std::pair<std::shared_ptr<const LoraAdapter>, float>> &adapters);
+    const LoraSet *adapters() const { return ctx_.lora.get(); }
+
     // Speculative decoding for the generations that follow (nullptr: off); see fastllm_session_set_speculative.
     void set_speculative(const SpeculativeOptions *o);
     // Of the current or last generation: tokens drafted, and those of them kept.

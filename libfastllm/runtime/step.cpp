@@ -86,7 +86,8 @@ bool Session::add_step_rows(Pass &pass) {
         }
         for (int t = 0; t < gen_->chunk; t++) {
             const size_t p = ctx_.n_evaluated + t;
-            pass.add(ctx_.cache, (int)p, ctx_.tokens[p], p + 1 == ctx_.tokens.size() ? logits_.data() : nullptr);
+            pass.add(ctx_.cache, (int)p, ctx_.tokens[p], p + 1 == ctx_.tokens.size() ? logits_.data() : nullptr, nullptr,
+                     0, ctx_.lora.get());
         }
         ctx_.n_evaluated += gen_->chunk;
         return true;
@@ -98,7 +99,8 @@ bool Session::add_step_rows(Pass &pass) {
     const size_t V = (size_t)model_.config().vocab_size;
     for (int r = 0; r <= n_draft; r++) {
         float *logits = n_draft ? spec_->logits.data() + (size_t)r * V : logits_.data();
-        pass.add(ctx_.cache, (int)ctx_.n_evaluated + r, r == 0 ? ctx_.tokens.back() : spec_->draft[r - 1], logits);
+        pass.add(ctx_.cache, (int)ctx_.n_evaluated + r, r == 0 ? ctx_.tokens.back() : spec_->draft[r - 1], logits,
+                 nullptr, 0, ctx_.lora.get());
     }
     ctx_.n_evaluated++;
     return true;

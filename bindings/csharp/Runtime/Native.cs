@@ -97,7 +97,7 @@ namespace FastLLM
         public const string Library = "fastllm";
 
         /// <summary>FASTLLM_ABI_VERSION of the header this file mirrors.</summary>
-        public const int AbiVersion = 11;
+        public const int AbiVersion = 12;
 
         public const int ThinkingUnset = -1;
         public const int ThinkingOff = 0;
@@ -439,6 +439,15 @@ namespace FastLLM
         public static extern Status fastllm_session_set_speculative_off(SessionHandle session, IntPtr params_null);
         [DllImport(Library, CallingConvention = CallingConvention.Cdecl)]
         public static extern Status fastllm_session_speculative_stats(SessionHandle session, out long n_drafted, out long n_accepted);
+
+        // -- LoRA adapters ----------------------------------------------------------------------------
+        [DllImport(Library, CallingConvention = CallingConvention.Cdecl)]
+        public static extern Status fastllm_adapter_load(ModelHandle model, byte[] path, out IntPtr out_adapter);
+        [DllImport(Library, CallingConvention = CallingConvention.Cdecl)]
+        public static extern void fastllm_adapter_free(IntPtr adapter);
+        [DllImport(Library, CallingConvention = CallingConvention.Cdecl)]
+        public static extern Status fastllm_session_set_adapters(SessionHandle session, IntPtr[] adapters, float[] scales,
+                                                                 UIntPtr n);
 
         // -- saved sessions -------------------------------------------------------------------------
         [DllImport(Library, CallingConvention = CallingConvention.Cdecl)]

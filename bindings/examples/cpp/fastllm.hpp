@@ -326,6 +326,31 @@ struct GenerationResult {
     const char *stop_reason_name() const noexcept { return fastllm::stop_reason_name(stop_reason); }
 };
 
+// A LoRA adapter file loaded for a model (docs/lora.md); the model must outlive it. Sessions that
+// have it set keep it alive after this object is gone.
+class Adapter {
+public:
+    Adapter() noexcept = default;
+    Adapter(const Model &model, const std::string &path) {
+        detail::check(fastllm_adapter_load(model.get(), path.c_str(), &adapter_));
+    }
+    Adapter(Adapter &&other) noexcept : adapter_(std::exchange(other.adapter_, nullptr)) {}
+    Adapter &operator=(Adapter &&other) noexcept {
+        if (this != &other) {
+            fastllm_adapter_free(adapter_);
+            adapter_ = std::exchange(other.adapter_, nullptr);
+        }
+        return *this;
+    }
+    Adapter(const Adapter &) = delete;
+    Adapter &operator=(const Adapter &) = delete;
+    ~Adapter() { fastllm_adapter_free(adapter_); }
+    fastllm_adapter *get() const noexcept { return adapter_; }
+
+private:
+    fastllm_adapter *adapter_ = nullptr;
+};
+
 // Receives each piece of text as it is generated (valid UTF-8, valid only during the call);
 // returning false stops the generation.
 using PieceCallback = std::function<bool(std::string_view piece)>;
@@ -376,6 +401,14 @@ public:
 
     // From any thread: stops the evaluation or generation in progress; false if there is none.
     bool cancel() noexcept { return fastllm_session_cancel(session_) == FASTLLM_OK; }
+
+    // The LoRA adapters this session applies from now on, each with its scale ({}: the base model).
+    void set_adapters(const std::vector<std::pair<const Adapter *, float>> &adapters) {
+        std::vector<const fastllm_adapter *> handles;
+        std::vector<float> scales;
+        for (const auto &a : adapters) handles.push_back(a.first ? a.first->get() : nullptr), scales.push_back(a.second);
+        detail::check(fastllm_session_set_adapters(session_, handles.data(), scales.data(), handles.size()));
+    }
 
     Session(Session &&other) noexcept
         : session_(std::exchange(other.session_, nullptr)), model_(std::exchange(other.model_, nullptr)) {}

@@ -19,7 +19,7 @@ const koffi = require('koffi');
 
 // FASTLLM_ABI_VERSION of the include/fastllm.h this file mirrors. Keep the structs and prototypes
 // below in step with the header, and change this number with them.
-const ABI_VERSION = 11;
+const ABI_VERSION = 12;
 
 // ---------------------------------------------------------------------------------------------
 // The library: FASTLLM_LIBRARY, else a source checkout's build/, else the system loader's search.
@@ -67,6 +67,7 @@ koffi.alias('fastllm_stop_reason', 'int');
 
 koffi.opaque('fastllm_model');
 koffi.opaque('fastllm_session');
+koffi.opaque('fastllm_adapter');
 
 const types = {
     fastllm_model_params: koffi.struct('fastllm_model_params', {
@@ -204,6 +205,11 @@ const C = {
     sessionLoadState: lib.func('fastllm_status fastllm_session_load_state(fastllm_session *session, '
         + 'const uint8_t *data, size_t size, void *callback, void *user_data)'),
     sessionCancel: lib.func('fastllm_status fastllm_session_cancel(fastllm_session *session)'),
+    adapterLoad: lib.func('fastllm_status fastllm_adapter_load(const fastllm_model *model, const char *path, '
+        + '_Out_ fastllm_adapter **out_adapter)'),
+    adapterFree: lib.func('void fastllm_adapter_free(fastllm_adapter *adapter)'),
+    sessionSetAdapters: lib.func('fastllm_status fastllm_session_set_adapters(fastllm_session *session, '
+        + 'fastllm_adapter **adapters, const float *scales, size_t n)'),
 
     samplingDefaultParams: lib.func('fastllm_sampling_params fastllm_sampling_default_params(void)'),
     jsonSchemaToGrammar: lib.func('fastllm_status fastllm_json_schema_to_grammar(const char *schema, '
@@ -312,6 +318,11 @@ class Model {
         return ids.slice(0, n[0]);
     }
 
+    /** A LoRA adapter file (convert.py --adapter) for this model; set it with Session.setAdapters. */
+    loadAdapter(file) {
+        return new Adapter(this, file);
+    }
+
     /**
      * Embeddings of texts (docs/embeddings.md): an array of Float32Arrays of info.hiddenSize, one per
      * text, or with pooling 'none' one per token of every text in order. pooling: undefined (the
@@ -398,6 +409,26 @@ function sessionParams({ nCtx = 0, nBatch = 0, threads = 0, kvType, typeK, typeV
     return params;
 }
 
+/** A LoRA adapter file loaded for a model (Model.loadAdapter); close() frees the handle, deferred while sessions apply it. */
+class Adapter {
+    constructor(model, file) {
+        const out = [null];
+        check(C.adapterLoad(model.handle, String(file), out));
+        this._handle = out[0];
+        this.model = model;
+    }
+
+    get handle() {
+        if (!this._handle) throw new FastllmError(1, 'the adapter is closed');
+        return this._handle;
+    }
+
+    close() {
+        if (this._handle) C.adapterFree(this._handle);
+        this._handle = null;
+    }
+}
+
 class Session {
     /**
      * options.nCtx: context length in tokens (0 = the model's); options.nBatch: most tokens per
@@ -421,6 +452,17 @@ class Session {
      */
     fork(nTokens = this.nTokens, options = this._options) {
         return new Session(this.model, options, this, nTokens);
+    }
+
+    /**
+     * The LoRA adapters this session applies from now on: a Map (or array of [adapter, scale]
+     * pairs) from Adapter (Model.loadAdapter) to scale; empty: the base model.
+     */
+    setAdapters(adapters) {
+        const pairs = [...(adapters instanceof Map ? adapters.entries() : adapters)];
+        const handles = pairs.map(([a]) => a.handle), scales = pairs.map(([, s]) => s);
+        check(C.sessionSetAdapters(this.handle, handles, scales, pairs.length));
+        this._adapters = pairs;  // keeps the Adapter objects alive while set
     }
 
     /** What the session's memory costs now, in bytes (fastllm_session_memory_info's fields). */
@@ -602,6 +644,7 @@ module.exports = {
     ABI_VERSION,
     Model,
     Session,
+    Adapter,
     FastllmError,
     STOP_REASONS,
     jsonSchemaToGrammar,

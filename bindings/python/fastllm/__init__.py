@@ -6,7 +6,7 @@
 """
 from ._lib import lib as _clib
 from ._log import route_library_logs_to_python
-from .model import FastLLMError, GenerationResult, Model, Session, check_grammar, devices, json_schema_to_grammar, \
+from .model import Adapter, FastLLMError, GenerationResult, Model, Session, check_grammar, devices, json_schema_to_grammar, \
     render_template
 
 route_library_logs_to_python()
@@ -19,5 +19,5 @@ def isa() -> str:
     return _clib.fastllm_isa().decode()
 
 
-__all__ = ["Model", "Session", "FastLLMError", "GenerationResult", "json_schema_to_grammar", "check_grammar", "isa", "devices", "render_template",
+__all__ = ["Model", "Session", "Adapter", "FastLLMError", "GenerationResult", "json_schema_to_grammar", "check_grammar", "isa", "devices", "render_template",
            "library_path", "__version__"]

@@ -12,7 +12,7 @@ from ctypes import (CFUNCTYPE, POINTER, Structure, c_char, c_char_p, c_double, c
                     c_uint32, c_uint64, c_void_p)
 from pathlib import Path
 
-FASTLLM_ABI_VERSION = 11
+FASTLLM_ABI_VERSION = 12
 
 # fastllm_status
 OK = 0
@@ -195,6 +195,9 @@ _PROTOTYPES = {
     "fastllm_speculative_default_params": (SpeculativeParams, []),
     "fastllm_session_set_speculative": (c_int, [c_void_p, POINTER(SpeculativeParams)]),
     "fastllm_session_speculative_stats": (c_int, [c_void_p, POINTER(c_int64), POINTER(c_int64)]),
+    "fastllm_adapter_load": (c_int, [c_void_p, c_char_p, POINTER(c_void_p)]),
+    "fastllm_adapter_free": (None, [c_void_p]),
+    "fastllm_session_set_adapters": (c_int, [c_void_p, POINTER(c_void_p), POINTER(c_float), c_size_t]),
     "fastllm_session_fork": (c_int, [c_void_p, c_int32, POINTER(SessionParams), POINTER(c_void_p)]),
     "fastllm_session_memory": (c_int, [c_void_p, POINTER(SessionMemoryInfo)]),
     "fastllm_session_save_state": (c_int, [c_void_p, c_void_p, c_size_t, POINTER(c_size_t)]),

@@ -399,6 +399,12 @@ class Model(_Handle):
                 return session.chat(messages, max_new_tokens, **sampling)
         return _closing_iter(session, session.chat(messages, max_new_tokens, stream=True, **sampling))
 
+    # -- LoRA adapters ------------------------------------------------------------------------
+    def load_adapter(self, path) -> "Adapter":
+        """A LoRA adapter file (convert.py --adapter) for this model, checked against it; set it on
+        sessions with Session.set_adapters({adapter: scale}) or Model.session(adapters=...)."""
+        return Adapter(self, path)
+
     # -- inference --------------------------------------------------------------------------
     def session(self, n_ctx: int = 0, n_batch: int = 0, threads: int = 0, **options) -> "Session":
         """A new stateful context (its own KV cache) over this model; options as Session's."""
@@ -437,18 +443,37 @@ def _closing_iter(session: "Session", pieces: Iterator[str]) -> Iterator[str]:
             pieces.close()  # see _chat_stream
 
 
+class Adapter(_Handle):
+    """A LoRA adapter loaded for a Model (Model.load_adapter). Closing it is deferred while sessions
+    apply it: they keep its memory until they stop."""
+
+    def __init__(self, model: Model, path):
+        handle = ctypes.c_void_p()
+        _check(lib.fastllm_adapter_load(model.handle, os.fsencode(path), ctypes.byref(handle)))
+        self._handle = handle
+        self.model = model  # the model outlives its adapters
+        self.path = os.fspath(path)
+
+    _what = "adapter"
+    _free = staticmethod(lambda h: lib.fastllm_adapter_free(h))
+
+    def __repr__(self) -> str:
+        return f"Adapter({self.path!r})"
+
+
 class Session(_Handle):
     """One conversation's state over a Model: token history and KV cache. Use from one thread at a time."""
 
     def __init__(self, model: Model, n_ctx: int = 0, n_batch: int = 0, threads: int = 0, *,
                  kv_type: str | None = None, type_k: str | None = None, type_v: str | None = None,
                  context_shift: bool = False, n_keep: int = 0, n_discard: int = 0, swa_full: bool = False,
-                 _fork_of: "Session" = None, _fork_n: int = 0):
+                 adapters: "dict | None" = None, _fork_of: "Session" = None, _fork_n: int = 0):
         """n_ctx 0: 4096 (or the model's context if shorter); the KV cache grows with the context.
         kv_type sets both type_k and type_v: "f16" (default), "f32" or "q8". context_shift: when the
         context is full, drop n_discard tokens (0: half) after the first n_keep and go on.
         swa_full: sliding-window layers keep every position instead of only their window (more
-        memory; truncating or forking far back then needs no re-evaluation)."""
+        memory; truncating or forking far back then needs no re-evaluation). adapters: {Adapter:
+        scale}, as set_adapters."""
         params = lib.fastllm_session_default_params()
         params.n_ctx = n_ctx
         if n_batch:
@@ -475,6 +500,9 @@ class Session(_Handle):
         self.last_result: GenerationResult | None = None
         self.messages: list[dict] = []  # the conversation so far, for chat()
         self._stops: set = set()  # of the streams whose worker may still be generating
+        self._adapters: dict = dict(_fork_of._adapters) if _fork_of is not None else {}
+        if adapters:
+            self.set_adapters(adapters)
 
     _what = "session"
     _free = staticmethod(lambda h: lib.fastllm_session_free(h))
@@ -552,6 +580,23 @@ class Session(_Handle):
         """From any thread: stops the evaluation or generation in progress (eval raises FastLLMError
         with ERR_CANCELLED; a generation ends with stop reason "cancelled"). False if none was."""
         return lib.fastllm_session_cancel(self.handle) == raw.OK
+
+    def set_adapters(self, adapters: dict) -> None:
+        """The LoRA adapters this session's evaluations apply from now on: {Adapter: scale} (1.0: as
+        trained, 0: off; {}: the base model). Tokens already evaluated keep their KV cache (reset()
+        to evaluate them again); a fork takes this session's adapters."""
+        items = list(adapters.items())
+        for a, _ in items:
+            if not isinstance(a, Adapter):
+                raise TypeError(f"adapters maps Adapter objects to scales, not {type(a).__name__}")
+        handles = (ctypes.c_void_p * max(len(items), 1))(*[a.handle for a, _ in items])
+        scales = (ctypes.c_float * max(len(items), 1))(*[float(s) for _, s in items])
+        _check(lib.fastllm_session_set_adapters(self.handle, handles, scales, len(items)))
+        self._adapters = dict(items)  # keeps the Adapter objects (and so their handles) alive
+
+    @property
+    def adapters(self) -> dict:
+        return dict(self._adapters)
 
     def speculative(self, draft: "Model | None" = None, n_draft: int = 5, ngram: tuple[int, int] = (1, 3),
                     p_min: float = 0.0) -> None:

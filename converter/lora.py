@@ -1,0 +1,140 @@
+"""A PEFT LoRA adapter folder -> an `.flm` adapter file (docs/lora.md), checked against its base model.
+
+    python converter/convert.py --adapter PEFT_DIR --model_path BASE_HF_DIR --out_path ADAPTER.flm
+
+A PEFT folder holds adapter_config.json (r, lora_alpha, use_rslora, rank_pattern, alpha_pattern,
+target_modules) and adapter_model.safetensors (or .bin): per adapted module, lora_A [r, in] and
+lora_B [out, r], with y = W x + s B (A x), s = alpha / r (rslora: alpha / sqrt(r)). The base folder
+gives the family and its config, so that every module lands in the right rows of the `.flm` tensor
+it was fused into (q|k|v in attn_qkv, gate|up in ffn_gate_up) and every shape is checked.
+
+The file (header kind 1, flm_writer.KIND_ADAPTER) holds, for each adapted part of a base matrix
+`blk.L.NAME.weight`, the tensors `blk.L.NAME.weight.lora_a.ROW0` [r, in] and
+`blk.L.NAME.weight.lora_b.ROW0` [rows, r], f32, with s folded into lora_b: the part's rows are
+[ROW0, ROW0 + rows) of the base matrix. Metadata: general.architecture (the base's), adapter.type
+"lora", adapter.name.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from pathlib import Path
+
+import torch
+
+from .checkpoint import Checkpoint, _SafetensorsFile, _TorchBinFile
+from .errors import ConversionError
+from .flm_writer import KIND_ADAPTER, FlmWriter
+
+_PREFIX = "base_model.model."
+
+
+def _pattern_value(patterns: dict, module: str, default):
+    """PEFT's per-module override: the first pattern that matches the module's name at a dot."""
+    for pattern, value in (patterns or {}).items():
+        if re.match(rf"(.*\.)?({pattern})$", module):
+            return value
+    return default
+
+
+def read_adapter(adapter_dir: Path):
+    """(config, {module name without `base_model.model.`: (lora_A, lora_B) float32 tensors})."""
+    cfg_path = adapter_dir / "adapter_config.json"
+    if not cfg_path.is_file():
+        raise ConversionError(f"{adapter_dir}: no adapter_config.json (is this a PEFT adapter folder?)")
+    try:
+        cfg = json.loads(cfg_path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as e:
+        raise ConversionError(f"{cfg_path}: {e}") from None
+    if not isinstance(cfg, dict):
+        raise ConversionError(f"{cfg_path}: expected a JSON object")
+    if str(cfg.get("peft_type", "LORA")).upper() != "LORA":
+        raise ConversionError(f"{cfg_path}: peft_type {cfg.get('peft_type')!r}; only LORA adapters convert")
+    for key, ok, why in (("use_dora", lambda v: not v, "DoRA's magnitude vectors"),
+                         ("fan_in_fan_out", lambda v: not v, "fan_in_fan_out (Conv1D) weights"),
+                         ("bias", lambda v: v in (None, "none"), "trained biases"),
+                         ("modules_to_save", lambda v: not v, "fully trained modules (modules_to_save)")):
+        if not ok(cfg.get(key)):
+            raise ConversionError(f"{cfg_path}: {key} = {cfg.get(key)!r}: {why} are not supported")
+    files = [adapter_dir / n for n in ("adapter_model.safetensors", "adapter_model.bin")]
+    path = next((f for f in files if f.is_file()), None)
+    if path is None:
+        raise ConversionError(f"{adapter_dir}: no adapter_model.safetensors or adapter_model.bin")
+    weights = _SafetensorsFile(path) if path.suffix == ".safetensors" else _TorchBinFile(path)
+    modules: dict = {}
+    for name in weights.names():
+        m = re.fullmatch(r"(.+)\.lora_([AB])(?:\.[^.]+)?\.weight", name)
+        if not m:
+            raise ConversionError(f"{path}: tensor {name} is not a LoRA A or B matrix "
+                                  f"(embedding or bias adapters are not supported)")
+        module = m.group(1)[len(_PREFIX):] if m.group(1).startswith(_PREFIX) else m.group(1)
+        t = weights.get(name)
+        if not t.is_floating_point() or t.dim() != 2:
+            raise ConversionError(f"{path}: {name} is not a floating-point matrix")
+        modules.setdefault(module, {})[m.group(2)] = t.to(torch.float32)
+    for module, ab in modules.items():
+        if set(ab) != {"A", "B"}:
+            raise ConversionError(f"{path}: {module} has lora_{''.join(ab)} but not both A and B")
+        a, b = ab["A"], ab["B"]
+        if a.shape[0] != b.shape[1]:
+            raise ConversionError(f"{path}: {module}: lora_A {list(a.shape)} and lora_B {list(b.shape)} "
+                                  f"disagree on the rank")
+    if not modules:
+        raise ConversionError(f"{path}: no LoRA matrices")
+    return cfg, {k: (v["A"], v["B"]) for k, v in modules.items()}
+
+
+def scale_of(cfg: dict, module: str, rank: int) -> float:
+    """s = alpha / r, or alpha / sqrt(r) with use_rslora; alpha from alpha_pattern or lora_alpha."""
+    alpha = float(_pattern_value(cfg.get("alpha_pattern"), module, cfg.get("lora_alpha", 8)))
+    return alpha / math.sqrt(rank) if cfg.get("use_rslora") else alpha / rank
+
+
+def convert_adapter(adapter_dir, base_dir, out_path, progress: bool = False) -> str:
+    """Writes the adapter at adapter_dir, for the HF model at base_dir, to out_path."""
+    from .convert import _check_out_path, detect_model_type  # convert.py imports this module
+    from .families import FAMILIES
+    adapter_dir, out_path = Path(adapter_dir), Path(out_path)
+    _check_out_path(out_path)
+    if base_dir is None:
+        raise ConversionError("--adapter needs --model_path: the base model's HF folder (its config places "
+                              "each module in the fused tensors and checks every shape)")
+    cfg, modules = read_adapter(adapter_dir)
+    base = Checkpoint(base_dir)
+    family = FAMILIES[detect_model_type(base.config)]
+    if not hasattr(family, "layer_tensors") or family.ARCH == "bert":
+        raise ConversionError(f"LoRA adapters for {family.ARCH} models are not supported")
+    hp = family.read_hparams(base.config)
+    writer = FlmWriter(out_path, kind=KIND_ADAPTER)
+    writer.add_string("general.architecture", family.ARCH)
+    writer.add_string("adapter.type", "lora")
+    writer.add_string("adapter.name", adapter_dir.resolve().name)
+    used = set()
+    for i in range(hp.num_layers):
+        for spec in family.layer_tensors(hp, i):
+            if not spec.matrix:
+                continue
+            row0 = 0
+            for part, shape in spec.parts:
+                module = part[:-len(".weight")]
+                key = next((k for k in (module, "model." + module) if k in modules), None)
+                if key is not None:
+                    a, b = modules[key]
+                    if a.shape[1] != shape[1] or b.shape[0] != shape[0]:
+                        raise ConversionError(f"{adapter_dir}: {key}: lora_A {list(a.shape)} and lora_B "
+                                              f"{list(b.shape)} do not fit the base's {list(shape)} matrix")
+                    s = scale_of(cfg, key, a.shape[0])
+                    a_np, b_np = a.numpy().copy(), (b * s).numpy()
+                    writer.add_tensor(f"{spec.name}.lora_a.{row0}", "f32", tuple(a_np.shape), lambda x=a_np: x)
+                    writer.add_tensor(f"{spec.name}.lora_b.{row0}", "f32", tuple(b_np.shape), lambda x=b_np: x)
+                    used.add(key)
+                row0 += shape[0]
+    left = sorted(set(modules) - used)
+    if left:
+        shown = ", ".join(left[:4]) + (f" and {len(left) - 4} more" if len(left) > 4 else "")
+        raise ConversionError(f"{adapter_dir}: modules this {family.ARCH} model has no matrix for: {shown} "
+                              f"(adapters of the embeddings or the output head are not supported)")
+    writer.write(progress=progress, desc=f"{out_path.name} (LoRA)")
+    return str(out_path)

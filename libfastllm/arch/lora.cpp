@@ -1,0 +1,87 @@
+#include "arch/lora.h"
+
+#include <cstdlib>
+#include <cstring>
+
+#include "arch/decoder.h"
+#include "base/error.h"
+
+namespace fastllm {
+
+namespace {
+
+constexpr const char *kMatrixNames[kLoraMatrices] = {"attn_qkv", "attn_output", "ffn_gate_up", "ffn_down"};
+
+// "blk.L.NAME.weight.lora_X.ROW0" -> layer, matrix, X ('a' or 'b'), row0; false for any other name.
+bool parse_name(const std::string &name, int &layer, int &matrix, char &which, int64_t &row0) {
+    if (name.compare(0, 4, "blk.") != 0) return false;
+    char *end = nullptr;
+    const long l = std::strtol(name.c_str() + 4, &end, 10);
+    if (end == name.c_str() + 4 || *end != '.' || l < 0) return false;
+    const std::string rest(end + 1);
+    for (int m = 0; m < kLoraMatrices; m++) {
+        const std::string head = std::string(kMatrixNames[m]) + ".weight.lora_";
+        if (rest.compare(0, head.size(), head) != 0 || rest.size() < head.size() + 3) continue;
+        const char x = rest[head.size()];
+        if ((x != 'a' && x != 'b') || rest[head.size() + 1] != '.') return false;
+        const char *digits = rest.c_str() + head.size() + 2;
+        char *tail = nullptr;
+        const long long r0 = std::strtoll(digits, &tail, 10);
+        if (tail == digits || *tail != '\0' || r0 < 0) return false;
+        layer = (int)l, matrix = m, which = x, row0 = (int64_t)r0;
+        return true;
+    }
+    return false;
+}
+
+}  // namespace
+
+LoraAdapter::LoraAdapter(std::unique_ptr<FlmFile> file, const Decoder &decoder)
+    : file_(std::move(file)), decoder_(&decoder) {
+    const char *path = file_->path().c_str();
+    const DecoderConfig &c = decoder.config();
+    if (file_->kind() != FlmFile::kKindAdapter)
+        fail(FASTLLM_ERR_BAD_FORMAT, "%s is a model, not a LoRA adapter (convert one with convert.py --adapter)", path);
+    const std::string arch = file_->get_string("general.architecture"), type = file_->get_string("adapter.type", "");
+    if (type != "lora") fail(FASTLLM_ERR_UNSUPPORTED, "%s: adapter type '%s' (only lora)", path, type.c_str());
+    if (arch != c.arch)
+        fail(FASTLLM_ERR_BAD_FORMAT, "%s is an adapter for a %s model; this model is %s", path, arch.c_str(), c.arch.c_str());
+    if (!c.causal) fail(FASTLLM_ERR_UNSUPPORTED, "%s: LoRA adapters of an encoder are not supported", path);
+    name_ = file_->get_string("adapter.name", "");
+    layers_.resize((size_t)c.num_layers);
+    for (const auto &kv : file_->tensors()) {
+        int layer = 0, m = 0;
+        char which = 0;
+        int64_t row0 = 0;
+        if (!parse_name(kv.first, layer, m, which, row0))
+            fail(FASTLLM_ERR_BAD_FORMAT, "%s: tensor '%s' is not a LoRA part of a layer's matrix", path, kv.first.c_str());
+        if (which == 'b') continue;  // found from its a
+        if (layer >= c.num_layers)
+            fail(FASTLLM_ERR_BAD_FORMAT, "%s: tensor '%s' is for layer %d; the model has %d", path, kv.first.c_str(), layer,
+                 c.num_layers);
+        const std::string b_name = kv.first.substr(0, kv.first.size() - std::to_string(row0).size() - 2) + "b." +
+                                   std::to_string(row0);
+        if (!file_->has_tensor(b_name)) fail(FASTLLM_ERR_BAD_FORMAT, "%s: '%s' has no '%s'", path, kv.first.c_str(), b_name.c_str());
+        const Tensor &a = kv.second, &b = file_->tensor(b_name), &w = decoder.matrix(layer, m);
+        for (const Tensor *t : {&a, &b})
+            if (t->n_dims != 2 || (t->dtype != DType::F32 && t->dtype != DType::F16))
+                fail(FASTLLM_ERR_BAD_FORMAT, "%s: '%s' is not an f32 or f16 matrix", path, t->name.c_str());
+        const int64_t r = a.rows();
+        if (r < 1 || a.cols() != w.cols() || b.cols() != r || row0 + b.rows() > w.rows())
+            fail(FASTLLM_ERR_BAD_FORMAT,
+                 "%s: '%s' [%lld, %lld] and its b [%lld, %lld] at row %lld do not fit the model's %s [%lld, %lld] "
+                 "(an adapter of another model?)",
+                 path, kv.first.c_str(), (long long)a.rows(), (long long)a.cols(), (long long)b.rows(), (long long)b.cols(),
+                 (long long)row0, w.name.c_str(), (long long)w.rows(), (long long)w.cols());
+        // The pass computes a part's products in buffers free at that point of the layer (decoder.cpp).
+        const LoraLimits lim = decoder.lora_limits(m);
+        if (r > lim.rank)
+            fail(FASTLLM_ERR_UNSUPPORTED, "%s: '%s' has rank %lld; this model's %s takes at most rank %lld", path,
+                 kv.first.c_str(), (long long)r, kMatrixNames[m], (long long)lim.rank);
+        layers_[(size_t)layer][(size_t)m].push_back(LoraPart{a, b, row0});
+        max_rank_ = std::max(max_rank_, (int)r);
+    }
+    if (max_rank_ == 0) fail(FASTLLM_ERR_BAD_FORMAT, "%s: the adapter has no LoRA matrices", path);
+}
+
+}  // namespace fastllm

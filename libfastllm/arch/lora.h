@@ -1,0 +1,60 @@
+// lora.h — LoRA adapters as the forward pass applies them: y = W x + s B (A x) for each adapted
+// part of a layer's four matrices, unmerged (the base weights stay as they are, of any dtype), for
+// the rows of a pass whose session has the adapter set (ForwardRow::lora).
+#pragma once
+
+#include <array>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "format/flm_file.h"
+#include "format/tensor.h"
+
+namespace fastllm {
+
+class Decoder;
+
+// The matrices of a layer an adapter can change, in the order the forward pass runs them.
+enum LoraMatrix : int { kLoraQkv = 0, kLoraAttnOutput = 1, kLoraGateUp = 2, kLoraDown = 3, kLoraMatrices = 4 };
+
+// Rows [row0, row0 + b.rows()) of a base matrix get s * b (a x): a [r, cols of W], b [rows, r]
+// (the adapter's own scale alpha / r folded into b by the converter), f32 or f16.
+struct LoraPart {
+    Tensor a, b;
+    int64_t row0 = 0;
+};
+
+// What the pass can apply to a matrix at once (its products use buffers of the layer's pass that
+// are free at that point): parts of rank r <= rank, rows at most `rows` at a time.
+struct LoraLimits {
+    int64_t rank, rows;
+};
+
+// An adapter file, checked against a model's decoder: every tensor is a known part of one of
+// its layers' matrices, of the right shape. Throws Error (FASTLLM_ERR_BAD_FORMAT for a file that
+// is not an adapter or does not fit; FASTLLM_ERR_UNSUPPORTED for what the pass cannot apply).
+class LoraAdapter {
+public:
+    LoraAdapter(std::unique_ptr<FlmFile> file, const Decoder &decoder);
+    const std::vector<LoraPart> &parts(int layer, int matrix) const { return layers_[(size_t)layer][(size_t)matrix]; }
+    const std::string &name() const { return name_; }
+    const std::string &path() const { return file_->path(); }
+    int max_rank() const { return max_rank_; }
+    const Decoder &decoder() const { return *decoder_; }  // the model's it was checked against
+
+private:
+    std::unique_ptr<FlmFile> file_;
+    const Decoder *decoder_;
+    std::string name_;
+    std::vector<std::array<std::vector<LoraPart>, kLoraMatrices>> layers_;
+    int max_rank_ = 0;
+};
+
+// A session's adapters and their scales (immutable once made; sessions share it by pointer).
+struct LoraSet {
+    std::vector<std::pair<std::shared_ptr<const LoraAdapter>, float>> entries;
+};
+
+}  // namespace fastllm

@@ -1,0 +1,272 @@
+"""LoRA adapters (docs/lora.md) against peft on transformers: random-weight base models of real
+architectures, random adapters (peft's LoraConfig with init_lora_weights=False, so that B is not
+zero), converted with convert.py --adapter and applied unmerged by the library."""
+import ctypes
+import math
+import os
+
+import numpy as np
+import pytest
+import torch
+
+import fastllm
+from fastllm import _lib as raw
+from conftest import convert
+from converter.convert import ConversionError, convert_adapter
+from hf_models import load_model, make_model
+
+peft = pytest.importorskip("peft")
+
+PROMPT = [1, 5, 9, 23, 7, 100, 42, 3, 17, 64, 11, 2]
+ALL = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+
+
+def make_adapter(base_dir, out_dir, seed, **lora):
+    """A peft adapter of random A and B on the base at base_dir, saved to out_dir; returns the
+    peft model (the reference) and the folder."""
+    torch.manual_seed(seed)
+    model = load_model(base_dir)
+    cfg = peft.LoraConfig(init_lora_weights=False, **lora)
+    pm = peft.get_peft_model(model, cfg).eval()
+    with torch.no_grad():  # B of the same size as A's effect: a change well above f32 noise
+        for name, p in pm.named_parameters():
+            if "lora_" in name:
+                p.copy_(torch.randn_like(p) * 0.2)
+    pm.save_pretrained(out_dir)
+    return pm, out_dir
+
+
+def reference_logits(model, ids):
+    with torch.no_grad():
+        return model(torch.tensor([ids])).logits[0].float().numpy()
+
+
+def rel(a, b):
+    return float(np.abs(a - b).max() / np.abs(b).max())
+
+
+@pytest.fixture(scope="module")
+def llama(tmp_path_factory):
+    d = tmp_path_factory.mktemp("lora_llama")
+    base = make_model(d, "llama", num_key_value_heads=2)
+    return d, base, convert(base, d / "base.flm")
+
+
+@pytest.mark.parametrize("rank,targets,rslora", [(8, ALL, False), (1, ["q_proj", "v_proj"], False),
+                                                 (16, ["k_proj", "o_proj", "up_proj", "down_proj"], True)])
+def test_logits_match_peft(llama, tmp_path, rank, targets, rslora):
+    d, base, flm = llama
+    pm, folder = make_adapter(base, tmp_path / "adapter", seed=rank, r=rank, lora_alpha=2 * rank,
+                              target_modules=targets, use_rslora=rslora)
+    convert_adapter(folder, base, tmp_path / "a.flm")
+    want = reference_logits(pm, PROMPT)
+    with fastllm.Model(flm, threads=2) as m:
+        adapter = m.load_adapter(tmp_path / "a.flm")
+        with m.session(kv_type="f32", adapters={adapter: 1.0}) as s:
+            got = s.eval(PROMPT, logits="all")
+        with m.session(kv_type="f32") as s:  # the base model, and the adapter's effect well above the bound
+            base_logits = s.eval(PROMPT, logits="all")
+    assert rel(got, want) < 1e-4, rel(got, want)
+    assert rel(base_logits, want) > 1e-2
+
+
+def test_scales_combine_as_peft_weighted_sum(llama, tmp_path):
+    """scale 0 is the base model; two adapters at once are their sum, each times its scale."""
+    d, base, flm = llama
+    pa, fa = make_adapter(base, tmp_path / "a", seed=1, r=4, lora_alpha=8, target_modules=["q_proj", "down_proj"])
+    pb, fb = make_adapter(base, tmp_path / "b", seed=2, r=8, lora_alpha=8, target_modules=["v_proj", "gate_proj"])
+    convert_adapter(fa, base, tmp_path / "a.flm")
+    convert_adapter(fb, base, tmp_path / "b.flm")
+    # the reference: both adapters on one peft model, their scalings multiplied as fastllm's scales
+    ref = peft.PeftModel.from_pretrained(load_model(base), fa, adapter_name="a")
+    ref.load_adapter(fb, adapter_name="b")
+    ref.base_model.set_adapter(["a", "b"])
+    for mod in ref.modules():
+        if hasattr(mod, "scaling") and isinstance(mod.scaling, dict):
+            for name, factor in (("a", 0.5), ("b", -1.5)):
+                if name in mod.scaling:
+                    mod.scaling[name] *= factor
+    want = reference_logits(ref.eval(), PROMPT)
+    base_want = reference_logits(load_model(base), PROMPT)
+    with fastllm.Model(flm, threads=2) as m:
+        a, b = m.load_adapter(tmp_path / "a.flm"), m.load_adapter(tmp_path / "b.flm")
+        with m.session(kv_type="f32", adapters={a: 0.5, b: -1.5}) as s:
+            got = s.eval(PROMPT, logits="all")
+        with m.session(kv_type="f32", adapters={a: 0.0}) as s:
+            zero = s.eval(PROMPT, logits="all")
+    assert rel(got, want) < 1e-4, rel(got, want)
+    assert rel(zero, base_want) < 1e-4
+
+
+@pytest.mark.parametrize("family", ["qwen2", "phi3"])
+def test_fused_families(tmp_path, family):
+    """Qwen2 (q/k/v biases) and Phi-3, whose checkpoint fuses q|k|v and gate|up already: the
+    adapted rows land where the fused tensors keep them."""
+    base = make_model(tmp_path, family, num_key_value_heads=2)
+    flm = convert(base, tmp_path / "base.flm")
+    targets = ["qkv_proj", "gate_up_proj", "o_proj"] if family == "phi3" else ["k_proj", "v_proj", "up_proj"]
+    pm, folder = make_adapter(base, tmp_path / "adapter", seed=3, r=8, lora_alpha=16, target_modules=targets)
+    convert_adapter(folder, base, tmp_path / "a.flm")
+    want = reference_logits(pm, PROMPT)
+    with fastllm.Model(flm, threads=2) as m:
+        with m.session(kv_type="f32", adapters={m.load_adapter(tmp_path / "a.flm"): 1.0}) as s:
+            got = s.eval(PROMPT, logits="all")
+    assert rel(got, want) < 1e-4, rel(got, want)
+
+
+def test_sessions_with_different_adapters_step_together(llama, tmp_path):
+    """Greedy generations of sessions with different adapters (and none) advancing in the same
+    passes give each what it gives alone."""
+    d, base, flm = llama
+    lib = fastllm._lib.lib
+    files = []
+    for i, targets in enumerate((["q_proj", "up_proj"], ["v_proj", "down_proj"])):
+        _, folder = make_adapter(base, tmp_path / f"ad{i}", seed=10 + i, r=8, lora_alpha=16, target_modules=targets)
+        files.append(convert_adapter(folder, base, tmp_path / f"ad{i}.flm"))
+    with fastllm.Model(flm, threads=2) as m:
+        adapters = [m.load_adapter(f) for f in files]
+        sets = [{adapters[0]: 1.0}, {}, {adapters[1]: 0.7}, {adapters[0]: 0.3, adapters[1]: 1.0}]
+        alone = []
+        for ads in sets:
+            with m.session(adapters=ads) as s:
+                s.generate(PROMPT[:5], 12, temperature=0, ignore_eos=True)
+                alone.append(s.tokens)
+        sessions = [m.session(adapters=ads) for ads in sets]
+        params = lib.fastllm_sampling_default_params()
+        params.temperature, params.max_new_tokens, params.ignore_eos = 0.0, 12, 1
+        ids, n = fastllm.model._ids_array(PROMPT[:5])
+        for s in sessions:
+            assert lib.fastllm_session_begin_generation(s.handle, ids, n, ctypes.byref(params),
+                                                        fastllm._lib.StreamCallback(), None) == 0
+        active = list(range(len(sessions)))
+        while active:
+            handles = (ctypes.c_void_p * len(active))(*[sessions[i].handle.value for i in active])
+            done = (ctypes.c_int32 * len(active))()
+            assert lib.fastllm_generate_step(handles, len(active), done) == 0, lib.fastllm_last_error()
+            active = [i for i, dn in zip(active, done) if not dn]
+        together = [s.tokens for s in sessions]
+        for s in sessions:
+            s.close()
+    assert together == alone
+    assert len({tuple(t) for t in alone}) > 1  # the adapters change what is generated
+
+
+def test_bad_adapters(llama, tmp_path):
+    d, base, flm = llama
+    other = make_model(tmp_path, "llama", name="wider", hidden_size=96, num_key_value_heads=2)
+    _, folder = make_adapter(other, tmp_path / "wide", seed=5, r=4, lora_alpha=4, target_modules=["q_proj"])
+    with pytest.raises(ConversionError, match="do not fit"):
+        convert_adapter(folder, base, tmp_path / "x.flm")
+    convert_adapter(folder, other, tmp_path / "wide.flm")
+    qwen = make_model(tmp_path, "qwen2", num_key_value_heads=2)
+    _, qfolder = make_adapter(qwen, tmp_path / "q", seed=6, r=4, lora_alpha=4, target_modules=["q_proj"])
+    convert_adapter(qfolder, qwen, tmp_path / "qwen.flm")
+    _, good = make_adapter(base, tmp_path / "good", seed=7, r=4, lora_alpha=4, target_modules=["q_proj"])
+    good_flm = convert_adapter(good, base, tmp_path / "good.flm")
+    data = open(good_flm, "rb").read()
+    open(tmp_path / "cut.flm", "wb").write(data[: len(data) - 100])
+    with fastllm.Model(flm, threads=2) as m, fastllm.Model(flm) as m2:
+        for path, status, words in ((tmp_path / "wide.flm", raw.ERR_BAD_FORMAT, "do not fit"),
+                                    (tmp_path / "qwen.flm", raw.ERR_BAD_FORMAT, "qwen2"),
+                                    (tmp_path / "cut.flm", raw.ERR_BAD_FORMAT, ""),
+                                    (flm, raw.ERR_BAD_FORMAT, "is a model"),
+                                    (tmp_path / "missing.flm", raw.ERR_IO, "")):
+            with pytest.raises(fastllm.FastLLMError) as e:
+                m.load_adapter(path)
+            assert e.value.status == status and words in str(e.value), str(e.value)
+        with pytest.raises(fastllm.FastLLMError) as e:  # a model file is not an adapter, nor the reverse
+            fastllm.Model(good_flm)
+        assert "LoRA adapter" in str(e.value)
+        a = m.load_adapter(good_flm)
+        with m.session() as s:
+            s.eval(PROMPT[:4])
+            for scale in (math.inf, math.nan):
+                with pytest.raises(fastllm.FastLLMError, match="not finite"):
+                    s.set_adapters({a: scale})
+            assert s.adapters == {}  # nothing changed
+            with pytest.raises(fastllm.FastLLMError, match="another model"):
+                s.set_adapters({m2.load_adapter(good_flm): 1.0})
+        # freeing an adapter that a session still applies is deferred: the session goes on with it
+        s = m.session(kv_type="f32", adapters={a: 1.0})
+        first = s.eval(PROMPT, logits="last")
+        a.close()
+        s.reset()
+        assert np.array_equal(s.eval(PROMPT, logits="last"), first)
+        s.close()
+
+
+def test_node_and_cpp_clients_apply_adapters(llama, tmp_path):
+    """The Node client (Model.loadAdapter, Session.setAdapters) and the C++ header (Adapter,
+    Session::set_adapters) generate what the Python binding generates with the same adapter."""
+    import json
+    import shutil
+    import subprocess
+    from conftest import BUILD, REPO
+    from test_cpp_wrapper import compile_cpp
+    d, base, flm = llama
+    _, folder = make_adapter(base, tmp_path / "ad", seed=21, r=8, lora_alpha=16, target_modules=ALL)
+    ad = convert_adapter(folder, base, tmp_path / "ad.flm")
+    with fastllm.Model(flm, threads=2) as m:
+        with m.session(adapters={m.load_adapter(ad): 0.8}) as s:
+            want = s.generate(PROMPT[:4], 10, temperature=0, ignore_eos=True)
+        base_text = m.generate(PROMPT[:4], 10, temperature=0, ignore_eos=True)
+    assert want != base_text
+
+    node_dir = REPO / "bindings" / "examples" / "node"
+    script = (f"const f = require({json.dumps(str(node_dir / 'fastllm.js'))});"
+              f"const m = f.Model.load({json.dumps(str(flm))}, {{ threads: 2 }});"
+              f"const a = m.loadAdapter({json.dumps(str(ad))});"
+              f"const s = m.createSession({{}}); s.setAdapters(new Map([[a, 0.8]]));"
+              f"const r = s.generate({json.dumps(PROMPT[:4])}, {{ maxNewTokens: 10, temperature: 0, ignoreEos: true }});"
+              f"process.stdout.write(JSON.stringify(r.text)); a.close(); s.free(); m.free();")
+    node = shutil.which("node")
+    assert node, "Node.js is missing (scripts/setup.sh installs it)"
+    if not (node_dir / "node_modules" / "koffi").exists():
+        subprocess.run(["npm", "ci", "--no-audit", "--no-fund"], cwd=node_dir, check=True, capture_output=True, timeout=300)
+    r = subprocess.run([node, "-e", script], capture_output=True, text=True, timeout=120,
+                       env={**os.environ, "FASTLLM_LIBRARY": str(BUILD / "libfastllm.so")})
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout) == want
+
+    src = tmp_path / "lora.cpp"
+    src.write_text("""#include <cstdio>
+#include "fastllm.hpp"
+int main(int, char **argv) {
+    fastllm::Model model(argv[1], 2);
+    fastllm::Adapter adapter(model, argv[2]);
+    fastllm::Session s(model);
+    s.set_adapters({{&adapter, 0.8f}});
+    fastllm::SamplingParams o;
+    o.max_new_tokens = 10, o.temperature = 0, o.ignore_eos = true;
+    std::fputs(s.generate(std::vector<int32_t>{""" + ", ".join(map(str, PROMPT[:4])) + """}, o).text.c_str(), stdout);
+}
+""")
+    exe = compile_cpp(src, tmp_path / "lora")
+    r = subprocess.run([str(exe), str(flm), str(ad)], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout == want
+
+
+def test_a_device_declines_adapters(llama, tmp_path):
+    """Layers on a Vulkan device: setting an adapter is FASTLLM_ERR_UNSUPPORTED, nothing changed
+    (adapters run on the CPU; never a silent CPU detour inside a device's pass)."""
+    d, base, flm = llama
+    if not any(dev["usable"] for dev in fastllm.devices()):
+        pytest.skip("no Vulkan device on this machine: not run (apt install mesa-vulkan-drivers)")
+    _, folder = make_adapter(base, tmp_path / "ad", seed=22, r=4, lora_alpha=4, target_modules=["q_proj"])
+    ad = convert_adapter(folder, base, tmp_path / "ad.flm")
+    with fastllm.Model(flm, threads=2, device="vulkan") as m:
+        a = m.load_adapter(ad)
+        with m.session() as s:
+            with pytest.raises(fastllm.FastLLMError) as e:
+                s.set_adapters({a: 1.0})
+            assert e.value.status == raw.ERR_UNSUPPORTED and "run on the CPU" in str(e.value)
+            assert s.adapters == {}
+
+
+def test_c_api_null_arguments():
+    lib = raw.lib
+    out = ctypes.c_void_p()
+    assert lib.fastllm_adapter_load(None, b"x.flm", ctypes.byref(out)) == raw.ERR_INVALID_ARGUMENT
+    assert lib.fastllm_session_set_adapters(None, None, None, 0) == raw.ERR_INVALID_ARGUMENT
+    lib.fastllm_adapter_free(None)  # harmless, as free(NULL)
