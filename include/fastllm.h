@@ -747,7 +747,9 @@ FASTLLM_API fastllm_status fastllm_session_set_adapters(fastllm_session *session
  * on gives the same tokens as never having stopped. The bytes name the model they belong to (a
  * fingerprint of its weights, config and vocabulary), are versioned and checksummed: a state of
  * another model, a truncated or damaged one is FASTLLM_ERR_BAD_FORMAT, and the session is left as
- * it was. Loading into a session with other KV types converts the rows (q8 is then approximate);
+ * it was. A state names the LoRA adapters (and scales) its KV was computed with: only a session
+ * with the same ones loads it (else FASTLLM_ERR_BAD_FORMAT). Loading into a session with other KV
+ * types converts the rows (q8 is then approximate);
  * the context must fit its n_ctx.
  * save: writes at most out_capacity bytes; *out_len receives the size of the state; out may be
  * NULL to ask for the size (FASTLLM_ERR_BUFFER_TOO_SMALL when it does not fit). */

@@ -270,3 +270,82 @@ def test_c_api_null_arguments():
     assert lib.fastllm_adapter_load(None, b"x.flm", ctypes.byref(out)) == raw.ERR_INVALID_ARGUMENT
     assert lib.fastllm_session_set_adapters(None, None, None, 0) == raw.ERR_INVALID_ARGUMENT
     lib.fastllm_adapter_free(None)  # harmless, as free(NULL)
+
+
+def test_saved_state_names_its_adapters(llama, tmp_path):
+    """A state saved under adapters loads only into a session with the same adapters and scales,
+    and goes on as never stopped; under other adapters (or none) it is refused, nothing changed."""
+    d, base, flm = llama
+    files = []
+    for i in range(2):
+        _, folder = make_adapter(base, tmp_path / f"ad{i}", seed=30 + i, r=4, lora_alpha=8, target_modules=ALL)
+        files.append(convert_adapter(folder, base, tmp_path / f"ad{i}.flm"))
+    with fastllm.Model(flm, threads=2) as m:
+        a, b = (m.load_adapter(f) for f in files)
+        with m.session(kv_type="f32", adapters={a: 1.0}) as s:
+            s.eval(PROMPT[:6])
+            state = s.save_state()
+            want = s.eval(PROMPT[6:], logits="all")
+        for other in ({}, {b: 1.0}, {a: 0.5}, {a: 1.0, b: 1.0}):
+            with m.session(kv_type="f32", adapters=other) as s:
+                s.eval(PROMPT[:2])
+                with pytest.raises(fastllm.FastLLMError) as e:
+                    s.load_state(state)
+                assert e.value.status == raw.ERR_BAD_FORMAT and "adapter" in str(e.value)
+                assert s.n_tokens == 2
+        with m.session(kv_type="f32", adapters={m.load_adapter(files[0]): 1.0}) as s:  # the same file, loaded again
+            s.load_state(state)
+            assert np.array_equal(s.eval(PROMPT[6:], logits="all"), want)
+
+
+def dequantized_base(flm_path, hf_dir):
+    """The transformers model with the weights as the .flm file stores them (rounded to its
+    dtypes): the reference for a quantized base."""
+    from converter import quantize
+    from converter.flm_reader import load_flm
+    f = load_flm(flm_path)
+    model = load_model(hf_dir)
+    cfg = model.config
+    q = cfg.num_attention_heads * cfg.head_dim if getattr(cfg, "head_dim", None) else cfg.hidden_size
+    kv = cfg.num_key_value_heads * (q // cfg.num_attention_heads)
+
+    def weight(name):
+        t = f.tensors[name]
+        if t.dtype in ("f32", "f16"):
+            return torch.tensor(np.asarray(t.data, dtype=np.float32))
+        return torch.tensor(quantize.dequantize(np.asarray(t.data), t.dtype, t.shape))
+
+    with torch.no_grad():
+        model.model.embed_tokens.weight.copy_(weight("token_embd.weight"))
+        if "output.weight" in f.tensors:
+            model.lm_head.weight.copy_(weight("output.weight"))
+        for i, layer in enumerate(model.model.layers):
+            qkv, gu = weight(f"blk.{i}.attn_qkv.weight"), weight(f"blk.{i}.ffn_gate_up.weight")
+            a, mlp = layer.self_attn, layer.mlp
+            a.q_proj.weight.copy_(qkv[:q]), a.k_proj.weight.copy_(qkv[q:q + kv]), a.v_proj.weight.copy_(qkv[q + kv:])
+            a.o_proj.weight.copy_(weight(f"blk.{i}.attn_output.weight"))
+            n = gu.shape[0] // 2
+            mlp.gate_proj.weight.copy_(gu[:n]), mlp.up_proj.weight.copy_(gu[n:])
+            mlp.down_proj.weight.copy_(weight(f"blk.{i}.ffn_down.weight"))
+    return model
+
+
+@pytest.mark.parametrize("dtype,bound", [("int8", 0.015), ("q4_k_m", 0.03)])
+def test_quantized_bases(llama, tmp_path, dtype, bound):
+    """Unmerged over quantized weights: against peft over the same weights as the file rounds them,
+    within what the quantized kernels' int8 activations cost (the base alone shows the bound)."""
+    d, base, _ = llama
+    flm = convert(base, tmp_path / f"base-{dtype}.flm", dtype=dtype)
+    _, folder = make_adapter(base, tmp_path / "ad", seed=40, r=8, lora_alpha=16, target_modules=ALL)
+    ad = convert_adapter(folder, base, tmp_path / "ad.flm")
+    rounded = dequantized_base(flm, base)
+    base_want = reference_logits(rounded, PROMPT)
+    want = reference_logits(peft.PeftModel.from_pretrained(rounded, folder).eval(), PROMPT)
+    with fastllm.Model(flm, threads=2) as m:
+        with m.session(kv_type="f32", adapters={m.load_adapter(ad): 1.0}) as s:
+            got = s.eval(PROMPT, logits="all")
+        with m.session(kv_type="f32") as s:
+            without = s.eval(PROMPT, logits="all")
+    assert rel(without, base_want) < bound, rel(without, base_want)
+    assert rel(got, want) < bound, rel(got, want)
+    assert rel(got, base_want) > 3 * bound  # the adapter's effect is well above the bound

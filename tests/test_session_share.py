@@ -395,9 +395,9 @@ def test_states_damaged_behind_a_valid_checksum_never_crash(stories_model):
     assert raw.ERR_BAD_FORMAT in statuses, statuses
 
 
-def test_version_2_states_still_load(stories_model):
-    """A state of fastllm 0.5 (version 2: no grammar triggers after the grammar) resumes as the
-    same state saved by this version."""
+def test_version_2_and_3_states_still_load(stories_model):
+    """States of fastllm 0.5 (version 2: no grammar triggers after the grammar, no adapters) and
+    0.6 (version 3: no adapters) resume as the same state saved by this version."""
     p = lib.fastllm_sampling_default_params()
     p.temperature, p.max_new_tokens, p.seed = 1.0, 30, 9
     grammar = b'root ::= [a-z ]{1,40} "."'
@@ -408,11 +408,14 @@ def test_version_2_states_still_load(stories_model):
         _step_tokens(a, 3)
         state = a.save_state()
         want = _step_tokens(a, 100)
-    assert state[8:12] == (3).to_bytes(4, "little")
+    assert state[8:12] == (4).to_bytes(4, "little")
+    assert state[20:24] == bytes(4)  # after the model's fingerprint: no adapters
     at = state.index(len(grammar).to_bytes(4, "little") + grammar) + 4 + len(grammar)
     assert state[at:at + 4] == bytes(4)  # no triggers
-    old = bytearray(state[:8] + (2).to_bytes(4, "little") + state[12:at] + state[at + 4:-8])
-    old += _fnv1a(bytes(old)).to_bytes(8, "little")
-    with stories_model.session() as b:
-        b.load_state(bytes(old))
-        assert _step_tokens(b, 100) == want
+    v3 = bytearray(state[:8] + (3).to_bytes(4, "little") + state[12:20] + state[24:-8])
+    v2 = bytearray(state[:8] + (2).to_bytes(4, "little") + state[12:20] + state[24:at] + state[at + 4:-8])
+    for old in (v3, v2):
+        old += _fnv1a(bytes(old)).to_bytes(8, "little")
+        with stories_model.session() as b:
+            b.load_state(bytes(old))
+            assert _step_tokens(b, 100) == want

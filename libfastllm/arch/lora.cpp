@@ -5,6 +5,7 @@
 
 #include "arch/decoder.h"
 #include "base/error.h"
+#include "base/fnv.h"
 
 namespace fastllm {
 
@@ -82,6 +83,15 @@ LoraAdapter::LoraAdapter(std::unique_ptr<FlmFile> file, const Decoder &decoder)
         max_rank_ = std::max(max_rank_, (int)r);
     }
     if (max_rank_ == 0) fail(FASTLLM_ERR_BAD_FORMAT, "%s: the adapter has no LoRA matrices", path);
+    Fnv1a f;  // all of it: an adapter is small (rank 16 on a 1B model: tens of MB, a few ms a MB)
+    for (const auto &kv : file_->tensors()) {
+        const Tensor &t = kv.second;
+        f.add(kv.first.data(), kv.first.size() + 1);
+        f.add_value((uint32_t)t.dtype);
+        for (int d = 0; d < t.n_dims; d++) f.add_value(t.dims[d]);
+        f.add(t.data, (size_t)t.n_elements() * dtype_size(t.dtype));
+    }
+    fingerprint_ = f.h;
 }
 
 }  // namespace fastllm

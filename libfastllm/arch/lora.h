@@ -43,6 +43,9 @@ public:
     const std::string &path() const { return file_->path(); }
     int max_rank() const { return max_rank_; }
     const Decoder &decoder() const { return *decoder_; }  // the model's it was checked against
+    // Identifies the adapter (a saved state names the adapters it was computed with): a hash of its
+    // tensor table and every tensor's bytes.
+    uint64_t fingerprint() const { return fingerprint_; }
 
 private:
     std::unique_ptr<FlmFile> file_;
@@ -50,6 +53,7 @@ private:
     std::string name_;
     std::vector<std::array<std::vector<LoraPart>, kLoraMatrices>> layers_;
     int max_rank_ = 0;
+    uint64_t fingerprint_ = 0;
 };
 
 // A session's adapters and their scales (immutable once made; sessions share it by pointer).

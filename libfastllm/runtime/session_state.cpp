@@ -1,5 +1,7 @@
 // session_state.cpp — a session's saved state (fastllm_session_save_state). Layout, little-endian:
 //   "FLMSTATE" u32 version  u64 model fingerprint
+//   (version 4) u32 n_adapters, then per adapter u64 fingerprint, f32 scale: the LoRA adapters its
+//     KV was computed with (loading into a session with other adapters is refused)
 //   u32 n_layers  u32 kv_dim  u32 type_k  u32 type_v  u32 n_tokens  u32 n_evaluated  i32 tokens[n_tokens]
 //   per layer: u8 held[ceil(n_evaluated / 32)] (version 2: which blocks of 32 positions follow;
 //     a sliding-window layer holds only its window), then the key rows of the held positions below
@@ -24,8 +26,9 @@ namespace fastllm {
 namespace {
 
 constexpr char kMagic[8] = {'F', 'L', 'M', 'S', 'T', 'A', 'T', 'E'};
-// version 1 (fastllm 0.4): every position of every layer; version 2 (0.5): no grammar triggers
-constexpr uint32_t kStateVersion = 3;
+// version 1 (fastllm 0.4): every position of every layer; version 2 (0.5): no grammar triggers;
+// version 3 (0.6): no adapters
+constexpr uint32_t kStateVersion = 4;
 
 uint64_t fnv1a(const uint8_t *p, size_t n) {
     Fnv1a f;
@@ -113,6 +116,10 @@ std::vector<uint8_t> Session::save_state() const {
     w.bytes(kMagic, sizeof kMagic);
     w.put(kStateVersion);
     w.put(model_.fingerprint());
+    const auto *adapters = ctx_.lora ? &ctx_.lora->entries : nullptr;
+    w.put((uint32_t)(adapters ? adapters->size() : 0));
+    if (adapters)
+        for (const auto &e : *adapters) w.put(e.first->fingerprint()), w.put(e.second);
     w.put((uint32_t)ctx_.cache.n_layers()), w.put((uint32_t)ctx_.cache.kv_dim());
     w.put((uint32_t)ctx_.cache.type_k()), w.put((uint32_t)ctx_.cache.type_v());
     w.put((uint32_t)ctx_.tokens.size()), w.put((uint32_t)ctx_.n_evaluated);
@@ -153,6 +160,23 @@ void Session::load_state(const uint8_t *data, size_t size, fastllm_stream_callba
              kStateVersion);
     if (r.get<uint64_t>() != model_.fingerprint())
         fail(FASTLLM_ERR_BAD_FORMAT, "session state belongs to another model (its weights, config or vocabulary differ)");
+    // Its KV was computed with these adapters: only a session with the same ones (and scales) can go on.
+    std::vector<std::pair<uint64_t, float>> saved;
+    if (version >= 4) {
+        const uint32_t n = r.get<uint32_t>();
+        if (n > (size_t)(r.end - r.p) / 12) fail(FASTLLM_ERR_BAD_FORMAT, "session state: bad adapter count");
+        for (uint32_t i = 0; i < n; i++) {
+            const uint64_t f = r.get<uint64_t>();
+            saved.emplace_back(f, r.get<float>());
+        }
+    }
+    std::vector<std::pair<uint64_t, float>> mine;
+    if (ctx_.lora)
+        for (const auto &e : ctx_.lora->entries) mine.emplace_back(e.first->fingerprint(), e.second);
+    if (saved != mine)
+        fail(FASTLLM_ERR_BAD_FORMAT, "session state was saved with %zu LoRA adapter(s); this session has %zu%s: set the "
+             "same adapters and scales before loading it", saved.size(), mine.size(),
+             saved.size() == mine.size() ? " others (or other scales)" : "");
     const uint32_t layers = r.get<uint32_t>(), dim = r.get<uint32_t>();
     const uint32_t tk = r.get<uint32_t>(), tv = r.get<uint32_t>();
     const uint32_t n_tokens = r.get<uint32_t>(), n_eval = r.get<uint32_t>();

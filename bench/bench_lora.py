@@ -1,0 +1,118 @@
+"""LoRA adapters per character: decode tokens/s of N sessions stepping together, each with its own
+rank-r adapter on every matrix (q, k, v, o, gate, up, down), against the same N sessions without
+adapters, same model, same run, alternating, medians.
+
+    python3 bench/bench_lora.py [--shape 110m] [--dtype int8] [--sessions 8] [--rank 16] [--repeat 3]
+
+The base is bench_speed.py's random checkpoint of --shape, converted to --dtype; the adapters are
+random peft adapters (B not zero) converted with convert.py --adapter. Needs torch, transformers,
+peft (requirements.txt).
+"""
+from __future__ import annotations
+
+import argparse
+import ctypes
+import statistics
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path[:0] = [str(REPO / "bench"), str(REPO / "bindings" / "python"), str(REPO)]
+from bench_speed import SHAPES, random_checkpoint  # noqa: E402
+
+import fastllm  # noqa: E402
+from fastllm import _lib as raw  # noqa: E402
+
+
+def cpu_name() -> str:
+    for line in Path("/proc/cpuinfo").read_text().splitlines():
+        if line.startswith("model name"):
+            return line.split(":", 1)[1].strip()
+    return "unknown CPU"
+
+
+def make_adapters(base: Path, work: Path, n: int, rank: int) -> list:
+    import peft
+    import torch
+    import transformers
+    from converter.convert import convert_adapter
+    out = []
+    for i in range(n):
+        flm = work / f"adapter-r{rank}-{i}.flm"
+        if not flm.exists():
+            torch.manual_seed(100 + i)
+            model = transformers.AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32)
+            pm = peft.get_peft_model(model, peft.LoraConfig(
+                r=rank, lora_alpha=2 * rank, init_lora_weights=False,
+                target_modules=["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]))
+            pm.save_pretrained(work / f"peft-r{rank}-{i}")
+            convert_adapter(work / f"peft-r{rank}-{i}", base, flm)
+        out.append(flm)
+    return out
+
+
+def decode_rate(model, sets, prompt, n_gen) -> float:
+    """Tokens/s of len(sets) sessions generating n_gen tokens each, stepped together."""
+    lib = raw.lib
+    sessions = [model.session(n_ctx=len(prompt) + n_gen + 1, adapters=s) for s in sets]
+    params = lib.fastllm_sampling_default_params()
+    params.temperature, params.max_new_tokens, params.ignore_eos = 0.0, n_gen, 1
+    ids, n = fastllm.model._ids_array(prompt)
+    for s in sessions:
+        assert lib.fastllm_session_begin_generation(s.handle, ids, n, ctypes.byref(params), raw.StreamCallback(), None) == 0
+    handles = (ctypes.c_void_p * len(sessions))(*[s.handle.value for s in sessions])
+    done = (ctypes.c_int32 * len(sessions))()
+    assert lib.fastllm_generate_step(handles, len(sessions), done) == 0  # the first token (after the prompts)
+    t0 = time.perf_counter()
+    steps = 1
+    while not all(done):
+        assert lib.fastllm_generate_step(handles, len(sessions), done) == 0, lib.fastllm_last_error()
+        steps += 1
+    rate = len(sessions) * (steps - 1) / (time.perf_counter() - t0)
+    for s in sessions:
+        s.close()
+    return rate
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--shape", choices=sorted(SHAPES), default="110m")
+    ap.add_argument("--dtype", default="int8")
+    ap.add_argument("--sessions", type=int, default=8)
+    ap.add_argument("--rank", type=int, default=16)
+    ap.add_argument("--gen", type=int, default=32)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--work_dir", type=Path, default=Path("/tmp/fastllm-bench"))
+    args = ap.parse_args()
+    args.work_dir.mkdir(parents=True, exist_ok=True)
+    from converter.convert import convert
+    base = random_checkpoint(args.shape, args.work_dir)
+    flm = args.work_dir / f"{args.shape}-{args.dtype}.flm"
+    if not flm.exists():
+        convert(str(base), str(flm), dtype=args.dtype, progress=False)
+    files = make_adapters(base, args.work_dir, args.sessions, args.rank)
+    prompt = list(range(1, 17))
+    with fastllm.Model(flm, threads=args.threads) as m:
+        adapters = [m.load_adapter(f) for f in files]
+        with_sets = [{a: 1.0} for a in adapters]
+        without = [{} for _ in adapters]
+        decode_rate(m, without, prompt, 4)  # warm-up
+        rates = {"without": [], "with": []}
+        for _ in range(args.repeat):
+            rates["without"].append(decode_rate(m, without, prompt, args.gen))
+            rates["with"].append(decode_rate(m, with_sets, prompt, args.gen))
+    a, b = statistics.median(rates["with"]), statistics.median(rates["without"])
+    adapter_mb = sum(f.stat().st_size for f in files) / len(files) / 1e6
+    print(f"{cpu_name()}; {args.threads} threads; {args.shape} {args.dtype} ({flm.stat().st_size / 1e6:.0f} MB); "
+          f"{args.sessions} sessions x {args.gen} tokens, stepped together; rank {args.rank} on every matrix "
+          f"({adapter_mb:.1f} MB per adapter); median of {args.repeat}")
+    print(f"  without adapters           {b:8.1f} tokens/s  ({', '.join(f'{v:.1f}' for v in rates['without'])})")
+    print(f"  {args.sessions} different adapters       {a:8.1f} tokens/s  ({', '.join(f'{v:.1f}' for v in rates['with'])})"
+          f"   ratio {a / b:.2f}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
