@@ -42,7 +42,8 @@ import os
 import sys
 from pathlib import Path
 
-from . import calibrate, gguf_import, hf_tokenizer, lora, quantize, sentence_transformers
+from . import calibrate, gguf_import, hf_tokenizer, quantize, sentence_transformers
+from . import lora as lora_module
 from . import reranker as rerank
 from .checkpoint import Checkpoint
 from .errors import ConversionError
@@ -52,7 +53,7 @@ from .flm_writer import FlmWriter
 DTYPES = quantize.REQUESTS
 
 __all__ = ["convert", "convert_adapter", "main", "detect_model_type", "ConversionError"]
-convert_adapter = lora.convert_adapter
+convert_adapter = lora_module.convert_adapter
 
 
 def detect_model_type(config: dict, requested: str | None = None) -> str:
@@ -106,18 +107,22 @@ def _check_out_path(out_path: Path) -> None:
 def convert(model_path, out_path, dtype: str = "f32", model_type: str | None = None,
             progress: bool = True, group_size: int = 32, dtype_config=(), calib=None,
             calib_tokens: int = calibrate.DEFAULT_TOKENS, reranker: bool | None = None,
-            rerank_tokens=("yes", "no")) -> str:
+            rerank_tokens=("yes", "no"), lora=None, lora_scale: float = 1.0) -> str:
     """Converts the HF folder `model_path` to `out_path`; returns out_path.
     dtype: f32, f16, bf16, int8, int4 (int4m: with minimums) or a .flm quantized type name;
     group_size: int4 group (32, 64, 128); dtype_config: ["PATTERN=DTYPE", ...] per-tensor overrides
     (see quantize.DtypePolicy); calib: a text file to calibrate int8 / int4 rounding on,
     calib_tokens of it (see calibrate.py); reranker: a causal LM that answers "yes" or "no" to a
     query and document (Qwen3-Reranker: its prompt is stored; None: detected by name), with
-    rerank_tokens its answer tokens (reranker.py). Raises ConversionError for anything wrong with the input."""
+    rerank_tokens its answer tokens (reranker.py); lora: a PEFT adapter folder merged into the weights
+    (W + lora_scale * s B A, before any quantization: one file instead of an adapter at run time,
+    lora.py). Raises ConversionError for anything wrong with the input."""
     policy = quantize.DtypePolicy(dtype, group_size, dtype_config)
     model_path = Path(model_path)
     out_path = Path(out_path)
     _check_out_path(out_path)
+    if lora is not None and (calib is not None or model_path.suffix.lower() == ".gguf"):
+        raise ConversionError("--lora merges into an HF folder's weights, without --calib")
     if calib is not None:  # before any work: an HF folder, a quantized dtype, the text file
         calibrate.check_request(calib, policy, model_path)
     if model_path.suffix.lower() == ".gguf" or gguf_import.is_gguf(model_path):
@@ -125,6 +130,8 @@ def convert(model_path, out_path, dtype: str = "f32", model_type: str | None = N
     if policy.default == "auto":
         raise ConversionError("--dtype auto keeps a GGUF file's own quantization; it needs a .gguf input")
     ckpt = Checkpoint(model_path)
+    if lora is not None:
+        ckpt = lora_module.MergedCheckpoint(ckpt, lora, lora_scale)
     family = FAMILIES[detect_model_type(ckpt.config, model_type)]
 
     hp = family.read_hparams(ckpt.config)
@@ -199,6 +206,10 @@ def main(argv=None, prog: str = "convert.py") -> int:
                          "store its prompt for fastllm_rerank")
     ap.add_argument("--rerank_tokens", default="yes,no", metavar="YES,NO",
                     help="with --reranker: its answer tokens (default yes,no)")
+    ap.add_argument("--lora", default=None, metavar="PEFT_DIR",
+                    help="merge this PEFT LoRA adapter into the weights (one file; --adapter instead keeps it "
+                         "separate, to set per session)")
+    ap.add_argument("--lora_scale", type=float, default=1.0, help="with --lora: its scale (default 1.0)")
     ap.add_argument("--quiet", action="store_true", help="no progress bar")
     args = ap.parse_args(argv)
     try:
@@ -210,7 +221,7 @@ def main(argv=None, prog: str = "convert.py") -> int:
                           dtype_config=args.dtype_config, calib=args.calib,
                           calib_tokens=args.calib_tokens, reranker=args.reranker,
                           rerank_tokens=tuple(args.rerank_tokens.split(",", 1)) if "," in args.rerank_tokens
-                          else (args.rerank_tokens, ""))
+                          else (args.rerank_tokens, ""), lora=args.lora, lora_scale=args.lora_scale)
     except ConversionError as e:
         print(f"error: {e}", file=sys.stderr)
         return 1

@@ -92,6 +92,33 @@ def scale_of(cfg: dict, module: str, rank: int) -> float:
     return alpha / math.sqrt(rank) if cfg.get("use_rslora") else alpha / rank
 
 
+class MergedCheckpoint:
+    """A base Checkpoint whose adapted matrices read as W + scale * s B A (convert.py --lora: one
+    file, no adapter at run time); everything else is the base's."""
+
+    def __init__(self, base, adapter_dir, scale: float = 1.0):
+        cfg, modules = read_adapter(Path(adapter_dir))
+        self._base, self._deltas = base, {}
+        for module, (a, b) in modules.items():
+            name = module + ".weight"
+            full = next((n for n in (name, "model." + name) if base.has(n)), None)
+            if full is None:
+                raise ConversionError(f"{adapter_dir}: {module} is not a matrix of the base model "
+                                      f"(adapters of the embeddings or the output head are not supported)")
+            if tuple(base.shape(full)) != (b.shape[0], a.shape[1]):
+                raise ConversionError(f"{adapter_dir}: {module}: lora_A {list(a.shape)} and lora_B {list(b.shape)} "
+                                      f"do not fit the base's {list(base.shape(full))} matrix")
+            self._deltas[full] = (float(scale) * scale_of(cfg, module, a.shape[0]) * (b @ a))
+
+    def get(self, name: str) -> torch.Tensor:
+        t = self._base.get(name)
+        delta = self._deltas.get(name)
+        return t if delta is None else (t.to(torch.float32) + delta).to(t.dtype)
+
+    def __getattr__(self, attr):  # config, names, has, shape, path, ...: the base's
+        return getattr(self._base, attr)
+
+
 def convert_adapter(adapter_dir, base_dir, out_path, progress: bool = False) -> str:
     """Writes the adapter at adapter_dir, for the HF model at base_dir, to out_path."""
     from .convert import _check_out_path, detect_model_type  # convert.py imports this module

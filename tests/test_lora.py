@@ -349,3 +349,20 @@ def test_quantized_bases(llama, tmp_path, dtype, bound):
     assert rel(without, base_want) < bound, rel(without, base_want)
     assert rel(got, want) < bound, rel(got, want)
     assert rel(got, base_want) > 3 * bound  # the adapter's effect is well above the bound
+
+
+def test_merged_file_is_the_unmerged_run(llama, tmp_path):
+    """convert.py --lora merges the adapter into the weights: the one file gives what the base with
+    the adapter set gives (scale 0.5 both ways)."""
+    d, base, flm = llama
+    _, folder = make_adapter(base, tmp_path / "ad", seed=50, r=8, lora_alpha=16, target_modules=ALL)
+    ad = convert_adapter(folder, base, tmp_path / "ad.flm")
+    from converter.convert import convert as run
+    merged = run(str(base), str(tmp_path / "merged.flm"), lora=str(folder), lora_scale=0.5, progress=False)
+    with fastllm.Model(flm, threads=2) as m, fastllm.Model(merged, threads=2) as mm:
+        with m.session(kv_type="f32", adapters={m.load_adapter(ad): 0.5}) as s:
+            want = s.eval(PROMPT, logits="all")
+        got = mm.forward(PROMPT)
+    assert rel(got, want) < 1e-4, rel(got, want)
+    with pytest.raises(ConversionError, match="without --calib"):
+        run(str(base), str(tmp_path / "x.flm"), dtype="int8", lora=str(folder), calib=str(tmp_path / "none.txt"))
