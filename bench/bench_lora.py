@@ -33,14 +33,14 @@ def cpu_name() -> str:
 
 
 def make_adapters(base: Path, work: Path, n: int, rank: int) -> list:
-    import peft
-    import torch
-    import transformers
-    from converter.convert import convert_adapter
     out = []
     for i in range(n):
         flm = work / f"adapter-r{rank}-{i}.flm"
         if not flm.exists():
+            import peft
+            import torch
+            import transformers
+            from converter.convert import convert_adapter
             torch.manual_seed(100 + i)
             model = transformers.AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32)
             pm = peft.get_peft_model(model, peft.LoraConfig(

@@ -130,12 +130,14 @@ public:
     virtual void softcap(float *x, size_t n, float cap) = 0;
 
     // LoRA adapters (arch/lora.h): a backend runs them only if it reads their small matrices in
-    // host memory as matmul weights (no prepare_weights for them); the others decline them when
-    // they are set (runtime/adapter.cpp), never in a pass. add_scaled adds a part's product into
-    // its rows of the fused output: y[t * ldy + i] += s * x[t * ldx + i] for t < T, i < n.
+    // host memory (no prepare_weights for them); the others decline them when a session sets them
+    // (Session::set_adapters), never in a pass. lora() adds, to each row t of the product y [T, out]
+    // of layer l's matrix m with x [T, in], the parts of that row's adapters (rows[t].lora):
+    // y[t, row0 + i] += scale * (b (a x[t]))[i], all of a pass's rows in one job.
     virtual bool runs_adapters() const { return false; }
-    virtual void add_scaled(float *y, size_t ldy, const float *x, size_t ldx, int T, int n, float s) {
-        (void)y, (void)ldy, (void)x, (void)ldx, (void)T, (void)n, (void)s;
+    virtual void lora(const ForwardRow *rows, int T, int layer, int m, const float *x, int64_t in, float *y,
+                      int64_t out) {
+        (void)rows, (void)T, (void)layer, (void)m, (void)x, (void)in, (void)y, (void)out;
         fail(FASTLLM_ERR_UNSUPPORTED, "%s does not run LoRA adapters", describe().c_str());
     }
 };

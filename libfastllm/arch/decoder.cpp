@@ -133,42 +133,6 @@ const Tensor &Decoder::matrix(int layer, int m) const {
     return m == kLoraQkv ? L.qkv : m == kLoraAttnOutput ? L.attn_output : m == kLoraGateUp ? L.gate_up : L.down;
 }
 
-// apply_lora's buffers: the attention block's parts in act (rank) and gate_up (rows), the MLP's
-// in attn and qkv, none of which holds anything then; a part of more rows goes a chunk at a time.
-LoraLimits Decoder::lora_limits(int m) const {
-    const DecoderConfig &c = cfg_;
-    if (m == kLoraQkv || m == kLoraAttnOutput)
-        return LoraLimits{c.intermediate_size, (int64_t)c.intermediate_size * (c.gated_mlp ? 2 : 1)};
-    return LoraLimits{c.q_dim(), c.qkv_dim()};
-}
-
-void Decoder::apply_lora(Backend &be, Workspace &w, const ForwardRow *rows, int T, int l, int m, const float *x,
-                         float *y) const {
-    const Tensor &W = matrix(l, m);
-    const int64_t in = W.cols(), out = W.rows();
-    float *tmp_r = m <= kLoraAttnOutput ? w.act : w.attn, *tmp_o = m <= kLoraAttnOutput ? w.gate_up : w.qkv;
-    const int64_t chunk = lora_limits(m).rows;
-    for (int t = 0, g; t < T; t += g) {  // runs of rows with the same adapters: a session's
-        g = 1;
-        while (t + g < T && rows[t + g].lora == rows[t].lora) g++;
-        if (!rows[t].lora) continue;
-        for (const auto &entry : rows[t].lora->entries) {
-            if (entry.second == 0.0f) continue;
-            for (const LoraPart &p : entry.first->parts(l, m)) {
-                be.matmul(p.a, Tensor{}, x + (size_t)t * in, g, tmp_r);
-                for (int64_t r0 = 0; r0 < p.b.rows(); r0 += chunk) {
-                    Tensor b = p.b;  // rows [r0, r0 + n) of b
-                    const int64_t n = std::min(chunk, p.b.rows() - r0);
-                    b.data = (const char *)p.b.data + (size_t)r0 * p.b.row_bytes(), b.dims[0] = n;
-                    be.matmul(b, Tensor{}, tmp_r, g, tmp_o);
-                    be.add_scaled(y + (size_t)t * out + p.row0 + r0, (size_t)out, tmp_o, (size_t)n, g, (int)n,
-                                  entry.second);
-                }
-            }
-        }
-    }
-}
-
 PassShape Decoder::pass_shape(int max_batch, int positions) const {
     return PassShape{max_row_length(), max_batch, positions, cfg_.head_dim, (int64_t)cfg_.kv_dim()};
 }
@@ -288,25 +252,25 @@ bool Decoder::forward(const std::vector<Stage> &stages, const int32_t *tokens, c
             // A block's input: its norm of x (pre-norm), or x, normed by the block before (post-norm).
             const float *in = c.post_norm ? w.x : w.xb;
             be.matmul(L.qkv, L.qkv_bias, in, T, w.qkv);
-            if (any_lora) apply_lora(be, w, rows, T, l, kLoraQkv, in, w.qkv);
+            if (any_lora) be.lora(rows, T, l, kLoraQkv, in, L.qkv.cols(), w.qkv, L.qkv.rows());
             QkvStep qs{w.qkv, w.q, T, c.num_heads, c.num_kv_heads, c.head_dim, c.qk_norm ? &L.q_norm : nullptr,
                        c.qk_norm ? &L.k_norm : nullptr, nk, eps, c.rope.dim, c.rope.interleaved, w.rope.data(), rows, l};
             be.qkv_to_cache(qs);
             const AttentionShape shape{c.num_heads, c.num_kv_heads, c.head_dim, scale, c.attn_softcap, c.window[l], c.causal};
             be.attention(w.q, w.runs.data(), n_runs, l, shape, w.attn);
             be.matmul(L.attn_output, L.attn_output_bias, w.attn, T, w.xb);
-            if (any_lora) apply_lora(be, w, rows, T, l, kLoraAttnOutput, w.attn, w.xb);
+            if (any_lora) be.lora(rows, T, l, kLoraAttnOutput, w.attn, L.attn_output.cols(), w.xb, L.attn_output.rows());
             if (c.post_norm) be.add_norm(nk, eps, Tensor{}, w.xb, w.x, L.attn_norm, L.attn_norm_bias, T, H, w.x);
             else be.add_norm(nk, eps, L.post_attn_norm, w.xb, w.x, L.ffn_norm, L.ffn_norm_bias, T, H, w.xb);
 
             // MLP block: fused gate/up projection, GLU (or the up projection and its activation),
             // down projection, residual add (with the next layer's input norm, or post-norm's).
             be.matmul(L.gate_up, L.gate_up_bias, in, T, w.gate_up);
-            if (any_lora) apply_lora(be, w, rows, T, l, kLoraGateUp, in, w.gate_up);
+            if (any_lora) be.lora(rows, T, l, kLoraGateUp, in, L.gate_up.cols(), w.gate_up, L.gate_up.rows());
             if (c.gated_mlp) be.glu(c.act, w.gate_up, T, I, w.act);
             else be.act(c.act, w.gate_up, (size_t)T * I, w.act);
             be.matmul(L.down, L.down_bias, w.act, T, w.xb);
-            if (any_lora) apply_lora(be, w, rows, T, l, kLoraDown, w.act, w.xb);
+            if (any_lora) be.lora(rows, T, l, kLoraDown, w.act, L.down.cols(), w.xb, L.down.rows());
             const bool last = l + 1 == c.num_layers;
             if (c.post_norm) be.add_norm(nk, eps, Tensor{}, w.xb, w.x, L.ffn_norm, L.ffn_norm_bias, T, H, w.x);
             else

@@ -70,9 +70,8 @@ public:
     int64_t max_row_length() const;
     // What a backend's scratch must hold for passes of up to max_batch rows reading `positions` keys.
     PassShape pass_shape(int max_batch, int positions) const;
-    // Layer l's matrix m (LoraMatrix order), and the largest LoRA part the pass can apply to it.
+    // Layer l's matrix m (LoraMatrix order: what a LoRA adapter's parts are checked against).
     const Tensor &matrix(int layer, int m) const;
-    LoraLimits lora_limits(int m) const;
     // Every weight the passes read (for Backend::prepare_weights): of layers [first, end), with the
     // embeddings (the first stage's) and the output head (the last stage's) where asked.
     std::vector<const Tensor *> weights() const { return weights(0, cfg_.num_layers, true, true); }
@@ -95,10 +94,6 @@ public:
     void shift_cache(const std::vector<Stage> &stages, KvCache &cache, int from, int n_rows, int delta) const;
 
 private:
-    // y (the rows of matrix m's product, of layer l) += each row's adapters' parts (ForwardRow::lora).
-    void apply_lora(Backend &be, Workspace &w, const ForwardRow *rows, int T, int l, int m, const float *x,
-                    float *y) const;
-
     DecoderConfig cfg_;
     Tensor embedding_, output_norm_, output_norm_bias_, output_;
     Tensor position_embd_, token_types_, embd_norm_, embd_norm_bias_;  // learned_positions

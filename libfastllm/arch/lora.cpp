@@ -74,11 +74,10 @@ LoraAdapter::LoraAdapter(std::unique_ptr<FlmFile> file, const Decoder &decoder)
                  "(an adapter of another model?)",
                  path, kv.first.c_str(), (long long)a.rows(), (long long)a.cols(), (long long)b.rows(), (long long)b.cols(),
                  (long long)row0, w.name.c_str(), (long long)w.rows(), (long long)w.cols());
-        // The pass computes a part's products in buffers free at that point of the layer (decoder.cpp).
-        const LoraLimits lim = decoder.lora_limits(m);
-        if (r > lim.rank)
-            fail(FASTLLM_ERR_UNSUPPORTED, "%s: '%s' has rank %lld; this model's %s takes at most rank %lld", path,
-                 kv.first.c_str(), (long long)r, kMatrixNames[m], (long long)lim.rank);
+        // A backend keeps a row's a x in scratch of the model's longest matrix row (Backend::lora).
+        if (r > decoder.max_row_length())
+            fail(FASTLLM_ERR_UNSUPPORTED, "%s: '%s' has rank %lld; this model takes at most rank %lld", path,
+                 kv.first.c_str(), (long long)r, (long long)decoder.max_row_length());
         layers_[(size_t)layer][(size_t)m].push_back(LoraPart{a, b, row0});
         max_rank_ = std::max(max_rank_, (int)r);
     }

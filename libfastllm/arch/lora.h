@@ -26,12 +26,6 @@ struct LoraPart {
     int64_t row0 = 0;
 };
 
-// What the pass can apply to a matrix at once (its products use buffers of the layer's pass that
-// are free at that point): parts of rank r <= rank, rows at most `rows` at a time.
-struct LoraLimits {
-    int64_t rank, rows;
-};
-
 // An adapter file, checked against a model's decoder: every tensor is a known part of one of
 // its layers' matrices, of the right shape. Throws Error (FASTLLM_ERR_BAD_FORMAT for a file that
 // is not an adapter or does not fit; FASTLLM_ERR_UNSUPPORTED for what the pass cannot apply).

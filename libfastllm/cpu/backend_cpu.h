@@ -37,7 +37,8 @@ public:
     void act(Act kind, const float *x, size_t n, float *out) override;
     void softcap(float *x, size_t n, float cap) override;
     bool runs_adapters() const override { return true; }  // their matrices are host memory, as the weights
-    void add_scaled(float *y, size_t ldy, const float *x, size_t ldx, int T, int n, float s) override;
+    void lora(const ForwardRow *rows, int T, int layer, int m, const float *x, int64_t in, float *y,
+              int64_t out) override;
 
 private:
     // fn(t) for t < T, split over the threads by rows.
@@ -52,6 +53,8 @@ private:
     ThreadPool pool_;
     ops::MatmulScratch scratch_{};
     ops::AttentionScratch attn_;
+    float *lora_ = nullptr;  // [threads, lora_stride_]: a row's a x, then a chunk of b's products
+    size_t lora_stride_ = 0;
 };
 
 }  // namespace fastllm
