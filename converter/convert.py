@@ -121,7 +121,7 @@ def convert(model_path, out_path, dtype: str = "f32", model_type: str | None = N
     model_path = Path(model_path)
     out_path = Path(out_path)
     _check_out_path(out_path)
-    if lora is not None and (calib is not None or model_path.suffix.lower() == ".gguf"):
+    if lora is not None and (calib is not None or model_path.suffix.lower() == ".gguf" or gguf_import.is_gguf(model_path)):
         raise ConversionError("--lora merges into an HF folder's weights, without --calib")
     if calib is not None:  # before any work: an HF folder, a quantized dtype, the text file
         calibrate.check_request(calib, policy, model_path)
@@ -214,6 +214,8 @@ def main(argv=None, prog: str = "convert.py") -> int:
     args = ap.parse_args(argv)
     try:
         if args.adapter is not None:
+            if args.lora is not None or args.dtype != "f32" or args.calib is not None:
+                raise ConversionError("--adapter writes an adapter file: --lora, --dtype and --calib do not apply")
             out = convert_adapter(args.adapter, args.model_path, args.out_path, progress=not args.quiet)
         else:
             out = convert(args.model_path, args.out_path, dtype=args.dtype,

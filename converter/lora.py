@@ -64,12 +64,20 @@ def read_adapter(adapter_dir: Path):
         raise ConversionError(f"{adapter_dir}: no adapter_model.safetensors or adapter_model.bin")
     weights = _SafetensorsFile(path) if path.suffix == ".safetensors" else _TorchBinFile(path)
     modules: dict = {}
+    if cfg.get("alora_invocation_tokens"):
+        raise ConversionError(f"{cfg_path}: an activated LoRA (alora_invocation_tokens) is not supported")
+    names = set()
     for name in weights.names():
-        m = re.fullmatch(r"(.+)\.lora_([AB])(?:\.[^.]+)?\.weight", name)
+        m = re.fullmatch(r"(.+)\.lora_([AB])(?:\.([^.]+))?\.weight", name)
         if not m:
             raise ConversionError(f"{path}: tensor {name} is not a LoRA A or B matrix "
                                   f"(embedding or bias adapters are not supported)")
         module = m.group(1)[len(_PREFIX):] if m.group(1).startswith(_PREFIX) else m.group(1)
+        if m.group(3) is not None:
+            names.add(m.group(3))
+            if len(names) > 1:
+                raise ConversionError(f"{path}: holds more than one adapter ({', '.join(sorted(names))}): "
+                                      f"save each on its own")
         t = weights.get(name)
         if not t.is_floating_point() or t.dim() != 2:
             raise ConversionError(f"{path}: {name} is not a floating-point matrix")
@@ -93,27 +101,33 @@ def scale_of(cfg: dict, module: str, rank: int) -> float:
 
 
 class MergedCheckpoint:
-    """A base Checkpoint whose adapted matrices read as W + scale * s B A (convert.py --lora: one
-    file, no adapter at run time); everything else is the base's."""
+    """A base Checkpoint whose adapted matrices read as W + scale * s B A, in f32 (convert.py
+    --lora: one file, no adapter at run time; the writer then rounds to the output dtype once);
+    everything else is the base's. Each product is made when its matrix is read."""
 
     def __init__(self, base, adapter_dir, scale: float = 1.0):
+        if not math.isfinite(scale):
+            raise ConversionError(f"--lora_scale {scale} is not finite")
         cfg, modules = read_adapter(Path(adapter_dir))
-        self._base, self._deltas = base, {}
+        self._base, self._parts = base, {}
         for module, (a, b) in modules.items():
             name = module + ".weight"
             full = next((n for n in (name, "model." + name) if base.has(n)), None)
-            if full is None:
-                raise ConversionError(f"{adapter_dir}: {module} is not a matrix of the base model "
+            if full is None or not re.search(r"(^|\.)layers\.\d+\.", module):
+                raise ConversionError(f"{adapter_dir}: {module} is not a layer's matrix in the base model "
                                       f"(adapters of the embeddings or the output head are not supported)")
             if tuple(base.shape(full)) != (b.shape[0], a.shape[1]):
                 raise ConversionError(f"{adapter_dir}: {module}: lora_A {list(a.shape)} and lora_B {list(b.shape)} "
                                       f"do not fit the base's {list(base.shape(full))} matrix")
-            self._deltas[full] = (float(scale) * scale_of(cfg, module, a.shape[0]) * (b @ a))
+            self._parts[full] = (a, b, float(scale) * scale_of(cfg, module, a.shape[0]))
 
     def get(self, name: str) -> torch.Tensor:
         t = self._base.get(name)
-        delta = self._deltas.get(name)
-        return t if delta is None else (t.to(torch.float32) + delta).to(t.dtype)
+        part = self._parts.get(name)
+        if part is None:
+            return t
+        a, b, s = part
+        return t.to(torch.float32) + s * (b @ a)
 
     def __getattr__(self, attr):  # config, names, has, shape, path, ...: the base's
         return getattr(self._base, attr)

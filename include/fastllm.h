@@ -747,7 +747,7 @@ FASTLLM_API fastllm_status fastllm_session_set_adapters(fastllm_session *session
  * on gives the same tokens as never having stopped. The bytes name the model they belong to (a
  * fingerprint of its weights, config and vocabulary), are versioned and checksummed: a state of
  * another model, a truncated or damaged one is FASTLLM_ERR_BAD_FORMAT, and the session is left as
- * it was. A state names the LoRA adapters (and scales) its KV was computed with: only a session
+ * it was. A state names the session's LoRA adapters (and scales) when it is saved: only a session
  * with the same ones loads it (else FASTLLM_ERR_BAD_FORMAT). Loading into a session with other KV
  * types converts the rows (q8 is then approximate);
  * the context must fit its n_ctx.

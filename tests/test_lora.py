@@ -186,6 +186,24 @@ def test_bad_adapters(llama, tmp_path):
             assert s.adapters == {}  # nothing changed
             with pytest.raises(fastllm.FastLLMError, match="another model"):
                 s.set_adapters({m2.load_adapter(good_flm): 1.0})
+        # hostile names and pairs: a layer or row past any integer, a b without its a
+        from converter.flm_writer import KIND_ADAPTER, FlmWriter
+        a32 = np.ones((4, 64), np.float32)
+        for tensors in ({"blk.4294967295.attn_qkv.weight.lora_a.0": a32,
+                         "blk.4294967295.attn_qkv.weight.lora_b.0": np.ones((8, 4), np.float32)},
+                        {"blk.0.attn_qkv.weight.lora_a.9223372036854775807": a32,
+                         "blk.0.attn_qkv.weight.lora_b.9223372036854775807": np.ones((1, 4), np.float32)},
+                        {"blk.0.attn_qkv.weight.lora_a.0": a32, "blk.0.attn_qkv.weight.lora_b.0": np.ones((8, 4), np.float32),
+                         "blk.1.ffn_down.weight.lora_b.0": np.ones((8, 4), np.float32)}):
+            w = FlmWriter(tmp_path / "hostile.flm", kind=KIND_ADAPTER)
+            w.add_string("general.architecture", "llama")
+            w.add_string("adapter.type", "lora")
+            for name, arr in tensors.items():
+                w.add_tensor(name, "f32", arr.shape, lambda arr=arr: arr)
+            w.write()
+            with pytest.raises(fastllm.FastLLMError) as e:
+                m.load_adapter(tmp_path / "hostile.flm")
+            assert e.value.status == raw.ERR_BAD_FORMAT, str(e.value)
         # freeing an adapter that a session still applies is deferred: the session goes on with it
         s = m.session(kv_type="f32", adapters={a: 1.0})
         first = s.eval(PROMPT, logits="last")

@@ -14,22 +14,30 @@ namespace {
 constexpr const char *kMatrixNames[kLoraMatrices] = {"attn_qkv", "attn_output", "ffn_gate_up", "ffn_down"};
 
 // "blk.L.NAME.weight.lora_X.ROW0" -> layer, matrix, X ('a' or 'b'), row0; false for any other name.
+// A decimal of 1 to 12 digits at s (no sign): its value, and where it ends; false otherwise. Names
+// are a file's: no overflow, whatever they say (a layer or row above 10^12 is refused by the checks).
+bool parse_number(const char *s, int64_t &value, const char *&end) {
+    value = 0;
+    end = s;
+    while (*end >= '0' && *end <= '9' && end - s < 12) value = value * 10 + (*end++ - '0');
+    return end != s && !(*end >= '0' && *end <= '9');
+}
+
 bool parse_name(const std::string &name, int &layer, int &matrix, char &which, int64_t &row0) {
     if (name.compare(0, 4, "blk.") != 0) return false;
-    char *end = nullptr;
-    const long l = std::strtol(name.c_str() + 4, &end, 10);
-    if (end == name.c_str() + 4 || *end != '.' || l < 0) return false;
+    int64_t l = 0;
+    const char *end = nullptr;
+    if (!parse_number(name.c_str() + 4, l, end) || *end != '.' || l > (1 << 20)) return false;
     const std::string rest(end + 1);
     for (int m = 0; m < kLoraMatrices; m++) {
         const std::string head = std::string(kMatrixNames[m]) + ".weight.lora_";
         if (rest.compare(0, head.size(), head) != 0 || rest.size() < head.size() + 3) continue;
         const char x = rest[head.size()];
         if ((x != 'a' && x != 'b') || rest[head.size() + 1] != '.') return false;
-        const char *digits = rest.c_str() + head.size() + 2;
-        char *tail = nullptr;
-        const long long r0 = std::strtoll(digits, &tail, 10);
-        if (tail == digits || *tail != '\0' || r0 < 0) return false;
-        layer = (int)l, matrix = m, which = x, row0 = (int64_t)r0;
+        int64_t r0 = 0;
+        const char *tail = nullptr;
+        if (!parse_number(rest.c_str() + head.size() + 2, r0, tail) || *tail != '\0') return false;
+        layer = (int)l, matrix = m, which = x, row0 = r0;
         return true;
     }
     return false;
@@ -56,7 +64,13 @@ LoraAdapter::LoraAdapter(std::unique_ptr<FlmFile> file, const Decoder &decoder)
         int64_t row0 = 0;
         if (!parse_name(kv.first, layer, m, which, row0))
             fail(FASTLLM_ERR_BAD_FORMAT, "%s: tensor '%s' is not a LoRA part of a layer's matrix", path, kv.first.c_str());
-        if (which == 'b') continue;  // found from its a
+        if (which == 'b') {  // checked with its a
+            const std::string a_name = kv.first.substr(0, kv.first.size() - std::to_string(row0).size() - 2) + "a." +
+                                       std::to_string(row0);
+            if (!file_->has_tensor(a_name))
+                fail(FASTLLM_ERR_BAD_FORMAT, "%s: '%s' has no '%s'", path, kv.first.c_str(), a_name.c_str());
+            continue;
+        }
         if (layer >= c.num_layers)
             fail(FASTLLM_ERR_BAD_FORMAT, "%s: tensor '%s' is for layer %d; the model has %d", path, kv.first.c_str(), layer,
                  c.num_layers);
@@ -68,7 +82,7 @@ LoraAdapter::LoraAdapter(std::unique_ptr<FlmFile> file, const Decoder &decoder)
             if (t->n_dims != 2 || (t->dtype != DType::F32 && t->dtype != DType::F16))
                 fail(FASTLLM_ERR_BAD_FORMAT, "%s: '%s' is not an f32 or f16 matrix", path, t->name.c_str());
         const int64_t r = a.rows();
-        if (r < 1 || a.cols() != w.cols() || b.cols() != r || row0 + b.rows() > w.rows())
+        if (r < 1 || a.cols() != w.cols() || b.cols() != r || b.rows() > w.rows() || row0 > w.rows() - b.rows())
             fail(FASTLLM_ERR_BAD_FORMAT,
                  "%s: '%s' [%lld, %lld] and its b [%lld, %lld] at row %lld do not fit the model's %s [%lld, %lld] "
                  "(an adapter of another model?)",

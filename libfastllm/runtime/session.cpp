@@ -58,7 +58,8 @@ Session::Session(const Session &src, size_t n, const SessionOptions &options) : 
 }
 
 void Session::set_adapters(const std::vector<std::pair<std::shared_ptr<const LoraAdapter>, float>> &adapters) {
-    if (gen_) fail(FASTLLM_ERR_INVALID_ARGUMENT, "the session is generating: set its adapters between generations");
+    if (has_gen_.load() || busy_.load() > 0)
+        fail(FASTLLM_ERR_INVALID_ARGUMENT, "the session is generating or evaluating: set its adapters between them");
     for (size_t i = 0; i < adapters.size(); i++) {
         const LoraAdapter *a = adapters[i].first.get();
         if (!a) fail(FASTLLM_ERR_INVALID_ARGUMENT, "adapter %zu is NULL", i);

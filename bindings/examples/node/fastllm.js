@@ -268,6 +268,7 @@ class Model {
     constructor(handle) {
         this._handle = handle;
         this._sessions = new Set(); // freed before the model, which must outlive them
+        this._adapters = new Set(); // the same
         const info = {};
         check(C.modelGetInfo(handle, info));
         this.info = {
@@ -298,6 +299,7 @@ class Model {
     free() {
         if (this._handle === null) return;
         for (const session of this._sessions) session.free();
+        for (const adapter of this._adapters) adapter.close(); // they must not outlive the model
         C.modelFree(this._handle);
         this._handle = null;
     }
@@ -416,6 +418,7 @@ class Adapter {
         check(C.adapterLoad(model.handle, String(file), out));
         this._handle = out[0];
         this.model = model;
+        model._adapters.add(this);
     }
 
     get handle() {
@@ -426,6 +429,7 @@ class Adapter {
     close() {
         if (this._handle) C.adapterFree(this._handle);
         this._handle = null;
+        this.model._adapters.delete(this);
     }
 }
 

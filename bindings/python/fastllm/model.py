@@ -211,6 +211,7 @@ class Model(_Handle):
     def _adopt(self, handle) -> None:
         self._handle = handle
         self._sessions: weakref.WeakSet[Session] = weakref.WeakSet()
+        self._adapters: weakref.WeakSet[Adapter] = weakref.WeakSet()
         info = raw.ModelInfo()
         _check(lib.fastllm_model_get_info(self._handle, ctypes.byref(info)))
         self.info = {name: getattr(info, name) for name, _ in raw.ModelInfo._fields_}
@@ -225,9 +226,12 @@ class Model(_Handle):
     _free = staticmethod(lambda h: lib.fastllm_model_free(h))
 
     def close(self) -> None:
-        """Frees the model (and closes its sessions). Closing twice is harmless."""
+        """Frees the model (and closes its sessions and adapters, which must not outlive it). Closing
+        twice is harmless."""
         for s in list(getattr(self, "_sessions", ())):
             s.close()
+        for a in list(getattr(self, "_adapters", ())):
+            a.close()
         super().close()
 
     # -- embeddings -------------------------------------------------------------------------
@@ -451,8 +455,9 @@ class Adapter(_Handle):
         handle = ctypes.c_void_p()
         _check(lib.fastllm_adapter_load(model.handle, os.fsencode(path), ctypes.byref(handle)))
         self._handle = handle
-        self.model = model  # the model outlives its adapters
+        self.model = model  # the model outlives its adapters: Model.close() closes them
         self.path = os.fspath(path)
+        model._adapters.add(self)
 
     _what = "adapter"
     _free = staticmethod(lambda h: lib.fastllm_adapter_free(h))
