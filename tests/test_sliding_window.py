@@ -130,7 +130,7 @@ def test_state_whose_layers_disagree_on_held_blocks_is_refused_without_a_crash(g
         a.eval(ids[:270], logits=None)
         state = bytearray(a.save_state())
     n_blocks, row = (270 + 31) // 32, 2 * 16  # f16 rows of one KV head of 16
-    layer0 = 8 + 4 + 8 + 6 * 4 + 4 * 270
+    layer0 = 8 + 4 + 8 + 4 + 6 * 4 + 4 * 270  # magic, version, fingerprint, no adapters, header, tokens
     assert list(state[layer0:layer0 + n_blocks]) == [0] * 7 + [1, 1]  # the window and its slack block
     held0 = 270 - 7 * 32  # rows layer 0 saved, keys then values
     layer1 = layer0 + n_blocks + 2 * held0 * row
