@@ -2,7 +2,8 @@
 rank-r adapter on every matrix (q, k, v, o, gate, up, down), against the same N sessions without
 adapters, same model, same run, alternating, medians.
 
-    python3 bench/bench_lora.py [--shape 110m] [--dtype int8] [--sessions 8] [--rank 16] [--repeat 3]
+    python3 bench/bench_lora.py [--shape 110m] [--dtype int8] [--sessions 8] [--rank 16] [--adapter_dtype f32]
+                                [--repeat 3]
 
 The base is bench_speed.py's random checkpoint of --shape, converted to --dtype; the adapters are
 random peft adapters (B not zero) converted with convert.py --adapter. Needs torch, transformers,
@@ -32,10 +33,10 @@ def cpu_name() -> str:
     return "unknown CPU"
 
 
-def make_adapters(base: Path, work: Path, n: int, rank: int) -> list:
+def make_adapters(base: Path, work: Path, n: int, rank: int, dtype: str) -> list:
     out = []
     for i in range(n):
-        flm = work / f"adapter-r{rank}-{i}.flm"
+        flm = work / f"adapter-r{rank}-{dtype}-{i}.flm"
         if not flm.exists():
             import peft
             import torch
@@ -47,7 +48,7 @@ def make_adapters(base: Path, work: Path, n: int, rank: int) -> list:
                 r=rank, lora_alpha=2 * rank, init_lora_weights=False,
                 target_modules=["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]))
             pm.save_pretrained(work / f"peft-r{rank}-{i}")
-            convert_adapter(work / f"peft-r{rank}-{i}", base, flm)
+            convert_adapter(work / f"peft-r{rank}-{i}", base, flm, dtype=dtype)
         out.append(flm)
     return out
 
@@ -81,6 +82,7 @@ def main() -> int:
     ap.add_argument("--dtype", default="int8")
     ap.add_argument("--sessions", type=int, default=8)
     ap.add_argument("--rank", type=int, default=16)
+    ap.add_argument("--adapter_dtype", choices=("f32", "f16"), default="f32")
     ap.add_argument("--gen", type=int, default=32)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--repeat", type=int, default=3)
@@ -92,7 +94,7 @@ def main() -> int:
     flm = args.work_dir / f"{args.shape}-{args.dtype}.flm"
     if not flm.exists():
         convert(str(base), str(flm), dtype=args.dtype, progress=False)
-    files = make_adapters(base, args.work_dir, args.sessions, args.rank)
+    files = make_adapters(base, args.work_dir, args.sessions, args.rank, args.adapter_dtype)
     prompt = list(range(1, 17))
     with fastllm.Model(flm, threads=args.threads) as m:
         adapters = [m.load_adapter(f) for f in files]
@@ -106,8 +108,8 @@ def main() -> int:
     a, b = statistics.median(rates["with"]), statistics.median(rates["without"])
     adapter_mb = sum(f.stat().st_size for f in files) / len(files) / 1e6
     print(f"{cpu_name()}; {args.threads} threads; {args.shape} {args.dtype} ({flm.stat().st_size / 1e6:.0f} MB); "
-          f"{args.sessions} sessions x {args.gen} tokens, stepped together; rank {args.rank} on every matrix "
-          f"({adapter_mb:.1f} MB per adapter); median of {args.repeat}")
+          f"{args.sessions} sessions x {args.gen} tokens, stepped together; rank {args.rank} on every matrix, "
+          f"{args.adapter_dtype} ({adapter_mb:.1f} MB per adapter); median of {args.repeat}")
     print(f"  without adapters           {b:8.1f} tokens/s  ({', '.join(f'{v:.1f}' for v in rates['without'])})")
     print(f"  {args.sessions} different adapters       {a:8.1f} tokens/s  ({', '.join(f'{v:.1f}' for v in rates['with'])})"
           f"   ratio {a / b:.2f}")

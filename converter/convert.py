@@ -214,9 +214,11 @@ def main(argv=None, prog: str = "convert.py") -> int:
     args = ap.parse_args(argv)
     try:
         if args.adapter is not None:
-            if args.lora is not None or args.dtype != "f32" or args.calib is not None:
-                raise ConversionError("--adapter writes an adapter file: --lora, --dtype and --calib do not apply")
-            out = convert_adapter(args.adapter, args.model_path, args.out_path, progress=not args.quiet)
+            if args.lora is not None or args.dtype not in ("f32", "f16") or args.calib is not None:
+                raise ConversionError("--adapter writes an adapter file: its --dtype is f32 or f16; --lora and "
+                                      "--calib do not apply")
+            out = convert_adapter(args.adapter, args.model_path, args.out_path, progress=not args.quiet,
+                                  dtype=args.dtype)
         else:
             out = convert(args.model_path, args.out_path, dtype=args.dtype,
                           model_type=args.model_type, progress=not args.quiet, group_size=args.group_size,

@@ -384,3 +384,18 @@ def test_merged_file_is_the_unmerged_run(llama, tmp_path):
     assert rel(got, want) < 1e-4, rel(got, want)
     with pytest.raises(ConversionError, match="without --calib"):
         run(str(base), str(tmp_path / "x.flm"), dtype="int8", lora=str(folder), calib=str(tmp_path / "none.txt"))
+
+
+def test_f16_adapter_matrices(llama, tmp_path):
+    """--dtype f16 for an adapter: half the bytes, within f16's rounding of the adapter's change."""
+    d, base, flm = llama
+    pm, folder = make_adapter(base, tmp_path / "ad", seed=60, r=8, lora_alpha=16, target_modules=ALL)
+    f32, f16 = (convert_adapter(folder, base, tmp_path / f"ad-{t}.flm", dtype=t) for t in ("f32", "f16"))
+    want = reference_logits(pm, PROMPT)
+    with fastllm.Model(flm, threads=2) as m:
+        with m.session(kv_type="f32", adapters={m.load_adapter(f16): 1.0}) as s:
+            got = s.eval(PROMPT, logits="all")
+    assert rel(got, want) < 2e-3, rel(got, want)
+    assert os.path.getsize(f16) < 0.6 * os.path.getsize(f32)
+    with pytest.raises(ConversionError, match="f32 or f16"):
+        convert_adapter(folder, base, tmp_path / "x.flm", dtype="int8")
