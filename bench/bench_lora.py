@@ -20,17 +20,11 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(REPO / "bench"), str(REPO / "bindings" / "python"), str(REPO)]
+from bench_embed import cpu_name  # noqa: E402
 from bench_speed import SHAPES, random_checkpoint  # noqa: E402
 
 import fastllm  # noqa: E402
 from fastllm import _lib as raw  # noqa: E402
-
-
-def cpu_name() -> str:
-    for line in Path("/proc/cpuinfo").read_text().splitlines():
-        if line.startswith("model name"):
-            return line.split(":", 1)[1].strip()
-    return "unknown CPU"
 
 
 def make_adapters(base: Path, work: Path, n: int, rank: int, dtype: str) -> list:

@@ -117,8 +117,8 @@ def test_fused_families(tmp_path, family):
 def test_sessions_with_different_adapters_step_together(llama, tmp_path):
     """Greedy generations of sessions with different adapters (and none) advancing in the same
     passes give each what it gives alone."""
+    from test_families import step_together
     d, base, flm = llama
-    lib = fastllm._lib.lib
     files = []
     for i, targets in enumerate((["q_proj", "up_proj"], ["v_proj", "down_proj"])):
         _, folder = make_adapter(base, tmp_path / f"ad{i}", seed=10 + i, r=8, lora_alpha=16, target_modules=targets)
@@ -131,22 +131,7 @@ def test_sessions_with_different_adapters_step_together(llama, tmp_path):
             with m.session(adapters=ads) as s:
                 s.generate(PROMPT[:5], 12, temperature=0, ignore_eos=True)
                 alone.append(s.tokens)
-        sessions = [m.session(adapters=ads) for ads in sets]
-        params = lib.fastllm_sampling_default_params()
-        params.temperature, params.max_new_tokens, params.ignore_eos = 0.0, 12, 1
-        ids, n = fastllm.model._ids_array(PROMPT[:5])
-        for s in sessions:
-            assert lib.fastllm_session_begin_generation(s.handle, ids, n, ctypes.byref(params),
-                                                        fastllm._lib.StreamCallback(), None) == 0
-        active = list(range(len(sessions)))
-        while active:
-            handles = (ctypes.c_void_p * len(active))(*[sessions[i].handle.value for i in active])
-            done = (ctypes.c_int32 * len(active))()
-            assert lib.fastllm_generate_step(handles, len(active), done) == 0, lib.fastllm_last_error()
-            active = [i for i, dn in zip(active, done) if not dn]
-        together = [s.tokens for s in sessions]
-        for s in sessions:
-            s.close()
+        together = step_together(m, [PROMPT[:5]] * len(sets), 12, adapters=sets)
     assert together == alone
     assert len({tuple(t) for t in alone}) > 1  # the adapters change what is generated
 

@@ -43,6 +43,14 @@ bool parse_name(const std::string &name, int &layer, int &matrix, char &which, i
     return false;
 }
 
+// The other matrix of a part (a name parse_name took): "...lora_a.ROW0" <-> "...lora_b.ROW0".
+std::string partner(const std::string &name) {
+    std::string other = name;
+    const size_t at = other.rfind(".lora_") + 6;
+    other[at] = other[at] == 'a' ? 'b' : 'a';
+    return other;
+}
+
 }  // namespace
 
 LoraAdapter::LoraAdapter(std::unique_ptr<FlmFile> file, const Decoder &decoder)
@@ -64,20 +72,14 @@ LoraAdapter::LoraAdapter(std::unique_ptr<FlmFile> file, const Decoder &decoder)
         int64_t row0 = 0;
         if (!parse_name(kv.first, layer, m, which, row0))
             fail(FASTLLM_ERR_BAD_FORMAT, "%s: tensor '%s' is not a LoRA part of a layer's matrix", path, kv.first.c_str());
-        if (which == 'b') {  // checked with its a
-            const std::string a_name = kv.first.substr(0, kv.first.size() - std::to_string(row0).size() - 2) + "a." +
-                                       std::to_string(row0);
-            if (!file_->has_tensor(a_name))
-                fail(FASTLLM_ERR_BAD_FORMAT, "%s: '%s' has no '%s'", path, kv.first.c_str(), a_name.c_str());
-            continue;
-        }
+        const std::string other = partner(kv.first);
+        if (!file_->has_tensor(other))
+            fail(FASTLLM_ERR_BAD_FORMAT, "%s: '%s' has no '%s'", path, kv.first.c_str(), other.c_str());
+        if (which == 'b') continue;  // checked with its a
         if (layer >= c.num_layers)
             fail(FASTLLM_ERR_BAD_FORMAT, "%s: tensor '%s' is for layer %d; the model has %d", path, kv.first.c_str(), layer,
                  c.num_layers);
-        const std::string b_name = kv.first.substr(0, kv.first.size() - std::to_string(row0).size() - 2) + "b." +
-                                   std::to_string(row0);
-        if (!file_->has_tensor(b_name)) fail(FASTLLM_ERR_BAD_FORMAT, "%s: '%s' has no '%s'", path, kv.first.c_str(), b_name.c_str());
-        const Tensor &a = kv.second, &b = file_->tensor(b_name), &w = decoder.matrix(layer, m);
+        const Tensor &a = kv.second, &b = file_->tensor(other), &w = decoder.matrix(layer, m);
         for (const Tensor *t : {&a, &b})
             if (t->n_dims != 2 || (t->dtype != DType::F32 && t->dtype != DType::F16))
                 fail(FASTLLM_ERR_BAD_FORMAT, "%s: '%s' is not an f32 or f16 matrix", path, t->name.c_str());
