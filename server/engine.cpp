@@ -59,7 +59,61 @@ fastllm_status text_call(std::string &out, size_t capacity, F f) {
 
 }  // namespace
 
-Engine::~Engine() { fastllm_model_free(model_); }
+Engine::~Engine() {
+    for (auto &a : adapters_) fastllm_adapter_free(a.adapter);
+    fastllm_model_free(model_);
+}
+
+bool Engine::load_adapter(const std::string &name, const std::string &path, float scale, std::string &error) {
+    if (find_adapter(name)) {
+        error = "two adapters are named '" + name + "'";
+        return false;
+    }
+    NamedAdapter a{name, path, scale, nullptr};
+    if (fastllm_adapter_load(model_, path.c_str(), &a.adapter) != FASTLLM_OK) {
+        error = fastllm_last_error();
+        return false;
+    }
+    adapters_.push_back(std::move(a));
+    return true;
+}
+
+const NamedAdapter *Engine::find_adapter(const std::string &name) const {
+    for (const auto &a : adapters_)
+        if (a.name == name) return &a;
+    return nullptr;
+}
+
+AdapterSet Engine::adapter_set(const GenerationRequest &r) const {
+    std::vector<float> scales(adapters_.size());
+    std::vector<bool> given(adapters_.size(), false);
+    for (size_t i = 0; i < r.lora.size(); i++) {
+        const LoraRequest &l = r.lora[i];
+        const std::string item = "lora[" + std::to_string(i) + "]";
+        size_t k = adapters_.size();
+        if (l.id >= 0) {
+            if ((uint64_t)l.id >= adapters_.size())
+                throw bad_request("'" + item + ".id' is " + std::to_string(l.id) + ", but the server has " +
+                                      std::to_string(adapters_.size()) + " LoRA adapters (--lora)", item, "lora_not_found");
+            k = (size_t)l.id;
+        } else {
+            const NamedAdapter *a = find_adapter(l.name);
+            if (!a) throw bad_request("the server has no LoRA adapter named '" + l.name + "'", item, "lora_not_found");
+            k = (size_t)(a - adapters_.data());
+        }
+        if (given[k]) throw bad_request("'" + item + "' names adapter '" + adapters_[k].name + "' again", item, "invalid_value");
+        given[k] = true;
+        scales[k] = l.scale ? *l.scale : adapters_[k].scale;
+    }
+    if (const NamedAdapter *a = find_adapter(r.model)) {
+        const size_t k = (size_t)(a - adapters_.data());
+        if (!given[k]) given[k] = true, scales[k] = a->scale;
+    }
+    AdapterSet set;
+    for (size_t k = 0; k < adapters_.size(); k++)
+        if (given[k] && scales[k] != 0.0f) set.emplace_back(adapters_[k].adapter, scales[k]);
+    return set;
+}
 
 bool Engine::has_chat_template() const { return fastllm_model_chat_template(model_) != nullptr; }
 

@@ -7,12 +7,25 @@
 #include <memory>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "fastllm.h"
 #include "request.h"
 
 namespace fastllm_server {
+
+// The LoRA adapters a session applies, as fastllm_session_set_adapters takes them: ordered as the
+// server loaded them, none with scale 0 (which would change nothing), so that one set has one
+// spelling and the prefix cache can compare sets.
+using AdapterSet = std::vector<std::pair<const fastllm_adapter *, float>>;
+
+// An adapter loaded with --lora NAME=PATH[:SCALE]; requests name it (docs/lora.md).
+struct NamedAdapter {
+    std::string name, path;
+    float scale = 1.0f;  // a request's scale when it gives none
+    fastllm_adapter *adapter = nullptr;
+};
 
 class Engine {
 public:
@@ -22,6 +35,15 @@ public:
     ~Engine();
     Engine(const Engine &) = delete;
     Engine &operator=(const Engine &) = delete;
+
+    // Loads an adapter for the model under name; false and a message on failure.
+    bool load_adapter(const std::string &name, const std::string &path, float scale, std::string &error);
+    const std::vector<NamedAdapter> &adapters() const { return adapters_; }
+    const NamedAdapter *find_adapter(const std::string &name) const;
+    // The adapters a request asks for: its "lora" entries, and the adapter its "model" names (at
+    // its default scale, unless "lora" lists it too). Throws 400 for an unknown adapter or one
+    // listed twice.
+    AdapterSet adapter_set(const GenerationRequest &r) const;
 
     fastllm_model *model() const { return model_; }
     const fastllm_model_info &info() const { return info_; }
@@ -50,6 +72,7 @@ private:
     Engine() = default;
     fastllm_model *model_ = nullptr;
     fastllm_model_info info_{};
+    std::vector<NamedAdapter> adapters_;
 };
 
 // An ApiError for a failed library call: 400 for bad input statuses, 500 otherwise.

@@ -3,6 +3,7 @@
 //   fastllm-server MODEL.flm [--host 127.0.0.1] [--port 8080] [--threads N] [--max-sessions N]
 //                  [--max-queue N] [--n-ctx N] [--api-key KEY] [--model-name NAME]
 //                  [--draft-model PATH] [--speculative off|lookup|draft] [--n-draft N] [--prefill-chunk N]
+//                  [--lora NAME=ADAPTER.flm[:SCALE]]...
 //
 // main wires the pieces together: the model (engine), the batching scheduler, the HTTP routes,
 // and the signal handling for a graceful shutdown on SIGINT / SIGTERM.
@@ -12,6 +13,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cmath>
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
@@ -22,6 +24,7 @@
 #include <mutex>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include <httplib.h>
 
@@ -66,6 +69,10 @@ const char *const kUsage =
     "  --n-draft N          most tokens drafted a step (1 to 16, default 5; a request's \"n_draft\")\n"
     "  --prefill-chunk N    new requests' prompt tokens evaluated a step, in the same pass as the running\n"
     "                       requests' next tokens (default 256); 0 = each prompt whole, on admission\n"
+    "  --lora NAME=PATH[:SCALE]  load a LoRA adapter (convert.py --adapter; docs/lora.md) that requests\n"
+    "                       apply by naming it as their \"model\" or in \"lora\": [{\"name\", \"scale\"}];\n"
+    "                       SCALE (default 1) is their scale when they give none. Repeatable; a request\n"
+    "                       that names no adapter gets the base model\n"
     "  --embeddings         also serve /v1/embeddings with a generating model (an embedding model,\n"
     "                       such as a BERT, serves only it)\n"
     "  -h, --help           this text\n";
@@ -88,6 +95,11 @@ struct Options {
     int n_draft = 5;
     int prefill_chunk = 256;
     bool embeddings = false;
+    struct Lora {
+        std::string name, path;
+        float scale = 1.0f;
+    };
+    std::vector<Lora> lora;
 };
 
 [[noreturn]] void usage_error(const std::string &message) {
@@ -103,6 +115,32 @@ long parse_int(const std::string &flag, const char *value, long lo, long hi) {
         usage_error(flag + " needs an integer in [" + std::to_string(lo) + ", " + std::to_string(hi) + "], not '" +
                     value + "'");
     return v;
+}
+
+// --lora NAME=PATH[:SCALE] (or PATH[:SCALE], named after the file)
+Options::Lora parse_lora(const std::string &spec) {
+    Options::Lora l;
+    std::string rest = spec;
+    const size_t eq = spec.find('=');
+    if (eq != std::string::npos) l.name = spec.substr(0, eq), rest = spec.substr(eq + 1);
+    const size_t colon = rest.rfind(':');
+    if (colon != std::string::npos) {
+        const std::string s = rest.substr(colon + 1);
+        char *end = nullptr;
+        errno = 0;
+        const float v = std::strtof(s.c_str(), &end);
+        if (!s.empty() && !errno && *end == '\0') {
+            if (!std::isfinite(v)) usage_error("--lora " + spec + ": the scale must be finite");
+            l.scale = v, rest.resize(colon);
+        }
+    }
+    l.path = rest;
+    if (l.name.empty() && eq == std::string::npos) {
+        l.name = rest.substr(rest.find_last_of('/') + 1);
+        if (l.name.size() > 4 && l.name.compare(l.name.size() - 4, 4, ".flm") == 0) l.name.resize(l.name.size() - 4);
+    }
+    if (l.name.empty() || l.path.empty()) usage_error("--lora needs NAME=PATH[:SCALE], not '" + spec + "'");
+    return l;
 }
 
 Options parse_options(int argc, char **argv) {
@@ -152,11 +190,15 @@ Options parse_options(int argc, char **argv) {
         }
         else if (a == "--n-draft") o.n_draft = (int)parse_int(a, v, 1, 16);
         else if (a == "--prefill-chunk") o.prefill_chunk = (int)parse_int(a, v, 0, 1 << 20);
+        else if (a == "--lora") o.lora.push_back(parse_lora(value));
         else usage_error("unknown option " + a);
     }
     if (o.model_path.empty()) usage_error("no model given");
     if (o.speculative.empty()) o.speculative = o.draft_model_path.empty() ? "off" : "draft";
     if (o.speculative == "draft" && o.draft_model_path.empty()) usage_error("--speculative draft needs --draft-model");
+    for (size_t i = 0; i < o.lora.size(); i++)
+        for (size_t j = 0; j < i; j++)
+            if (o.lora[i].name == o.lora[j].name) usage_error("two --lora adapters are named '" + o.lora[i].name + "'");
     if (o.model_name.empty()) {
         std::string base = o.model_path.substr(o.model_path.find_last_of('/') + 1);
         if (base.size() > 4 && base.compare(base.size() - 4, 4, ".flm") == 0) base.resize(base.size() - 4);
@@ -199,6 +241,29 @@ int main(int argc, char **argv) {
     if (!generates && !opt.draft_model_path.empty()) {
         std::fprintf(stderr, "fastllm-server: %s is an embedding model: it cannot have a draft model\n", opt.model_path.c_str());
         return 1;
+    }
+    if (!generates && !opt.lora.empty()) {
+        std::fprintf(stderr, "fastllm-server: %s is an embedding model: LoRA adapters apply to generation\n",
+                     opt.model_path.c_str());
+        return 1;
+    }
+    // Adapters, each checked against the model and tried on a session (a model on a device declines them).
+    for (const auto &l : opt.lora) {
+        if (l.name == opt.model_name) {
+            std::fprintf(stderr, "fastllm-server: --lora %s: the model itself is named '%s'\n", l.path.c_str(), l.name.c_str());
+            return 1;
+        }
+        fastllm_session *probe = nullptr;
+        if (!engine->load_adapter(l.name, l.path, l.scale, error) ||
+            fastllm_session_create(engine->model(), nullptr, &probe) != FASTLLM_OK ||
+            fastllm_session_set_adapters(probe, (const fastllm_adapter *const *)&engine->adapters().back().adapter,
+                                         &l.scale, 1) != FASTLLM_OK) {
+            if (error.empty()) error = fastllm_last_error();
+            fastllm_session_free(probe);
+            std::fprintf(stderr, "fastllm-server: --lora %s=%s: %s\n", l.name.c_str(), l.path.c_str(), error.c_str());
+            return 1;
+        }
+        fastllm_session_free(probe);
     }
     // The draft model, checked against the model (same vocabulary) before anything starts.
     fastllm_model *draft = nullptr;

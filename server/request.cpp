@@ -1,5 +1,6 @@
 #include "request.h"
 
+#include <cmath>
 #include <limits>
 
 namespace fastllm_server {
@@ -264,6 +265,28 @@ void parse_common(const json &body, GenerationRequest &r) {
         const int64_t n = v->get<int64_t>();
         if (n < 1 || n > 16) throw out_of_range("n_draft", "between 1 and 16");
         r.n_draft = (int32_t)n;
+    }
+    if (const json *v = field(body, "lora")) {
+        if (!v->is_array()) throw wrong_type("lora", "an array of {\"name\" or \"id\", \"scale\"} objects", *v);
+        for (size_t i = 0; i < v->size(); i++) {
+            const std::string item = "lora[" + std::to_string(i) + "]";
+            const json &e = (*v)[i];
+            if (!e.is_object()) throw wrong_type(item, "an object", e);
+            LoraRequest l;
+            const json *name = field(e, "name"), *id = field(e, "id");
+            if (!name == !id) throw bad_request("'" + item + "' needs either \"name\" or \"id\"", item, "invalid_value");
+            if (name) l.name = as_string(item + ".name", *name);
+            if (id) {
+                l.id = as_integer(item + ".id", *id);
+                if (l.id < 0) throw out_of_range(item + ".id", "at least 0");
+            }
+            if (const json *s = field(e, "scale")) {
+                const double x = as_number(item + ".scale", *s);
+                if (!(std::fabs(x) <= 1e6)) throw out_of_range(item + ".scale", "a number between -1e6 and 1e6");
+                l.scale = (float)x;
+            }
+            r.lora.push_back(std::move(l));
+        }
     }
     if (const json *v = field(body, "stream")) r.stream = as_bool("stream", *v);
     if (const json *v = field(body, "stream_options")) {

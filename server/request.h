@@ -34,6 +34,13 @@ struct Constraint {
     std::vector<std::string> triggers;
 };
 
+// One entry of a request's "lora": an adapter by name (id < 0) or by id, and its scale if given.
+struct LoraRequest {
+    std::string name;
+    int64_t id = -1;
+    std::optional<float> scale;
+};
+
 // A /v1/completions or /v1/chat/completions request, fields checked for type and range.
 struct GenerationRequest {
     Endpoint endpoint = Endpoint::Completions;
@@ -67,6 +74,10 @@ struct GenerationRequest {
     // (the server's --draft-model); "" = the server's --speculative. n_draft: 1 to 16.
     std::string speculative;
     std::optional<int32_t> n_draft;
+    // Extension (llama.cpp's server, docs/lora.md): LoRA adapters the server loaded with --lora,
+    // each by its "name" or by "id" (its place among the --lora flags, from 0), with a "scale"
+    // (default: the one given with --lora). The routes resolve them against the loaded adapters.
+    std::vector<LoraRequest> lora;
 
     // Constrained output: response_format {"type": "json_object"} (any JSON object; llama.cpp's
     // server also reads a "schema" beside the type), {"type": "json_schema", "json_schema":

@@ -304,12 +304,26 @@ void Routes::health(const httplib::Request &, httplib::Response &res, const std:
     res.set_content(dump(body), kJson);
 }
 
+// A LoRA adapter as a model of its own, as vLLM lists them: "parent" is the base model.
+json Routes::adapter_json(const NamedAdapter &a) const {
+    return json{{"id", a.name},
+                {"object", "model"},
+                {"created", (int64_t)started_},
+                {"owned_by", "fastllm"},
+                {"parent", config_.model_name},
+                {"root", config_.model_name},
+                {"meta", {{"lora", {{"path", a.path}, {"scale", a.scale}}}}}};
+}
+
 void Routes::models(const httplib::Request &, httplib::Response &res, const std::string &) {
-    res.set_content(dump(json{{"object", "list"}, {"data", json::array({model_json()})}}), kJson);
+    json data = json::array({model_json()});
+    for (const auto &a : engine_.adapters()) data.push_back(adapter_json(a));
+    res.set_content(dump(json{{"object", "list"}, {"data", std::move(data)}}), kJson);
 }
 
 void Routes::model(const httplib::Request &req, httplib::Response &res, const std::string &) {
     const std::string id = req.matches[1];
+    if (const NamedAdapter *a = engine_.find_adapter(id)) return res.set_content(dump(adapter_json(*a)), kJson);
     if (id != config_.model_name)
         throw make_error(404, "the model '" + id + "' does not exist; this server serves '" + config_.model_name + "'",
                          "invalid_request_error", "model_not_found");
@@ -535,7 +549,10 @@ void Routes::generate(httplib::Response &res, const std::string &text, Endpoint 
     const json body = parse_body(text);
     GenerationRequest r =
         endpoint == Endpoint::Completions ? parse_completion_request(body) : parse_chat_request(body);
-    check_model(r.model, config_.model_name);
+    // A request may name a LoRA adapter as its model (vLLM's way): the replies name it too.
+    const bool names_adapter = !r.model.empty() && engine_.find_adapter(r.model);
+    if (!names_adapter) check_model(r.model, config_.model_name);
+    AdapterSet adapters = engine_.adapter_set(r);
     Constraint constraint = engine_.constraint_of(r);  // a bad schema or grammar is answered before any work
     const char *prompt_param = endpoint == Endpoint::Completions ? "prompt" : "messages";
     std::vector<int32_t> prompt = prompt_tokens(r);
@@ -558,6 +575,7 @@ void Routes::generate(httplib::Response &res, const std::string &text, Endpoint 
     p.seed = r.seed ? *r.seed : random_seed();
     p.ignore_eos = r.ignore_eos ? 1 : 0;
     auto job = std::make_shared<Job>(std::move(prompt), p, std::move(r.stop), std::move(constraint));
+    job->set_adapters(std::move(adapters));
     const std::string mode = r.speculative.empty() ? config_.speculative : r.speculative;
     if (mode == "draft" && !config_.draft_model)
         throw bad_request("'speculative': \"draft\" needs a server started with --draft-model", "speculative",
@@ -580,7 +598,7 @@ void Routes::generate(httplib::Response &res, const std::string &text, Endpoint 
         throw make_error(503, "the server is shutting down", "server_error", "shutting_down");
     }
 
-    ResponseMeta meta = make_meta(endpoint, config_.model_name);
+    ResponseMeta meta = make_meta(endpoint, names_adapter ? r.model : config_.model_name);
     if (!r.stream) {
         std::string text;
         while (!job->wait(text, std::chrono::seconds(1))) {

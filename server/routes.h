@@ -64,6 +64,7 @@ private:
 
     std::vector<int32_t> prompt_tokens(const GenerationRequest &r) const;
     json model_json() const;
+    json adapter_json(const NamedAdapter &a) const;
 
     Engine &engine_;
     Scheduler &scheduler_;

@@ -155,6 +155,25 @@ size_t Scheduler::active() const {
     return busy_;
 }
 
+namespace {
+std::vector<int32_t> tokens_of(const fastllm_session *s) {
+    std::vector<int32_t> ids((size_t)std::max(0, fastllm_session_n_tokens(s)));
+    size_t n = 0;
+    if (fastllm_session_get_tokens(s, ids.data(), ids.size(), &n) != FASTLLM_OK) return {};
+    ids.resize(n);
+    return ids;
+}
+
+size_t common_prefix(const std::vector<int32_t> &a, const std::vector<int32_t> &b) {
+    size_t n = 0;
+    while (n < a.size() && n < b.size() && a[n] == b[n]) n++;
+    return n;
+}
+
+// A fork pays for copying one KV block (32 positions); a shorter gain is not worth it.
+constexpr size_t kMinForkGain = 32;
+}  // namespace
+
 void Scheduler::run() {
     for (;;) {
         std::vector<std::shared_ptr<Job>> dropped;
@@ -172,13 +191,13 @@ void Scheduler::run() {
                     ++it;
                 }
             }
-            for (auto &slot : slots_) {
-                if (queue_.empty()) break;
-                if (slot.job) continue;
-                slot.job = queue_.front();
+            while (!queue_.empty()) {
+                Slot *slot = pick_slot(*queue_.front());
+                if (!slot) break;
+                slot->job = queue_.front();
                 queue_.pop_front();
                 busy_++;
-                admitted.push_back(&slot);
+                admitted.push_back(slot);
             }
         }
         for (auto &job : dropped) job->finish(simple_result(FinishReason::Cancelled));
@@ -217,7 +236,11 @@ void Scheduler::begin(Slot &slot) {
     slot.timings = JobTimings{};
     slot.timings.queued_ms = ms_since(job.arrived());
     if (job.cancelled()) return end(slot, simple_result(FinishReason::Cancelled));
-    const size_t reused = reuse_prefix(slot, job.prompt_);
+    JobResult failed;
+    failed.reason = FinishReason::Error;
+    const int64_t r = reuse_prefix(slot, job, failed.error);
+    if (r < 0) return end(slot, failed);
+    const size_t reused = (size_t)r;
     // cached_tokens: what the session holds of it (a sliding-window model may evaluate it again)
     slot.n_prompt = (int32_t)job.prompt_.size();
     slot.n_cached = (int32_t)std::min(reused, (size_t)fastllm_session_n_cached(slot.session));
@@ -241,36 +264,37 @@ void Scheduler::begin(Slot &slot) {
     if (!fastllm_session_is_generating(slot.session)) end_with_library_result(slot);
 }
 
-namespace {
-std::vector<int32_t> tokens_of(const fastllm_session *s) {
-    std::vector<int32_t> ids((size_t)std::max(0, fastllm_session_n_tokens(s)));
-    size_t n = 0;
-    if (fastllm_session_get_tokens(s, ids.data(), ids.size(), &n) != FASTLLM_OK) return {};
-    ids.resize(n);
-    return ids;
-}
 
-size_t common_prefix(const std::vector<int32_t> &a, const std::vector<int32_t> &b) {
-    size_t n = 0;
-    while (n < a.size() && n < b.size() && a[n] == b[n]) n++;
-    return n;
+// The free slot that holds the longest prefix of the job's prompt under its adapters; among those
+// that hold none, the one holding the fewest tokens, so that what other slots hold (another
+// adapter set's conversation, a long system prompt) stays for the requests that come back to it.
+Scheduler::Slot *Scheduler::pick_slot(const Job &job) {
+    Slot *best = nullptr;
+    size_t best_held = 0, best_size = 0;
+    for (auto &slot : slots_) {
+        if (slot.job) continue;
+        const std::vector<int32_t> tokens = tokens_of(slot.session);
+        const size_t held = slot.adapters == job.adapters_ ? common_prefix(tokens, job.prompt_) : 0;
+        if (!best || held > best_held || (held == best_held && tokens.size() < best_size))
+            best = &slot, best_held = held, best_size = tokens.size();
+    }
+    return best;
 }
-
-// A fork pays for copying one KV block (32 positions); a shorter gain is not worth it.
-constexpr size_t kMinForkGain = 32;
-}  // namespace
 
 // Prefix reuse, as llama.cpp's cache_prompt but across slots: the conversation a slot served
 // last is usually the one that comes back (its own session, truncated to the common part); a
 // system prompt many requests share lives in some session (forked: its KV blocks are shared,
-// nothing is evaluated or copied). Only the scheduler thread touches the sessions, so reading a
-// busy one to fork it is safe.
-size_t Scheduler::reuse_prefix(Slot &slot, const std::vector<int32_t> &prompt) {
-    size_t own = common_prefix(tokens_of(slot.session), prompt), best = own;
+// nothing is evaluated or copied). KV computed under other LoRA adapters is never reused: a prefix
+// counts only in a session with the job's adapter set. Only the scheduler thread touches the
+// sessions, so reading a busy one to fork it is safe.
+int64_t Scheduler::reuse_prefix(Slot &slot, const Job &job, ApiError &error) {
+    const std::vector<int32_t> &prompt = job.prompt_;
+    auto held = [&](const Slot &s) { return s.adapters == job.adapters_ ? common_prefix(tokens_of(s.session), prompt) : 0; };
+    size_t own = held(slot), best = own;
     Slot *from = nullptr;
     for (auto &other : slots_) {
         if (&other == &slot) continue;
-        const size_t n = common_prefix(tokens_of(other.session), prompt);
+        const size_t n = held(other);
         if (n > best) best = n, from = &other;
     }
     if (from && best >= own + kMinForkGain) {
@@ -278,14 +302,28 @@ size_t Scheduler::reuse_prefix(Slot &slot, const std::vector<int32_t> &prompt) {
         if (fastllm_session_fork(from->session, (int32_t)best, nullptr, &fork) == FASTLLM_OK) {
             fastllm_session_free(slot.session);
             slot.session = fork;
-            return best;
+            slot.adapters = from->adapters;  // a fork applies its source's
+            return (int64_t)best;
         }
     }
     if (fastllm_session_truncate(slot.session, (int32_t)own) != FASTLLM_OK) {
         fastllm_session_reset(slot.session);
-        return 0;
+        own = 0;
     }
-    return own;
+    if (slot.adapters != job.adapters_) {  // own is 0 here: nothing computed under the old set stays
+        std::vector<const fastllm_adapter *> adapters;
+        std::vector<float> scales;
+        for (const auto &[a, scale] : job.adapters_) adapters.push_back(a), scales.push_back(scale);
+        slot.adapters.clear();
+        const fastllm_status st = fastllm_session_set_adapters(slot.session, adapters.data(), scales.data(), adapters.size());
+        if (st != FASTLLM_OK) {
+            error = library_error(st, "lora");
+            fastllm_session_set_adapters(slot.session, nullptr, nullptr, 0);
+            return -1;
+        }
+        slot.adapters = job.adapters_;
+    }
+    return (int64_t)own;
 }
 
 void Scheduler::end(Slot &slot, JobResult result) {

@@ -19,6 +19,7 @@
 #include <thread>
 #include <vector>
 
+#include "engine.h"
 #include "fastllm.h"
 #include "metrics.h"
 #include "request.h"
@@ -76,6 +77,8 @@ public:
     const fastllm_sampling_params &params() const { return params_; }
     // Speculative decoding for this job (without a call: none).
     void set_speculative(const fastllm_speculative_params &p) { speculative_ = p, has_speculative_ = true; }
+    // LoRA adapters for this job (without a call: the base model).
+    void set_adapters(AdapterSet adapters) { adapters_ = std::move(adapters); }
     clock::time_point arrived() const { return arrived_; }
 
 private:
@@ -88,6 +91,7 @@ private:
     fastllm_sampling_params params_;
     fastllm_speculative_params speculative_{};
     bool has_speculative_ = false;
+    AdapterSet adapters_;
     clock::time_point arrived_;
     std::atomic<bool> cancelled_{false};
 
@@ -131,6 +135,7 @@ public:
 private:
     struct Slot {
         fastllm_session *session = nullptr;
+        AdapterSet adapters;  // the session's: its KV was computed with them
         std::shared_ptr<Job> job;
         int32_t n_generated = 0;  // as of the last step, for the token counters
         int32_t n_prompt = 0, n_cached = 0;  // of the job: its prompt, and the part reused
@@ -138,10 +143,12 @@ private:
     };
 
     void run();
+    Slot *pick_slot(const Job &job);  // nullptr when every slot has a job
     void begin(Slot &slot);
-    // Sets up slot.session to hold the longest prefix of prompt that any slot's session holds;
-    // returns its length (the tokens not to evaluate again).
-    size_t reuse_prefix(Slot &slot, const std::vector<int32_t> &prompt);
+    // Sets up slot.session to hold the longest prefix of the job's prompt that any slot's session
+    // holds under the job's adapters, and to apply them; returns its length (the tokens not to
+    // evaluate again), or -1 and error when the adapters cannot be set.
+    int64_t reuse_prefix(Slot &slot, const Job &job, ApiError &error);
     void end(Slot &slot, JobResult result);
     void end_with_library_result(Slot &slot);
     void step();

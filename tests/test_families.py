@@ -148,15 +148,18 @@ def test_greedy_generation(case):
     assert ours == hf_greedy(ref, ids, 32)
 
 
-def step_together(model, prompts, n, adapters=None):
-    """Greedy generations of the prompts, one session each (with adapters[i], Session's option, when
-    given), advanced together by fastllm_generate_step."""
+def step_together(model, prompts, n, adapters=None, speculative=None):
+    """Greedy generations of the prompts, one session each (with adapters[i], Session's option, and
+    Session.speculative(**speculative[i]) where given), advanced together by fastllm_generate_step."""
     import ctypes
     from fastllm import _lib as raw
     lib = raw.lib
     p = lib.fastllm_sampling_default_params()
     p.temperature, p.max_new_tokens, p.ignore_eos = 0.0, n, 1
     sessions = [model.session(n_ctx=64, adapters=adapters[i] if adapters else None) for i in range(len(prompts))]
+    for s, spec in zip(sessions, speculative or []):
+        if spec is not None:
+            s.speculative(**spec)
     no_text = raw.StreamCallback(lambda text, length, user: 0)
     for s, prompt in zip(sessions, prompts):
         ids, k = fastllm.model._ids_array(prompt)

@@ -134,6 +134,15 @@ def test_sessions_with_different_adapters_step_together(llama, tmp_path):
         together = step_together(m, [PROMPT[:5]] * len(sets), 12, adapters=sets)
     assert together == alone
     assert len({tuple(t) for t in alone}) > 1  # the adapters change what is generated
+    # with speculation, the target's adapters decide: a draft model without them (the base) and
+    # prompt lookup change nothing greedy
+    prompts = [PROMPT * 2] * len(sets)
+    with fastllm.Model(flm, threads=2) as m, fastllm.Model(flm, threads=2) as draft:
+        adapters = [m.load_adapter(f) for f in files]
+        sets = [{adapters[0]: 1.0}, {adapters[1]: 0.7}, {adapters[0]: 0.3, adapters[1]: 1.0}, {adapters[0]: 1.0}]
+        plain = step_together(m, prompts, 12, adapters=sets)
+        spec = [{"draft": draft, "n_draft": 4}, {"draft": None, "n_draft": 3}, {"draft": draft}, None]
+        assert step_together(m, prompts, 12, adapters=sets, speculative=spec) == plain
 
 
 def test_bad_adapters(llama, tmp_path):
@@ -384,3 +393,96 @@ def test_f16_adapter_matrices(llama, tmp_path):
     assert os.path.getsize(f16) < 0.6 * os.path.getsize(f32)
     with pytest.raises(ConversionError, match="f32 or f16"):
         convert_adapter(folder, base, tmp_path / "x.flm", dtype="int8")
+
+
+def test_server_applies_adapters_per_request(llama, tmp_path):
+    """fastllm-server --lora: a request picks adapters by "model" (vLLM's way) or "lora" (llama.cpp's),
+    gets what the binding gives with the same adapters, in one batch with requests on other adapters;
+    /v1/models lists them; the prefix cache never hands KV made under one adapter set to another."""
+    from concurrent.futures import ThreadPoolExecutor
+    from test_server import SERVER, Server
+    if not SERVER.exists():
+        pytest.skip("fastllm-server not built")
+    d, base, flm = llama
+    files = []
+    for i, targets in enumerate((["q_proj", "v_proj", "down_proj"], ["k_proj", "o_proj", "up_proj"])):
+        _, folder = make_adapter(base, tmp_path / f"s{i}", seed=20 + i, r=8, lora_alpha=16, target_modules=targets)
+        files.append(convert_adapter(folder, base, tmp_path / f"s{i}.flm"))
+    prompt = PROMPT[:6]
+    with fastllm.Model(flm, threads=1) as m:
+        a, b = (m.load_adapter(f) for f in files)
+
+        def alone(adapters, p=prompt):
+            with m.session(adapters=adapters) as s:
+                return s.generate(p, 10, temperature=0, ignore_eos=True)
+        want = {"base": alone({}), "guard": alone({a: 1.0}), "merchant": alone({b: 0.5}),
+                "both": alone({a: 0.3, b: 1.0}), "long": alone({a: 1.0}, PROMPT * 4)}
+    assert len({want[k] for k in ("base", "guard", "merchant", "both")}) == 4  # the adapters change the text
+    srv = Server(flm, "--max-sessions", 4, "--model-name", "npc", "--lora", f"guard={files[0]}",
+                 "--lora", f"merchant={files[1]}:0.5")
+    try:
+        status, models = srv.request("GET", "/v1/models")
+        assert status == 200 and [x["id"] for x in models["data"]] == ["npc", "guard", "merchant"]
+        assert models["data"][2]["parent"] == "npc" and models["data"][2]["meta"]["lora"]["scale"] == 0.5
+        assert srv.request("GET", "/v1/models/merchant")[1]["meta"]["lora"]["path"] == str(files[1])
+
+        def complete(extra, p=prompt):
+            status, r = srv.request("POST", "/v1/completions", {"model": "npc", "prompt": p, "max_tokens": 10,
+                                                                "temperature": 0, "ignore_eos": True, **extra})
+            assert status == 200, r
+            return r
+        bodies = {"base": {}, "guard": {"model": "guard"}, "merchant": {"lora": [{"name": "merchant"}]},
+                  "both": {"lora": [{"id": 1, "scale": 1.0}, {"name": "guard", "scale": 0.3}]}}
+        for key, extra in bodies.items():  # one at a time, then all at once (stepping together)
+            r = complete(extra)
+            assert r["choices"][0]["text"] == want[key], key
+            assert r["model"] == extra.get("model", "npc")
+        with ThreadPoolExecutor(8) as pool:
+            got = list(pool.map(lambda kv: (kv[0], complete(kv[1])["choices"][0]["text"]), list(bodies.items()) * 2))
+        assert all(text == want[key] for key, text in got), got
+        # a long prompt served under guard, then asked under base, merchant and guard at another
+        # scale (each finds at most the short prompt it served itself), and under guard again
+        long_prompt = PROMPT * 4
+        assert complete({"model": "guard"}, long_prompt)["choices"][0]["text"] == want["long"]
+        for extra in ({}, {"model": "merchant"}, {"lora": [{"name": "guard", "scale": 0.5}]}, {"model": "guard"}):
+            r = complete(extra, long_prompt)
+            cached = r["usage"]["prompt_tokens_details"]["cached_tokens"]
+            assert cached >= len(long_prompt) - 1 if extra == {"model": "guard"} else cached <= len(prompt), (extra, cached)
+        assert complete({"lora": [{"name": "guard", "scale": 0}]})["choices"][0]["text"] == want["base"]
+        # bad requests: 4xx naming the field, nothing served wrongly after them
+        for extra, status, code in (({"lora": [{"name": "nobody"}]}, 400, "lora_not_found"),
+                                    ({"lora": [{"id": 2}]}, 400, "lora_not_found"),
+                                    ({"lora": [{"id": -1}]}, 400, "invalid_value"),
+                                    ({"lora": [{"name": "guard"}, {"id": 0}]}, 400, "invalid_value"),
+                                    ({"lora": [{"name": "guard", "id": 0}]}, 400, "invalid_value"),
+                                    ({"lora": [{"name": "guard", "scale": "high"}]}, 400, "invalid_type"),
+                                    ({"lora": [{"name": "guard", "scale": 1e300}]}, 400, "invalid_value"),
+                                    ({"lora": {"name": "guard"}}, 400, "invalid_type"),
+                                    ({"model": "smith"}, 404, "model_not_found")):
+            st, r = srv.request("POST", "/v1/completions", {"model": "npc", "prompt": prompt, "max_tokens": 2, **extra})
+            assert st == status and r["error"]["code"] == code, (extra, r)
+        assert complete({"model": "guard"})["choices"][0]["text"] == want["guard"]
+    finally:
+        assert srv.stop() == 0
+
+
+def test_server_lora_command_lines(llama, tmp_path):
+    import subprocess
+    from test_server import SERVER
+    if not SERVER.exists():
+        pytest.skip("fastllm-server not built")
+    d, base, flm = llama
+    _, folder = make_adapter(base, tmp_path / "a", seed=30, r=4, lora_alpha=4, target_modules=["q_proj"])
+    good = convert_adapter(folder, base, tmp_path / "a.flm")
+    for args, rc, words in ((["--lora", f"x={tmp_path / 'missing.flm'}"], 1, "missing.flm"),
+                            (["--lora", f"x={flm}"], 1, "is a model"),
+                            (["--lora", f"x={good}", "--lora", f"x={good}:2"], 2, "two --lora adapters"),
+                            (["--lora", f"=={good}"], 2, "needs NAME=PATH"),
+                            (["--lora", f"base={good}"], 1, "the model itself"),
+                            (["--lora", f"x={good}:inf"], 2, "finite")):
+        p = subprocess.run([str(SERVER), str(flm), "--port", "0", *args], capture_output=True, text=True, timeout=60)
+        assert p.returncode == rc and words in p.stderr, (args, p.returncode, p.stderr)
+    # `fastllm serve --lora` and Ray replicas pass them on, with absolute paths
+    from fastllm.ray_serve import RayServeOptions, server_args
+    args = server_args(RayServeOptions(model=str(flm), lora=("g=a.flm:0.5", "b.flm")))
+    assert args[-4:] == ["--lora", f"g={os.path.abspath('a.flm')}:0.5", "--lora", os.path.abspath("b.flm")]

@@ -276,6 +276,8 @@ def main(argv=None) -> int:
     sv.add_argument("--draft-model", help="a smaller model of the same vocabulary, for speculative decoding")
     sv.add_argument("--speculative", help="requests' default: off, lookup or draft")
     sv.add_argument("--n-draft", type=int, default=5, help="most tokens drafted a step (1 to 16)")
+    sv.add_argument("--lora", action="append", metavar="NAME=PATH[:SCALE]",
+                    help="a LoRA adapter that requests name as their model or in 'lora' (repeatable; docs/lora.md)")
     sv.add_argument("--embeddings", action="store_true",
                     help="also serve /v1/embeddings with a generating model (an embedding model serves only it)")
     sv.add_argument("--prefill-chunk", type=int, default=256,

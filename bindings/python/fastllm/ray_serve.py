@@ -44,6 +44,7 @@ class RayServeOptions:
     device: str | None = None            # fastllm-server --device (docs/gpu.md)
     gpu_layers: int = -1
     embeddings: bool = False             # fastllm-server --embeddings: /v1/embeddings beside generation
+    lora: tuple[str, ...] = ()           # fastllm-server --lora NAME=PATH[:SCALE], each (docs/lora.md)
     route_prefix_chars: int = 256        # prompt characters that choose the replica; 0 = least loaded
     host: str = "127.0.0.1"              # Ray's HTTP proxy
     port: int = 8080
@@ -145,7 +146,22 @@ def server_args(o: RayServeOptions) -> list[str]:
         args += ["--device", o.device, "--gpu-layers", o.gpu_layers]
     if o.embeddings:
         args.append("--embeddings")
+    for spec in o.lora:
+        args += ["--lora", _absolute_lora(spec)]
     return [str(a) for a in args]
+
+
+def _absolute_lora(spec: str) -> str:
+    """NAME=PATH[:SCALE] with PATH made absolute (replicas run elsewhere than this directory)."""
+    name, eq, rest = spec.partition("=")
+    if not eq:
+        name, rest = "", spec
+    path, colon, scale = rest.rpartition(":")
+    try:
+        float(scale)
+    except ValueError:
+        path, colon, scale = rest, "", ""
+    return (f"{name}=" if eq else "") + os.path.abspath(path) + colon + scale
 
 
 def _runtime_env() -> dict:
