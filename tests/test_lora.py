@@ -486,3 +486,38 @@ def test_server_lora_command_lines(llama, tmp_path):
     from fastllm.ray_serve import RayServeOptions, server_args
     args = server_args(RayServeOptions(model=str(flm), lora=("g=a.flm:0.5", "b.flm")))
     assert args[-4:] == ["--lora", f"g={os.path.abspath('a.flm')}:0.5", "--lora", os.path.abspath("b.flm")]
+
+
+def test_npc_demo_gives_two_characters_their_own_adapters(stories_flm, tmp_path):
+    """bindings/examples/cpp_npc: the Guard and the Merchant speak through adapters of their own
+    (made with peft on stories260K); the Merchant's saved state is restored under its adapter, so
+    the game with the save equals the game without it."""
+    import subprocess
+    from conftest import BUILD, STORIES
+    exe = BUILD / "npc_dialogue"
+    if not exe.exists():
+        pytest.skip("npc_dialogue not built")
+    flags = []
+    for i, name in enumerate(("Guard", "Merchant")):
+        _, folder = make_adapter(STORIES / "hf", tmp_path / name, seed=40 + i, r=4, lora_alpha=8, target_modules=ALL)
+        flags += ["--adapter", f"{name}={convert_adapter(folder, STORIES / 'hf', tmp_path / f'{name}.flm')}"]
+
+    def game(*args):
+        r = subprocess.run([str(exe), str(stories_flm), "6", "12", *map(str, args)], capture_output=True, text=True,
+                           timeout=120)
+        assert r.returncode == 0, r.stderr
+        return r.stdout.splitlines()
+    plain, voiced, voiced_no_save = game(), game(*flags), game("--no-save", *flags)
+    assert [l for l in voiced if "speaks through" in l] == [
+        f"[Guard speaks through the adapter {tmp_path / 'Guard.flm'}]",
+        f"[Merchant speaks through the adapter {tmp_path / 'Merchant.flm'}]"]
+    said = lambda lines, who: [l for l in lines if l.startswith(who + ":")]
+    assert said(voiced, "Guard")[0] != said(plain, "Guard")[0]  # its first line, from the same seed and world
+    assert any(l.startswith("[restored Merchant") for l in voiced)
+    assert [l for l in voiced if not l.startswith("[")] == [l for l in voiced_no_save if not l.startswith("[")]
+    r = subprocess.run([str(exe), str(stories_flm), "--adapter", f"Wizard={tmp_path / 'Guard.flm'}"],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2 and "no NPC named Wizard" in r.stderr
+    r = subprocess.run([str(exe), str(stories_flm), "--adapter", f"Guard={stories_flm}"], capture_output=True, text=True,
+                       timeout=60)
+    assert r.returncode == 1 and "is a model" in r.stderr

@@ -6,8 +6,13 @@
 //     that the call always parses and its arguments fit the function's schema;
 //   - halfway through, the Merchant's conversation is saved to a file and its session freed, as a
 //     game does when the player leaves; at its next turn it is restored from the file and goes on
-//     exactly where it was (run with --no-save for the same game without it: the output is equal).
-// Usage: npc_dialogue MODEL.flm [turns] [tokens_per_line] [--no-save]
+//     exactly where it was (run with --no-save for the same game without it: the output is equal);
+//   - with --adapter NAME=ADAPTER.flm, that NPC speaks through its own LoRA adapter (docs/lora.md),
+//     a voice of its own over the same base model; its session evaluates the world under the
+//     adapter instead of forking the shared one (KV made by the base model is not its KV), and its
+//     saved state names the adapter, so it is restored under it.
+// Usage: npc_dialogue MODEL.flm [turns] [tokens_per_line] [--no-save] [--adapter NAME=ADAPTER.flm]...
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -46,6 +51,13 @@ public:
     Npc(const fastllm::Session &world, std::string name, std::string intro, uint64_t seed, const std::string &grammar)
         : session_(world.fork()), name_(std::move(name)), pending_(" " + std::move(intro)), seed_(seed),
           grammar_(grammar) {}
+    // An NPC with an adapter of its own: the world evaluated again, under it.
+    Npc(const fastllm::Model &model, const std::vector<int32_t> &world, const fastllm::Adapter &adapter, std::string name,
+        std::string intro, uint64_t seed, const std::string &grammar)
+        : session_(with_adapter(model, &adapter)), name_(std::move(name)), pending_(" " + std::move(intro)),
+          seed_(seed), grammar_(grammar), adapter_(&adapter) {
+        session_.eval(world);
+    }
 
     const std::string &name() const { return name_; }
     fastllm::Session &session() { return session_; }
@@ -86,47 +98,88 @@ public:
         session_ = fastllm::Session();
     }
     void restore(const fastllm::Model &model, const std::string &path) {
-        session_ = fastllm::Session(model);
+        session_ = with_adapter(model, adapter_);  // a state loads only under the adapters it was saved with
         session_.load_state_file(path);
     }
     bool saved() const { return !session_; }
 
 private:
+    static fastllm::Session with_adapter(const fastllm::Model &model, const fastllm::Adapter *adapter) {
+        fastllm::Session s(model);
+        if (adapter) s.set_adapters({{adapter, 1.0f}});
+        return s;
+    }
+
     fastllm::Session session_;
     std::string name_;
     std::string pending_;  // text this NPC has not seen yet: first its intro, then what it hears
     uint64_t seed_;
     const std::string &grammar_;
+    const fastllm::Adapter *adapter_ = nullptr;
 };
 
 }  // namespace
 
 int main(int argc, char **argv) {
     std::vector<const char *> args;
+    std::vector<std::pair<std::string, std::string>> adapter_files;  // NPC name, adapter file
     bool save = true;
     for (int i = 1; i < argc; i++) {
-        if (std::strcmp(argv[i], "--no-save") == 0) save = false;
-        else args.push_back(argv[i]);
+        if (std::strcmp(argv[i], "--no-save") == 0) {
+            save = false;
+        } else if (std::strcmp(argv[i], "--adapter") == 0 && i + 1 < argc) {
+            const std::string spec = argv[++i];
+            const size_t eq = spec.find('=');
+            if (eq == std::string::npos || eq == 0) {
+                std::fprintf(stderr, "--adapter needs NAME=ADAPTER.flm, not '%s'\n", spec.c_str());
+                return 2;
+            }
+            adapter_files.emplace_back(spec.substr(0, eq), spec.substr(eq + 1));
+        } else {
+            args.push_back(argv[i]);
+        }
     }
     if (args.empty()) {
-        std::fprintf(stderr, "usage: %s MODEL.flm [turns] [tokens_per_line] [--no-save]\n", argv[0]);
+        std::fprintf(stderr, "usage: %s MODEL.flm [turns] [tokens_per_line] [--no-save] [--adapter NAME=ADAPTER.flm]...\n",
+                     argv[0]);
         return 2;
     }
+    for (const auto &[name, path] : adapter_files)
+        if (name != "Guard" && name != "Merchant" && name != "Smith") {
+            std::fprintf(stderr, "--adapter %s=%s: there is no NPC named %s (Guard, Merchant, Smith)\n", name.c_str(),
+                         path.c_str(), name.c_str());
+            return 2;
+        }
     const int turns = args.size() > 1 ? std::atoi(args[1]) : 6;
     const int tokens = args.size() > 2 ? std::atoi(args[2]) : 24;
     const std::string save_path = (std::filesystem::temp_directory_path() / "fastllm_npc_merchant.state").string();
     try {
         fastllm::Model model(args[0]);
+        const std::vector<int32_t> world_tokens = model.tokenize(kWorld);
         fastllm::Session world(model);
-        world.eval(model.tokenize(kWorld));  // the persona, evaluated once for all of them
+        world.eval(world_tokens);  // the persona, evaluated once for all of them
         // The calls' format is the one the model's chat template teaches (the generic JSON object
         // for a model without one); the grammar makes every action a valid call.
         const std::string grammar = model.tool_call_grammar(kTools);
+        const std::pair<const char *, const char *> cast[] = {
+            {"Guard", "The guard was grumpy."}, {"Merchant", "The merchant was cheerful."}, {"Smith", "The smith was tired."}};
+        std::vector<fastllm::Adapter> adapters;  // loaded once; an NPC's session applies its own
+        adapters.reserve(adapter_files.size());
         std::vector<Npc> npcs;
-        npcs.emplace_back(world, "Guard", "The guard was grumpy.", 1, grammar);
-        npcs.emplace_back(world, "Merchant", "The merchant was cheerful.", 100, grammar);
-        npcs.emplace_back(world, "Smith", "The smith was tired.", 200, grammar);
-        const fastllm_session_memory_info m = npcs[0].session().memory();
+        for (size_t i = 0; i < std::size(cast); i++) {
+            const uint64_t seed = i == 0 ? 1 : 100 * i;
+            const fastllm::Adapter *adapter = nullptr;
+            for (const auto &[name, path] : adapter_files)
+                if (name == cast[i].first) {
+                    adapters.emplace_back(model, path);  // checked against the model: a bad file throws
+                    adapter = &adapters.back();
+                    std::printf("[%s speaks through the adapter %s]\n", name.c_str(), path.c_str());
+                }
+            if (adapter) npcs.emplace_back(model, world_tokens, *adapter, cast[i].first, cast[i].second, seed, grammar);
+            else npcs.emplace_back(world, cast[i].first, cast[i].second, seed, grammar);
+        }
+        double shared_kib = 0;  // the world's KV that a forked NPC shares (one with an adapter has its own)
+        for (auto &npc : npcs) shared_kib = std::max(shared_kib, npc.session().memory().kv_shared_bytes / 1024.0);
 
         std::string line;
         for (int t = 0; t < turns; t++) {
@@ -163,7 +216,7 @@ int main(int argc, char **argv) {
         }
         std::remove(save_path.c_str());
         std::printf("[%d turns, %zu NPCs sharing one model and a %d-token world (%.0f KiB of KV cache each shared)]\n",
-                    turns, npcs.size(), world.n_tokens(), m.kv_shared_bytes / 1024.0);
+                    turns, npcs.size(), world.n_tokens(), shared_kib);
         return 0;
     } catch (const std::exception &e) {
         std::fprintf(stderr, "error: %s\n", e.what());
