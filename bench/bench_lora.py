@@ -1,9 +1,13 @@
 """LoRA adapters per character: decode tokens/s of N sessions stepping together, each with its own
-rank-r adapter on every matrix (q, k, v, o, gate, up, down), against the same N sessions without
-adapters, same model, same run, alternating, medians.
+rank-r adapter on every matrix (q, k, v, o, gate, up, down; --targets qv: peft's default for llama,
+q and v), against the same N sessions without adapters, same model, same run, alternating, medians.
 
     python3 bench/bench_lora.py [--shape 110m] [--dtype int8] [--sessions 8] [--rank 16] [--adapter_dtype f32]
-                                [--repeat 3]
+                                [--targets all|qv] [--repeat 3]
+
+Decoding a few sessions is bound by the bytes a step reads: the base's and every adapter's. The
+last line says what that bound allows: base bytes / (base + adapters), with the base's bytes taken
+as its file's (an upper bound on what a step reads, so the bound is generous to adapters).
 
 The base is bench_speed.py's random checkpoint of --shape, converted to --dtype; the adapters are
 random peft adapters (B not zero) converted with convert.py --adapter. Needs torch, transformers,
@@ -27,10 +31,15 @@ import fastllm  # noqa: E402
 from fastllm import _lib as raw  # noqa: E402
 
 
-def make_adapters(base: Path, work: Path, n: int, rank: int, dtype: str) -> list:
+TARGETS = {"all": ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"],
+           "qv": ["q_proj", "v_proj"]}
+
+
+def make_adapters(base: Path, work: Path, n: int, rank: int, dtype: str, targets: str = "all") -> list:
     out = []
     for i in range(n):
-        flm = work / f"adapter-r{rank}-{dtype}-{i}.flm"
+        tag = f"r{rank}" + ("" if targets == "all" else f"-{targets}")
+        flm = work / f"adapter-{tag}-{dtype}-{i}.flm"
         if not flm.exists():
             import peft
             import torch
@@ -39,10 +48,9 @@ def make_adapters(base: Path, work: Path, n: int, rank: int, dtype: str) -> list
             torch.manual_seed(100 + i)
             model = transformers.AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32)
             pm = peft.get_peft_model(model, peft.LoraConfig(
-                r=rank, lora_alpha=2 * rank, init_lora_weights=False,
-                target_modules=["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]))
-            pm.save_pretrained(work / f"peft-r{rank}-{i}")
-            convert_adapter(work / f"peft-r{rank}-{i}", base, flm, dtype=dtype)
+                r=rank, lora_alpha=2 * rank, init_lora_weights=False, target_modules=TARGETS[targets]))
+            pm.save_pretrained(work / f"peft-{tag}-{i}")
+            convert_adapter(work / f"peft-{tag}-{i}", base, flm, dtype=dtype)
         out.append(flm)
     return out
 
@@ -77,6 +85,7 @@ def main() -> int:
     ap.add_argument("--sessions", type=int, default=8)
     ap.add_argument("--rank", type=int, default=16)
     ap.add_argument("--adapter_dtype", choices=("f32", "f16"), default="f32")
+    ap.add_argument("--targets", choices=sorted(TARGETS), default="all")
     ap.add_argument("--gen", type=int, default=32)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--repeat", type=int, default=3)
@@ -88,7 +97,7 @@ def main() -> int:
     flm = args.work_dir / f"{args.shape}-{args.dtype}.flm"
     if not flm.exists():
         convert(str(base), str(flm), dtype=args.dtype, progress=False)
-    files = make_adapters(base, args.work_dir, args.sessions, args.rank, args.adapter_dtype)
+    files = make_adapters(base, args.work_dir, args.sessions, args.rank, args.adapter_dtype, args.targets)
     prompt = list(range(1, 17))
     with fastllm.Model(flm, threads=args.threads) as m:
         adapters = [m.load_adapter(f) for f in files]
@@ -101,12 +110,17 @@ def main() -> int:
             rates["with"].append(decode_rate(m, with_sets, prompt, args.gen))
     a, b = statistics.median(rates["with"]), statistics.median(rates["without"])
     adapter_mb = sum(f.stat().st_size for f in files) / len(files) / 1e6
-    print(f"{cpu_name()}; {args.threads} threads; {args.shape} {args.dtype} ({flm.stat().st_size / 1e6:.0f} MB); "
-          f"{args.sessions} sessions x {args.gen} tokens, stepped together; rank {args.rank} on every matrix, "
+    base_mb = flm.stat().st_size / 1e6
+    print(f"{cpu_name()}; {args.threads} threads; {args.shape} {args.dtype} ({base_mb:.0f} MB); "
+          f"{args.sessions} sessions x {args.gen} tokens, stepped together; rank {args.rank} on "
+          f"{'every matrix' if args.targets == 'all' else '+'.join(TARGETS[args.targets])}, "
           f"{args.adapter_dtype} ({adapter_mb:.1f} MB per adapter); median of {args.repeat}")
     print(f"  without adapters           {b:8.1f} tokens/s  ({', '.join(f'{v:.1f}' for v in rates['without'])})")
     print(f"  {args.sessions} different adapters       {a:8.1f} tokens/s  ({', '.join(f'{v:.1f}' for v in rates['with'])})"
           f"   ratio {a / b:.2f}")
+    bound = base_mb / (base_mb + args.sessions * adapter_mb)
+    print(f"  bytes a step: base <= {base_mb:.0f} MB, adapters {args.sessions * adapter_mb:.0f} MB: a memory-bound "
+          f"step allows at most ratio {bound:.2f}")
     return 0
 
 

@@ -53,6 +53,20 @@ std::string partner(const std::string &name) {
 
 }  // namespace
 
+Tensor LoraAdapter::transpose(const Tensor &b) {
+    const size_t size = dtype_size(b.dtype), rows = (size_t)b.rows(), cols = (size_t)b.cols();
+    transposed_.emplace_back(new char[rows * cols * size]);
+    char *dst = transposed_.back().get();
+    const char *src = (const char *)b.data;
+    for (size_t i = 0; i < rows; i++)
+        for (size_t j = 0; j < cols; j++) std::memcpy(dst + (j * rows + i) * size, src + (i * cols + j) * size, size);
+    Tensor t = b;
+    t.name += ".T";
+    t.dims[0] = b.dims[1], t.dims[1] = b.dims[0];
+    t.data = dst;
+    return t;
+}
+
 LoraAdapter::LoraAdapter(std::unique_ptr<FlmFile> file, const Decoder &decoder)
     : file_(std::move(file)), decoder_(&decoder) {
     const char *path = file_->path().c_str();
@@ -94,7 +108,7 @@ LoraAdapter::LoraAdapter(std::unique_ptr<FlmFile> file, const Decoder &decoder)
         if (r > decoder.max_row_length())
             fail(FASTLLM_ERR_UNSUPPORTED, "%s: '%s' has rank %lld; this model takes at most rank %lld", path,
                  kv.first.c_str(), (long long)r, (long long)decoder.max_row_length());
-        layers_[(size_t)layer][(size_t)m].push_back(LoraPart{a, b, row0});
+        layers_[(size_t)layer][(size_t)m].push_back(LoraPart{a, transpose(b), row0});
         max_rank_ = std::max(max_rank_, (int)r);
     }
     if (max_rank_ == 0) fail(FASTLLM_ERR_BAD_FORMAT, "%s: the adapter has no LoRA matrices", path);

@@ -19,11 +19,16 @@ class Decoder;
 // The matrices of a layer an adapter can change, in the order the forward pass runs them.
 enum LoraMatrix : int { kLoraQkv = 0, kLoraAttnOutput = 1, kLoraGateUp = 2, kLoraDown = 3, kLoraMatrices = 4 };
 
-// Rows [row0, row0 + b.rows()) of a base matrix get s * b (a x): a [r, cols of W], b [rows, r]
-// (the adapter's own scale alpha / r folded into b by the converter), f32 or f16.
+// Rows [row0, row0 + n_rows) of a base matrix get s * b (a x): a [r, cols of W] as the file has
+// it, and b (the file's [n_rows, r], the adapter's own scale alpha / r folded in by the converter)
+// held transposed, bt [r, n_rows], f32 or f16: b (a x) is then r scaled adds of bt's rows, whole
+// vectors, where b's own rows are dot products only r long (110M shape, 8 sessions with 8 rank-16
+// adapters on every matrix: f32 0.70x of the no-adapter decode rate with b's rows, 0.74x with bt's;
+// f16 0.77x and 0.81x, the bound of the bytes a step reads).
 struct LoraPart {
-    Tensor a, b;
+    Tensor a, bt;
     int64_t row0 = 0;
+    int64_t n_rows() const { return bt.cols(); }
 };
 
 // An adapter file, checked against a model's decoder: every tensor is a known part of one of
@@ -42,10 +47,13 @@ public:
     uint64_t fingerprint() const { return fingerprint_; }
 
 private:
+    Tensor transpose(const Tensor &b);  // b's data transposed into memory the adapter owns
+
     std::unique_ptr<FlmFile> file_;
     const Decoder *decoder_;
     std::string name_;
     std::vector<std::array<std::vector<LoraPart>, kLoraMatrices>> layers_;
+    std::vector<std::unique_ptr<char[]>> transposed_;  // the parts' bt
     int max_rank_ = 0;
     uint64_t fingerprint_ = 0;
 };

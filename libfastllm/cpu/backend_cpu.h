@@ -53,7 +53,7 @@ private:
     ThreadPool pool_;
     ops::MatmulScratch scratch_{};
     ops::AttentionScratch attn_;
-    float *lora_ = nullptr;  // [threads, lora_stride_]: a row's a x, then a chunk of b's products
+    float *lora_ = nullptr;  // [threads, lora_stride_]: a row's a x, scaled
     size_t lora_stride_ = 0;
 };
 
