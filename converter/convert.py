@@ -7,8 +7,8 @@ module reads its hyperparameters and lays out its tensors, this file only dispat
                                 [--model_type FAMILY] [--calib FILE [--calib_tokens N]]
     python converter/convert.py --model_path MODEL.gguf --out_path OUT.flm [--dtype ...]
                                 (see gguf_import.py)
-    python converter/convert.py --adapter PEFT_DIR --model_path BASE_HF_DIR --out_path ADAPTER.flm
-                                (a LoRA adapter for that base: see lora.py)
+    python converter/convert.py --adapter PEFT_DIR_OR_LORA_GGUF --model_path BASE --out_path ADAPTER.flm
+                                (a LoRA adapter for that base, an HF folder or GGUF file: see lora.py)
 
 or, with the repository root on sys.path:
 
@@ -179,10 +179,11 @@ def main(argv=None, prog: str = "convert.py") -> int:
         prog=prog,
         description="Convert a HuggingFace checkpoint folder to a fastllm .flm file.")
     ap.add_argument("--model_path", required=True,
-                    help="HuggingFace model folder, or a llama.cpp .gguf file (with --adapter: the base model's folder)")
-    ap.add_argument("--adapter", default=None, metavar="PEFT_DIR",
-                    help="convert this PEFT LoRA adapter folder for the --model_path base into an adapter .flm "
-                         "(docs/lora.md); --dtype and the options below do not apply")
+                    help="HuggingFace model folder, or a llama.cpp .gguf file (with --adapter: the base model, "
+                         "either)")
+    ap.add_argument("--adapter", default=None, metavar="PEFT_DIR_OR_LORA_GGUF",
+                    help="convert this LoRA adapter (a PEFT folder, or a llama.cpp LoRA .gguf) for the --model_path "
+                         "base into an adapter .flm (docs/lora.md); --dtype f32 or f16, the options below do not apply")
     ap.add_argument("--out_path", required=True, help="output .flm file")
     ap.add_argument("--dtype", default="f32", choices=DTYPES,
                     help="dtype of the weight matrices (norms and biases stay f32); int8 / int4 quantize "

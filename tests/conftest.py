@@ -132,3 +132,21 @@ def pytest_collection_modifyitems(config, items):
     if slow:
         config.hook.pytest_deselected(items=slow)
         items[:] = [item for item in items if item not in slow]
+
+
+@pytest.fixture(scope="session")
+def llama_cpp_converter(tmp_path_factory):
+    """llama.cpp's own convert_hf_to_gguf.py (and convert_lora_to_gguf.py, its gguf-py), from the
+    llama-cpp-python source package scripts/setup.sh fetches into build/peers/: the GGUF files
+    llama.cpp users have."""
+    import tarfile
+    sdist = REPO / "build" / "peers" / "llama_cpp_python-0.3.36.tar.gz"
+    if not sdist.exists():
+        pytest.fail(f"{sdist} is missing: scripts/setup.sh fetches it")
+    d = tmp_path_factory.mktemp("llama_cpp")
+    with tarfile.open(sdist) as tar:
+        keep = [m for m in tar.getmembers() if "/vendor/llama.cpp/" in m.name and (
+            m.name.endswith(("/convert_hf_to_gguf.py", "/convert_lora_to_gguf.py"))
+            or "/vendor/llama.cpp/conversion/" in m.name or "/vendor/llama.cpp/gguf-py/" in m.name)]
+        tar.extractall(d, members=keep, filter="data")
+    return next(d.glob("*/vendor/llama.cpp/convert_hf_to_gguf.py"))

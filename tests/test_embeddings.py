@@ -371,24 +371,6 @@ def test_decoder_last_token_embeddings_match_transformers(tmp_path, family):
         assert got @ want[-1] / np.linalg.norm(got) / np.linalg.norm(want[-1]) > 0.99999
 
 
-@pytest.fixture(scope="module")
-def llama_cpp_converter(tmp_path_factory):
-    """llama.cpp's own convert_hf_to_gguf.py (and its gguf-py), from the llama-cpp-python source
-    package scripts/setup.sh fetches into build/peers/: the GGUF files llama.cpp users have."""
-    import tarfile
-    from conftest import REPO
-    sdist = REPO / "build" / "peers" / "llama_cpp_python-0.3.36.tar.gz"
-    if not sdist.exists():
-        pytest.fail(f"{sdist} is missing: scripts/setup.sh fetches it")
-    d = tmp_path_factory.mktemp("llama_cpp")
-    with tarfile.open(sdist) as tar:
-        keep = [m for m in tar.getmembers() if "/vendor/llama.cpp/" in m.name and (
-            m.name.endswith("/convert_hf_to_gguf.py") or "/vendor/llama.cpp/conversion/" in m.name
-            or "/vendor/llama.cpp/gguf-py/" in m.name)]
-        tar.extractall(d, members=keep, filter="data")
-    return next(d.glob("*/vendor/llama.cpp/convert_hf_to_gguf.py"))
-
-
 def _llama_cpp_gguf(converter, hf: Path, out: Path, outtype: str = "f32") -> Path:
     import subprocess
     import sys

@@ -521,3 +521,64 @@ def test_npc_demo_gives_two_characters_their_own_adapters(stories_flm, tmp_path)
     r = subprocess.run([str(exe), str(stories_flm), "--adapter", f"Guard={stories_flm}"], capture_output=True, text=True,
                        timeout=60)
     assert r.returncode == 1 and "is a model" in r.stderr
+
+
+def _llama_cpp_lora(converter, adapter_dir, base_dir, out, outtype="f32"):
+    """llama.cpp's convert_lora_to_gguf.py: the LoRA GGUF llama.cpp users have."""
+    import subprocess
+    import sys
+    script = converter.parent / "convert_lora_to_gguf.py"
+    r = subprocess.run([sys.executable, str(script), str(adapter_dir), "--base", str(base_dir), "--outfile", str(out),
+                        "--outtype", outtype], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+    return out
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen2"])
+def test_llama_cpp_lora_gguf(family, tmp_path, llama_cpp_converter):
+    """A peft adapter written to GGUF by llama.cpp's convert_lora_to_gguf.py (llama: B's q / k rows
+    in llama.cpp's RoPE order) converts to the adapter the peft folder gives: logits within 1e-4 of
+    peft, with an HF folder or llama.cpp's GGUF of the base as --model_path; F16 and Q8_0 files
+    within their rounding."""
+    from test_embeddings import _llama_cpp_gguf
+    base = make_model(tmp_path, family, num_key_value_heads=2)
+    flm = convert(base, tmp_path / "base.flm")
+    import gguf
+    from converter.gguf_import import read_gguf
+    pm, folder = make_adapter(base, tmp_path / "peft", seed=50, r=8, lora_alpha=24, target_modules=ALL)
+    if family == "llama":
+        gguf_base = _llama_cpp_gguf(llama_cpp_converter, base, tmp_path / "base.gguf")
+    else:  # llama.cpp's converter does not know the random tokenizer's pre-tokenizer: the tests' own writer
+        from gguf_models import write_gguf
+        gguf_base = write_gguf(base, tmp_path / "base.gguf")
+
+    def rounded_as(kind):
+        """peft's logits with its A and B rounded as llama.cpp's file of that kind holds them (Q8_0
+        for rows of whole 32-blocks, else F16), so that the check is of the conversion, not of the rounding."""
+        ref = peft.PeftModel.from_pretrained(load_model(base), folder).eval()
+        with torch.no_grad():
+            for name, p in ref.named_parameters():
+                if "lora_" in name and kind != "f32":
+                    x = p.detach().numpy()
+                    q = gguf.GGMLQuantizationType.Q8_0 if kind == "q8_0" and x.shape[-1] % 32 == 0 else None
+                    x = gguf.quants.dequantize(gguf.quants.quantize(x, q), q) if q else x.astype(np.float16)
+                    p.copy_(torch.from_numpy(np.asarray(x, np.float32).reshape(p.shape)))
+        return reference_logits(ref, PROMPT)
+    with fastllm.Model(flm, threads=2) as m:
+        for outtype, base_path in (("f32", base), ("f32", gguf_base), ("f16", base), ("q8_0", base)):
+            lora = _llama_cpp_lora(llama_cpp_converter, folder, base, tmp_path / f"lora-{outtype}.gguf", outtype)
+            if outtype == "q8_0":
+                g = read_gguf(lora)
+                assert {g.type_name(n) for n in g.tensors if n.endswith("lora_a")} == {"Q8_0"}
+            out = convert_adapter(lora, base_path, tmp_path / f"from-{outtype}-{base_path.name}.flm")
+            with m.session(kv_type="f32", adapters={m.load_adapter(out): 1.0}) as s:
+                got = s.eval(PROMPT, logits="all")
+            want = rounded_as(outtype)
+            assert rel(got, want) < 1e-4, (outtype, base_path.name, rel(got, want))
+    # what llama.cpp's files may hold that a .flm adapter cannot: told, nothing written
+    with pytest.raises(ConversionError, match="not a LoRA adapter GGUF"):
+        convert_adapter(gguf_base, base, tmp_path / "x.flm")
+    other = make_model(tmp_path, "qwen2" if family == "llama" else "llama", name="other", num_key_value_heads=2)
+    with pytest.raises(ConversionError, match="is an adapter for a"):
+        convert_adapter(tmp_path / "lora-f32.gguf", other, tmp_path / "x.flm")
+    assert not (tmp_path / "x.flm").exists()
