@@ -209,3 +209,25 @@ def test_unity_package_has_its_meta_files():
     assert len(guids) == len(set(guids)) >= 10
     asmdef = json.loads((CSHARP / "Runtime" / "FastLLM.asmdef").read_text())
     assert asmdef["name"] == "FastLLM" and asmdef["noEngineReferences"]
+
+
+def test_adapters_are_the_python_bindings(built, stories_flm, smollm_flm, tmp_path):
+    """Model.LoadAdapter and Session.SetAdapters: a peft adapter on stories260K gives the C# session
+    the greedy tokens the Python binding gives with it (at scales 1 and 0.5, and none); the rest of
+    AloneAdapters (a disposed adapter, bad scales, bad files) checks itself."""
+    import fastllm
+    from converter.convert import convert_adapter
+    from test_lora import ALL, make_adapter
+    _, folder = make_adapter(STORIES / "hf", tmp_path / "peft", seed=60, r=4, lora_alpha=8, target_modules=ALL)
+    path = convert_adapter(folder, STORIES / "hf", tmp_path / "a.flm")
+    r, outdir = run_tests(built, stories_flm, smollm_flm, "Adapters", env=dict(os.environ, FASTLLM_TEST_ADAPTER=path))
+    assert "ok Adapters" in r.stdout, _show(r)
+    got = [[int(t) for t in line.split(",")] for line in (outdir / "Adapters.txt").read_text().splitlines()]
+    with fastllm.Model(stories_flm) as m:
+        a = m.load_adapter(path)
+        want = []
+        for ads in ({a: 1.0}, {a: 0.5}, {}):
+            with m.session(adapters=ads) as s:
+                s.generate("Once upon a time", 12, temperature=0)
+                want.append(s.tokens)
+    assert got == want and len({tuple(t) for t in want}) == 3

@@ -88,4 +88,53 @@ namespace FastLLM
             return true;
         }
     }
+
+    /// <summary>A fastllm_adapter pointer (a LoRA adapter); freed with fastllm_adapter_free (sessions
+    /// that apply it keep it alive in the library), then its model's handle is released: the model
+    /// goes only after its last adapter.</summary>
+    public sealed class AdapterHandle : SafeHandle
+    {
+        private ModelHandle model_;
+
+        public AdapterHandle() : base(IntPtr.Zero, true) { }
+
+        public override bool IsInvalid { get { return handle == IntPtr.Zero; } }
+
+        /// <summary>Loads the adapter file at path for model, holding a reference on the model's
+        /// handle from before the call until the adapter is freed.</summary>
+        internal static AdapterHandle Load(ModelHandle model, string path)
+        {
+            bool added = false;
+            try
+            {
+                model.DangerousAddRef(ref added);
+            }
+            catch (ObjectDisposedException)
+            {
+                throw new FastLLMException(Status.InvalidArgument, "the Model has been disposed");
+            }
+            var h = new AdapterHandle();
+            try
+            {
+                IntPtr p;
+                var status = Native.fastllm_adapter_load(model, Utf8.Z(path), out p);
+                if (status != Status.Ok) throw new FastLLMException(status, Utf8.FromPtr(Native.fastllm_last_error()));
+                h.SetHandle(p);
+                h.model_ = model;
+                return h;
+            }
+            catch
+            {
+                model.DangerousRelease();
+                throw;
+            }
+        }
+
+        protected override bool ReleaseHandle()
+        {
+            Native.fastllm_adapter_free(handle);
+            if (model_ != null) model_.DangerousRelease();
+            return true;
+        }
+    }
 }

@@ -383,6 +383,15 @@ namespace FastLLM
             }
         }
 
+        /// <summary>Loads a LoRA adapter file (convert.py --adapter; docs/lora.md) for this model, to set
+        /// on sessions with Session.SetAdapters. FastLLMException: IO, BadFormat (not an adapter, one
+        /// of another architecture or shape), InvalidArgument (a null path, a disposed model).</summary>
+        public Adapter LoadAdapter(string path)
+        {
+            if (path == null) throw new FastLLMException(Status.InvalidArgument, "path is null");
+            return new Adapter(AdapterHandle.Load(Handle, path), path);
+        }
+
         /// <summary>A session with the default parameters.</summary>
         public Session CreateSession() { return CreateSession(null); }
 
@@ -400,5 +409,25 @@ namespace FastLLM
         {
             using (var s = CreateSession()) return s.Generate(prompt, maxNewTokens, temperature);
         }
+    }
+
+    /// <summary>A LoRA adapter of a model (Model.LoadAdapter): a character's own voice over the
+    /// shared base weights. Dispose frees it; sessions that apply it keep applying it (the library
+    /// frees its memory with the last of them).</summary>
+    public sealed class Adapter : IDisposable
+    {
+        internal Adapter(AdapterHandle handle, string path)
+        {
+            Handle = handle;
+            Path = path;
+        }
+
+        /// <summary>The native handle, for the raw layer (Native).</summary>
+        public AdapterHandle Handle { get; }
+
+        /// <summary>The file it was loaded from.</summary>
+        public string Path { get; }
+
+        public void Dispose() { Handle.Dispose(); }
     }
 }

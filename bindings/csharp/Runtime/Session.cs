@@ -3,6 +3,7 @@
 // saved states, cancel.
 using System;
 using System.Collections.Generic;
+using System.Linq;
 using System.Runtime.ExceptionServices;
 using System.Runtime.InteropServices;
 using System.Text;
@@ -551,6 +552,54 @@ namespace FastLLM
                 handle_.SwapDraft(null);
             });
         }
+
+        // -- LoRA adapters ---------------------------------------------------------------------------
+
+        /// <summary>The LoRA adapters the session's evaluations apply from now on, each with its scale
+        /// (1: as trained; 0: off); none: the base model. Tokens already evaluated keep their KV
+        /// (Reset or Truncate to evaluate them again); a fork takes its source's adapters, and a saved
+        /// state loads only under the adapters it was saved with. FastLLMException InvalidArgument: an
+        /// adapter of another model, a scale that is not finite, a generation in progress;
+        /// Unsupported: the model's layers are on a device (adapters run on the CPU).</summary>
+        public void SetAdapters(IEnumerable<KeyValuePair<Adapter, float>> adapters)
+        {
+            var list = adapters == null ? new List<KeyValuePair<Adapter, float>>() : adapters.ToList();
+            Use(() =>
+            {
+                var handles = new IntPtr[list.Count];
+                var scales = new float[list.Count];
+                var added = new bool[list.Count];
+                try
+                {
+                    for (int i = 0; i < list.Count; i++)
+                    {
+                        if (list[i].Key == null) throw new FastLLMException(Status.InvalidArgument, "adapter " + i + " is null");
+                        list[i].Key.Handle.DangerousAddRef(ref added[i]);  // until the library holds its own
+                        handles[i] = list[i].Key.Handle.DangerousGetHandle();
+                        scales[i] = list[i].Value;
+                    }
+                    FastLLMException.Check(Native.fastllm_session_set_adapters(handle_, handles, scales, (UIntPtr)list.Count));
+                }
+                catch (ObjectDisposedException)
+                {
+                    throw new FastLLMException(Status.InvalidArgument, "an Adapter has been disposed");
+                }
+                finally
+                {
+                    for (int i = 0; i < list.Count; i++)
+                        if (added[i]) list[i].Key.Handle.DangerousRelease();
+                }
+            });
+        }
+
+        /// <summary>One adapter at a scale: SetAdapters with it alone.</summary>
+        public void SetAdapter(Adapter adapter, float scale = 1f)
+        {
+            SetAdapters(new[] { new KeyValuePair<Adapter, float>(adapter, scale) });
+        }
+
+        /// <summary>The base model again: no adapters.</summary>
+        public void ClearAdapters() { SetAdapters(null); }
 
         // -- saved states ----------------------------------------------------------------------------
 

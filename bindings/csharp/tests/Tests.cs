@@ -227,6 +227,43 @@ static class Tests
         }
     }
 
+    // LoRA adapters (run by tests/test_lora.py, which makes the adapter with peft and names it in
+    // FASTLLM_TEST_ADAPTER): greedy tokens with it, at scale 0.5, and without, for the Python binding to
+    // check; the adapter freed while a session applies it; bad input.
+    static void AloneAdapters()
+    {
+        var path = Environment.GetEnvironmentVariable("FASTLLM_TEST_ADAPTER");
+        using (var m = new Model(stories_))
+        {
+            var adapter = m.LoadAdapter(path);
+            var lines = new List<string>();
+            using (var s = m.CreateSession())
+            {
+                foreach (var scale in new[] { 1f, 0.5f, 0f })
+                {
+                    s.Reset();
+                    if (scale == 0f) s.ClearAdapters();
+                    else s.SetAdapter(adapter, scale);
+                    s.Generate(Prompt, 12, 0f);
+                    lines.Add(string.Join(",", s.Tokens));
+                }
+                s.Reset();
+                s.SetAdapters(new Dictionary<Adapter, float> { { adapter, 1f } });
+                adapter.Dispose();  // deferred: the session goes on with it
+                s.Generate(Prompt, 12, 0f);
+                Equal(lines[0], string.Join(",", s.Tokens), "after the adapter's Dispose");
+                Throws(() => s.SetAdapter(adapter), Status.InvalidArgument, "disposed");
+                var again = m.LoadAdapter(path);
+                Throws(() => s.SetAdapter(again, float.NaN), Status.InvalidArgument, "not finite");
+                Throws(() => s.SetAdapter(null), Status.InvalidArgument, "null");
+                again.Dispose();
+            }
+            Throws(() => m.LoadAdapter(stories_), Status.BadFormat, "is a model");
+            Throws(() => m.LoadAdapter(path + ".missing"), Status.IO);
+            Write("Adapters", string.Join("\n", lines));
+        }
+    }
+
     // fork + save/load: the same continuation as never stopping, greedy and sampled.
     static void TestForkSaveLoadContinues()
     {
