@@ -98,14 +98,17 @@ def test_scales_combine_as_peft_weighted_sum(llama, tmp_path):
     assert rel(zero, base_want) < 1e-4
 
 
-@pytest.mark.parametrize("family", ["qwen2", "phi3"])
-def test_fused_families(tmp_path, family):
-    """Qwen2 (q/k/v biases) and Phi-3, whose checkpoint fuses q|k|v and gate|up already: the
-    adapted rows land where the fused tensors keep them."""
+@pytest.mark.parametrize("family,targets,rank", [
+    ("qwen2", ["k_proj", "v_proj", "up_proj"], 8), ("phi3", ["qkv_proj", "gate_up_proj", "o_proj"], 8),
+    ("mistral", "all-linear", 8), ("qwen3", "all-linear", 8), ("gemma", "all-linear", 64), ("gemma2", "all-linear", 8),
+    ("gemma3", "all-linear", 8), ("glm", "all-linear", 8), ("glm4", "all-linear", 8)])
+def test_families(tmp_path, family, targets, rank):
+    """Every family: Qwen2 (q/k/v biases), Phi-3 and GLM, whose checkpoints fuse q|k|v or gate|up
+    already (the adapted rows land where the fused tensors keep them), and the rest with peft's
+    "all-linear" (every matrix of every layer); rank 64 on Gemma."""
     base = make_model(tmp_path, family, num_key_value_heads=2)
     flm = convert(base, tmp_path / "base.flm")
-    targets = ["qkv_proj", "gate_up_proj", "o_proj"] if family == "phi3" else ["k_proj", "v_proj", "up_proj"]
-    pm, folder = make_adapter(base, tmp_path / "adapter", seed=3, r=8, lora_alpha=16, target_modules=targets)
+    pm, folder = make_adapter(base, tmp_path / "adapter", seed=3, r=rank, lora_alpha=16, target_modules=targets)
     convert_adapter(folder, base, tmp_path / "a.flm")
     want = reference_logits(pm, PROMPT)
     with fastllm.Model(flm, threads=2) as m:
