@@ -120,10 +120,11 @@ def bench_servers(args, base: Path, flm: Path, peft_dirs: list, adapters: list) 
     gguf = llama_cpp_models(llama, base, args.work_dir, ["Q8_0"])["Q8_0"]
     loras = []
     for d in peft_dirs:
-        out = args.work_dir / f"{d.name}-{args.adapter_dtype}.gguf"
+        outtype = {"int8": "q8_0"}.get(args.adapter_dtype, args.adapter_dtype)
+        out = args.work_dir / f"{d.name}-{outtype}.gguf"
         if not out.exists():
             subprocess.run([sys.executable, str(llama / "convert_lora_to_gguf.py"), str(d), "--base", str(base),
-                            "--outfile", str(out), "--outtype", args.adapter_dtype], check=True, capture_output=True)
+                            "--outfile", str(out), "--outtype", outtype], check=True, capture_output=True)
         loras.append(out)
     n_ctx = 64 + args.gen
 
@@ -196,7 +197,7 @@ def main() -> int:
     ap.add_argument("--dtype", default="int8")
     ap.add_argument("--sessions", type=int, default=8)
     ap.add_argument("--rank", type=int, default=16)
-    ap.add_argument("--adapter_dtype", choices=("f32", "f16"), default="f32")
+    ap.add_argument("--adapter_dtype", choices=("f32", "f16", "int8"), default="f32")
     ap.add_argument("--targets", choices=sorted(TARGETS), default="all")
     ap.add_argument("--gen", type=int, default=32)
     ap.add_argument("--threads", type=int, default=2)
@@ -223,7 +224,8 @@ def main() -> int:
             rates["without"].append(decode_rate(m, without, prompt, args.gen))
             rates["with"].append(decode_rate(m, with_sets, prompt, args.gen))
     a, b = statistics.median(rates["with"]), statistics.median(rates["without"])
-    adapter_mb = sum(f.stat().st_size for f in files) / len(files) / 1e6
+    # what a pass reads of one: the file's matrices, or (int8) their q8 rows made from the file's f32
+    adapter_mb = sum(f.stat().st_size for f in files) / len(files) / 1e6 * (1.125 / 4 if args.adapter_dtype == "int8" else 1)
     base_mb = flm.stat().st_size / 1e6
     print(f"{cpu_name()}; {args.threads} threads; {args.shape} {args.dtype} ({base_mb:.0f} MB); "
           f"{args.sessions} sessions x {args.gen} tokens, stepped together; rank {args.rank} on "

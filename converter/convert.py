@@ -183,7 +183,7 @@ def main(argv=None, prog: str = "convert.py") -> int:
                          "either)")
     ap.add_argument("--adapter", default=None, metavar="PEFT_DIR_OR_LORA_GGUF",
                     help="convert this LoRA adapter (a PEFT folder, or a llama.cpp LoRA .gguf) for the --model_path "
-                         "base into an adapter .flm (docs/lora.md); --dtype f32 or f16, the options below do not apply")
+                         "base into an adapter .flm (docs/lora.md); --dtype f32, f16 or int8, the options below do not apply")
     ap.add_argument("--out_path", required=True, help="output .flm file")
     ap.add_argument("--dtype", default="f32", choices=DTYPES,
                     help="dtype of the weight matrices (norms and biases stay f32); int8 / int4 quantize "
@@ -215,8 +215,8 @@ def main(argv=None, prog: str = "convert.py") -> int:
     args = ap.parse_args(argv)
     try:
         if args.adapter is not None:
-            if args.lora is not None or args.dtype not in ("f32", "f16") or args.calib is not None:
-                raise ConversionError("--adapter writes an adapter file: its --dtype is f32 or f16; --lora and "
+            if args.lora is not None or args.dtype not in ("f32", "f16", "int8") or args.calib is not None:
+                raise ConversionError("--adapter writes an adapter file: its --dtype is f32, f16 or int8; --lora and "
                                       "--calib do not apply")
             out = convert_adapter(args.adapter, args.model_path, args.out_path, progress=not args.quiet,
                                   dtype=args.dtype)

@@ -2,6 +2,7 @@
 
 #include <cstdlib>
 #include <cstring>
+#include <vector>
 
 #include "arch/decoder.h"
 #include "base/error.h"
@@ -53,18 +54,28 @@ std::string partner(const std::string &name) {
 
 }  // namespace
 
-Tensor LoraAdapter::transpose(const Tensor &b) {
-    const size_t size = dtype_size(b.dtype), rows = (size_t)b.rows(), cols = (size_t)b.cols();
-    transposed_.emplace_back(new char[rows * cols * size]);
-    char *dst = transposed_.back().get();
-    const char *src = (const char *)b.data;
-    for (size_t i = 0; i < rows; i++)
-        for (size_t j = 0; j < cols; j++) std::memcpy(dst + (j * rows + i) * size, src + (i * cols + j) * size, size);
-    Tensor t = b;
-    t.name += ".T";
-    t.dims[0] = b.dims[1], t.dims[1] = b.dims[0];
-    t.data = dst;
-    return t;
+LoraRows LoraAdapter::rows_of(const Tensor &t, bool transposed) {
+    LoraRows r;
+    r.type = type_;
+    r.n = (int)(transposed ? t.cols() : t.rows());
+    r.len = transposed ? t.rows() : t.cols();
+    if (!transposed && type_ != KvType::Q8) {  // read in place
+        r.data = t.data, r.stride = t.row_bytes();
+        return r;
+    }
+    r.stride = kv_row_bytes(type_, (int)r.len);
+    owned_.emplace_back(new char[r.stride * (size_t)r.n]);
+    char *dst = owned_.back().get();
+    r.data = dst;
+    const size_t size = dtype_size(t.dtype);
+    std::vector<float> row(type_ == KvType::Q8 ? (size_t)r.len : 0);
+    for (int i = 0; i < r.n; i++) {
+        char *out = type_ == KvType::Q8 ? (char *)row.data() : dst + (size_t)i * r.stride;
+        for (int64_t j = 0; j < r.len; j++)  // element (i, j) of the matrix as read: t's (j, i) if transposed
+            std::memcpy(out + (size_t)j * size, (const char *)t.data + (size_t)(transposed ? j * t.cols() + i : i * t.cols() + j) * size, size);
+        if (type_ == KvType::Q8) kv_q8_store_row(row.data(), (int)r.len, dst + (size_t)i * r.stride);
+    }
+    return r;
 }
 
 LoraAdapter::LoraAdapter(std::unique_ptr<FlmFile> file, const Decoder &decoder)
@@ -79,6 +90,11 @@ LoraAdapter::LoraAdapter(std::unique_ptr<FlmFile> file, const Decoder &decoder)
         fail(FASTLLM_ERR_BAD_FORMAT, "%s is an adapter for a %s model; this model is %s", path, arch.c_str(), c.arch.c_str());
     if (!c.causal) fail(FASTLLM_ERR_UNSUPPORTED, "%s: LoRA adapters of an encoder are not supported", path);
     name_ = file_->get_string("adapter.name", "");
+    // The matrices' type at run time: the file's (f32 or f16), or "q8": f32 in the file, rows of
+    // 32-value blocks in memory (convert.py --adapter ... --dtype int8: 0.56x the bytes of f16).
+    const std::string dtype = file_->get_string("adapter.dtype", "");
+    if (dtype != "" && dtype != "q8")
+        fail(FASTLLM_ERR_UNSUPPORTED, "%s: adapter.dtype '%s' (this version knows q8)", path, dtype.c_str());
     layers_.resize((size_t)c.num_layers);
     for (const auto &kv : file_->tensors()) {
         int layer = 0, m = 0;
@@ -94,9 +110,14 @@ LoraAdapter::LoraAdapter(std::unique_ptr<FlmFile> file, const Decoder &decoder)
             fail(FASTLLM_ERR_BAD_FORMAT, "%s: tensor '%s' is for layer %d; the model has %d", path, kv.first.c_str(), layer,
                  c.num_layers);
         const Tensor &a = kv.second, &b = file_->tensor(other), &w = decoder.matrix(layer, m);
-        for (const Tensor *t : {&a, &b})
+        for (const Tensor *t : {&a, &b}) {
             if (t->n_dims != 2 || (t->dtype != DType::F32 && t->dtype != DType::F16))
                 fail(FASTLLM_ERR_BAD_FORMAT, "%s: '%s' is not an f32 or f16 matrix", path, t->name.c_str());
+            if (t->dtype != a.dtype || (dtype == "q8" && t->dtype != DType::F32))
+                fail(FASTLLM_ERR_BAD_FORMAT, "%s: '%s' is %s; the adapter's matrices are all %s", path, t->name.c_str(),
+                     dtype_name(t->dtype), dtype == "q8" ? "f32 (made q8 at load)" : dtype_name(a.dtype));
+        }
+        type_ = dtype == "q8" ? KvType::Q8 : a.dtype == DType::F16 ? KvType::F16 : KvType::F32;
         const int64_t r = a.rows();
         if (r < 1 || a.cols() != w.cols() || b.cols() != r || b.rows() > w.rows() || row0 > w.rows() - b.rows())
             fail(FASTLLM_ERR_BAD_FORMAT,
@@ -108,11 +129,12 @@ LoraAdapter::LoraAdapter(std::unique_ptr<FlmFile> file, const Decoder &decoder)
         if (r > decoder.max_row_length())
             fail(FASTLLM_ERR_UNSUPPORTED, "%s: '%s' has rank %lld; this model takes at most rank %lld", path,
                  kv.first.c_str(), (long long)r, (long long)decoder.max_row_length());
-        layers_[(size_t)layer][(size_t)m].push_back(LoraPart{a, transpose(b), row0});
+        layers_[(size_t)layer][(size_t)m].push_back(LoraPart{rows_of(a, false), rows_of(b, true), row0});
         max_rank_ = std::max(max_rank_, (int)r);
     }
     if (max_rank_ == 0) fail(FASTLLM_ERR_BAD_FORMAT, "%s: the adapter has no LoRA matrices", path);
     Fnv1a f;  // all of it: an adapter is small (rank 16 on a 1B model: tens of MB, a few ms a MB)
+    if (!dtype.empty()) f.add(dtype.c_str(), dtype.size() + 1);  // q8 rows compute other values than f32
     for (const auto &kv : file_->tensors()) {
         const Tensor &t = kv.second;
         f.add(kv.first.data(), kv.first.size() + 1);

@@ -9,6 +9,7 @@
 #include <utility>
 #include <vector>
 
+#include "arch/kv_format.h"
 #include "format/flm_file.h"
 #include "format/tensor.h"
 
@@ -19,16 +20,26 @@ class Decoder;
 // The matrices of a layer an adapter can change, in the order the forward pass runs them.
 enum LoraMatrix : int { kLoraQkv = 0, kLoraAttnOutput = 1, kLoraGateUp = 2, kLoraDown = 3, kLoraMatrices = 4 };
 
-// Rows [row0, row0 + n_rows) of a base matrix get s * b (a x): a [r, cols of W] as the file has
-// it, and b (the file's [n_rows, r], the adapter's own scale alpha / r folded in by the converter)
-// held transposed, bt [r, n_rows], f32 or f16: b (a x) is then r scaled adds of bt's rows, whole
-// vectors, where b's own rows are dot products only r long (110M shape, 8 sessions with 8 rank-16
-// adapters on every matrix: f32 0.70x of the no-adapter decode rate with b's rows, 0.74x with bt's;
-// f16 0.77x and 0.81x, the bound of the bytes a step reads).
+// n rows of len values each, of a KV row type (kv_format.h), every stride bytes: how a backend
+// reads an adapter's matrices, with the kernels that read the KV cache (the same sums: rows dotted
+// with a vector, rows added with weights).
+struct LoraRows {
+    const void *data = nullptr;
+    size_t stride = 0;
+    KvType type = KvType::F32;
+    int n = 0;
+    int64_t len = 0;
+};
+
+// Rows [row0, row0 + bt.len) of a base matrix get s * b (a x): a [r, cols of W] and b (the file's
+// [rows, r], the adapter's own scale alpha / r folded in by the converter) held transposed, bt
+// [r, rows]: b (a x) is then r scaled adds of bt's rows, whole vectors, where b's own rows are dot
+// products only r long (110M shape, 8 sessions with 8 rank-16 adapters on every matrix: f32 0.70x
+// of the no-adapter decode rate with b's rows, 0.74x with bt's; f16 0.77x and 0.81x, the bound of
+// the bytes a step reads). In f32 or f16 as the file has them, or q8 (adapter.dtype "q8").
 struct LoraPart {
-    Tensor a, bt;
+    LoraRows a, bt;
     int64_t row0 = 0;
-    int64_t n_rows() const { return bt.cols(); }
 };
 
 // An adapter file, checked against a model's decoder: every tensor is a known part of one of
@@ -47,13 +58,15 @@ public:
     uint64_t fingerprint() const { return fingerprint_; }
 
 private:
-    Tensor transpose(const Tensor &b);  // b's data transposed into memory the adapter owns
+    // A matrix as the pass reads it: in place, or (transposed, as q8) in memory the adapter owns.
+    LoraRows rows_of(const Tensor &t, bool transposed);
 
     std::unique_ptr<FlmFile> file_;
     const Decoder *decoder_;
     std::string name_;
     std::vector<std::array<std::vector<LoraPart>, kLoraMatrices>> layers_;
-    std::vector<std::unique_ptr<char[]>> transposed_;  // the parts' bt
+    KvType type_ = KvType::F32;                        // of the matrices at run time
+    std::vector<std::unique_ptr<char[]>> owned_;       // bt, and q8 rows
     int max_rank_ = 0;
     uint64_t fingerprint_ = 0;
 };

@@ -137,9 +137,9 @@ void CpuBackend::act(Act kind, const float *x, size_t n, float *out) {
 void CpuBackend::softcap(float *x, size_t n, float cap) { ops::softcap(x, n, cap); }
 
 // A task per row: the row's own adapters, one after another (rows never share an output), each
-// part as r dot products (a x) and r scaled adds of bt's rows, which is kv_accum's sum (the
-// weighted values of attention) with the scale folded into the weights. 8 sessions with 8 adapters
-// decoding: one job per matrix, where a matmul and an add per part took 2,000 jobs a step.
+// part as r dot products (a x) and r scaled adds of bt's rows: the two sums of attention over the
+// KV cache (kv_dot, kv_accum), whatever the rows' type. 8 sessions with 8 adapters decoding: one
+// job per matrix, where a matmul and an add per part took 2,000 jobs a step.
 void CpuBackend::lora(const ForwardRow *rows, int T, int layer, int m, const float *x, int64_t in, float *y,
                       int64_t out) {
     pool_.parallel_for(T, [&](int64_t first, int64_t last, int tid) {
@@ -151,11 +151,10 @@ void CpuBackend::lora(const ForwardRow *rows, int T, int layer, int m, const flo
             for (const auto &entry : rows[t].lora->entries) {
                 if (entry.second == 0.0f) continue;
                 for (const LoraPart &p : entry.first->parts(layer, m)) {
-                    const int r = (int)p.a.rows();
-                    k_.dot_rows[(int)p.a.dtype](p.a.data, p.a.row_bytes(), r, xt, (int)in, ax);
-                    for (int j = 0; j < r; j++) ax[j] *= entry.second;
-                    const KvType bt = p.bt.dtype == DType::F16 ? KvType::F16 : KvType::F32;
-                    k_.kv_accum[(int)bt](ax, r, p.bt.data, p.bt.row_bytes(), 0, (int)p.n_rows(), yt + p.row0);
+                    const LoraRows &a = p.a, &bt = p.bt;
+                    k_.kv_dot[(int)a.type](a.data, a.stride, a.n, 0, xt, (int)in, ax);
+                    for (int j = 0; j < a.n; j++) ax[j] *= entry.second;
+                    k_.kv_accum[(int)bt.type](ax, bt.n, bt.data, bt.stride, 0, (int)bt.len, yt + p.row0);
                 }
             }
         }

@@ -144,19 +144,7 @@ void kv_store_f32(const float *x, int n, void *row) { std::memcpy(row, x, (size_
 void kv_store_f16(const float *x, int n, void *row) {
     for (int i = 0; i < n; i++) ((uint16_t *)row)[i] = f32_to_f16(x[i]);
 }
-void kv_store_q8(const float *x, int n, void *row) {
-    for (int b = 0; b * kKvQ8Block < n; b++) {
-        const int len = std::min(kKvQ8Block, n - b * kKvQ8Block);
-        const float *xb = x + b * kKvQ8Block;
-        float amax = 0;
-        for (int i = 0; i < len; i++) amax = std::max(amax, std::fabs(xb[i]));
-        const float d = amax / 127.0f, id = amax > 0 ? 127.0f / amax : 0.0f;
-        char *blk = (char *)row + (size_t)b * kKvQ8BlockBytes;
-        std::memcpy(blk, &d, 4);
-        int8_t *c = (int8_t *)blk + 4;
-        for (int i = 0; i < kKvQ8Block; i++) c[i] = i < len ? (int8_t)std::nearbyint(xb[i] * id) : 0;
-    }
-}
+void kv_store_q8(const float *x, int n, void *row) { kv_q8_store_row(x, n, row); }
 void kv_load_q8(const void *row, float *x, int n) {
     for (int i = 0; i < n; i++)
         x[i] = kv_q8_scale((const char *)row, i / kKvQ8Block) * (float)kv_q8_codes((const char *)row, i / kKvQ8Block)[i % kKvQ8Block];
