@@ -17,6 +17,11 @@ engines take turns, one round each, --repeat times. Generation starts from an em
 (tg) (medians), the median of the per-round ratios, weight bytes read per generated token, the
 fraction of the read-bandwidth limit (measured here) that tg reaches, and fastllm's peak RSS and
 warm load time.
+
+--depth D measures generation after D tokens of context instead (the pp column is then the D-token
+prompt's rate): fastllm evaluates a D-token prompt and generates after it; llama.cpp runs
+`llama-bench -d D -p 0` with flash attention (-fa 1), its fastest at depth. tg at depth is what a
+long conversation or a document tool decodes at.
 """
 from __future__ import annotations
 
@@ -108,13 +113,16 @@ def llama_cpp_models(llama_cpp: Path, hf_dir: Path, work: Path, types) -> dict[s
     return models
 
 
-def bench_llama_cpp(llama_cpp: Path, gguf: Path, threads: int, n_prompt: int, n_gen: int, repeat: int):
-    """(pp, tg) tokens/s of llama-bench (its own warm-up run, then `repeat` measured ones)."""
+def bench_llama_cpp(llama_cpp: Path, gguf: Path, threads: int, n_prompt: int, n_gen: int, repeat: int,
+                    depth: int = 0):
+    """(pp, tg) tokens/s of llama-bench (its own warm-up run, then `repeat` measured ones); with depth,
+    (nan, tg after depth tokens of context, flash attention on)."""
+    extra = ["-d", str(depth), "-fa", "1"] if depth else []
     r = subprocess.run([str(llama_cpp / "build" / "bin" / "llama-bench"), "-m", str(gguf), "-t", str(threads),
-                        "-p", str(n_prompt), "-n", str(n_gen), "-r", str(repeat), "-o", "json"],
+                        "-p", str(0 if depth else n_prompt), "-n", str(n_gen), "-r", str(repeat), "-o", "json", *extra],
                        check=True, capture_output=True, text=True)
     rows = json.loads(r.stdout)
-    pp = next(x["avg_ts"] for x in rows if x["n_prompt"] > 0)
+    pp = next((x["avg_ts"] for x in rows if x["n_prompt"] > 0), float("nan"))
     tg = next(x["avg_ts"] for x in rows if x["n_gen"] > 0)
     return pp, tg
 
@@ -126,6 +134,7 @@ def main() -> int:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--prompt_len", type=int, default=128)
     ap.add_argument("--gen", type=int, default=64)
+    ap.add_argument("--depth", type=int, default=0, help="generation after this many tokens of context")
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--work_dir", type=Path, default=Path("/tmp/fastllm-bench"))
     ap.add_argument("--variants", help="comma-separated fastllm variants to run (default: all: "
@@ -143,7 +152,10 @@ def main() -> int:
     args.work_dir.mkdir(parents=True, exist_ok=True)
     hf_dir = random_checkpoint(args.shape, args.work_dir)
     bw = read_bandwidth_gbs(args.threads)
-    print(f"model random-{args.shape}, {args.threads} threads, pp{args.prompt_len} / tg{args.gen}, "
+    if args.depth:
+        args.prompt_len = args.depth
+    print(f"model random-{args.shape}, {args.threads} threads, pp{args.prompt_len} / tg{args.gen}"
+          f"{f' after {args.depth} tokens of context' if args.depth else ''}, "
           f"read bandwidth {bw:.1f} GB/s (median)")
 
     have_llama = args.llama_cpp is not None and (args.llama_cpp / "build" / "bin" / "llama-bench").exists()
@@ -162,10 +174,11 @@ def main() -> int:
         # seconds, so back-to-back blocks of runs can land in different phases)
         ours, theirs = [], []
         for _ in range(args.repeat):
-            r = bench(flm, args.prompt_len, args.gen, args.threads, 1, gen_from_empty=True)  # as llama-bench
+            r = bench(flm, args.prompt_len, args.gen, args.threads, 1, gen_from_empty=not args.depth)  # as llama-bench
             ours.append((r.prompt_tok_s, r.generate_tok_s))
             if peer_file:
-                theirs.append(bench_llama_cpp(args.llama_cpp, peer_file, args.threads, args.prompt_len, args.gen, 1))
+                theirs.append(bench_llama_cpp(args.llama_cpp, peer_file, args.threads, args.prompt_len, args.gen, 1,
+                                              args.depth))
         pp, tg = (statistics.median(x[i] for x in ours) for i in (0, 1))
         mb = bytes_per_token(flm) / 1e6
         rss, load = fastllm_memory(flm, args.threads)

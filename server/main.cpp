@@ -196,9 +196,6 @@ Options parse_options(int argc, char **argv) {
     if (o.model_path.empty()) usage_error("no model given");
     if (o.speculative.empty()) o.speculative = o.draft_model_path.empty() ? "off" : "draft";
     if (o.speculative == "draft" && o.draft_model_path.empty()) usage_error("--speculative draft needs --draft-model");
-    for (size_t i = 0; i < o.lora.size(); i++)
-        for (size_t j = 0; j < i; j++)
-            if (o.lora[i].name == o.lora[j].name) usage_error("two --lora adapters are named '" + o.lora[i].name + "'");
     if (o.model_name.empty()) {
         std::string base = o.model_path.substr(o.model_path.find_last_of('/') + 1);
         if (base.size() > 4 && base.compare(base.size() - 4, 4, ".flm") == 0) base.resize(base.size() - 4);

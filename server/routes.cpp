@@ -312,7 +312,7 @@ json Routes::adapter_json(const NamedAdapter &a) const {
                 {"owned_by", "fastllm"},
                 {"parent", config_.model_name},
                 {"root", config_.model_name},
-                {"meta", {{"lora", {{"path", a.path}, {"scale", a.scale}}}}}};
+                {"meta", {{"lora", {{"scale", a.scale}}}}}};  // not its path: a client need not know the server's files
 }
 
 void Routes::models(const httplib::Request &, httplib::Response &res, const std::string &) {

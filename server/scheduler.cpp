@@ -177,7 +177,7 @@ constexpr size_t kMinForkGain = 32;
 void Scheduler::run() {
     for (;;) {
         std::vector<std::shared_ptr<Job>> dropped;
-        std::vector<Slot *> admitted;
+        std::vector<std::shared_ptr<Job>> admitted;
         {
             std::unique_lock<std::mutex> lock(mu_);
             cv_.wait(lock, [&] { return stopping_ || wake_ || busy_ > 0 || !queue_.empty(); });
@@ -191,17 +191,20 @@ void Scheduler::run() {
                     ++it;
                 }
             }
-            while (!queue_.empty()) {
-                Slot *slot = pick_slot(*queue_.front());
-                if (!slot) break;
-                slot->job = queue_.front();
+            // As many as there are free slots; which slot takes which is chosen outside the lock
+            // (reading the sessions' tokens), where only this thread touches the slots.
+            while (!queue_.empty() && busy_ + admitted.size() < slots_.size()) {
+                admitted.push_back(queue_.front());
                 queue_.pop_front();
-                busy_++;
-                admitted.push_back(slot);
             }
+            busy_ += admitted.size();
         }
         for (auto &job : dropped) job->finish(simple_result(FinishReason::Cancelled));
-        for (Slot *slot : admitted) begin(*slot);
+        for (auto &job : admitted) {
+            Slot *slot = pick_slot(*job);
+            slot->job = std::move(job);
+            begin(*slot);
+        }
         for (auto &slot : slots_) {
             if (slot.job && slot.job->cancelled()) {
                 fastllm_session_cancel_generation(slot.session);
@@ -264,6 +267,11 @@ void Scheduler::begin(Slot &slot) {
     if (!fastllm_session_is_generating(slot.session)) end_with_library_result(slot);
 }
 
+// What of the job's prompt the slot's session holds: its common prefix, if the session applies the
+// job's adapters (KV computed under others is never reused).
+size_t Scheduler::held(const Slot &slot, const Job &job, const std::vector<int32_t> &tokens) const {
+    return slot.adapters == job.adapters_ ? common_prefix(tokens, job.prompt_) : 0;
+}
 
 // The free slot that holds the longest prefix of the job's prompt under its adapters; among those
 // that hold none, the one holding the fewest tokens, so that what other slots hold (another
@@ -274,7 +282,7 @@ Scheduler::Slot *Scheduler::pick_slot(const Job &job) {
     for (auto &slot : slots_) {
         if (slot.job) continue;
         const std::vector<int32_t> tokens = tokens_of(slot.session);
-        const size_t held = slot.adapters == job.adapters_ ? common_prefix(tokens, job.prompt_) : 0;
+        const size_t held = this->held(slot, job, tokens);
         if (!best || held > best_held || (held == best_held && tokens.size() < best_size))
             best = &slot, best_held = held, best_size = tokens.size();
     }
@@ -288,13 +296,11 @@ Scheduler::Slot *Scheduler::pick_slot(const Job &job) {
 // counts only in a session with the job's adapter set. Only the scheduler thread touches the
 // sessions, so reading a busy one to fork it is safe.
 int64_t Scheduler::reuse_prefix(Slot &slot, const Job &job, ApiError &error) {
-    const std::vector<int32_t> &prompt = job.prompt_;
-    auto held = [&](const Slot &s) { return s.adapters == job.adapters_ ? common_prefix(tokens_of(s.session), prompt) : 0; };
-    size_t own = held(slot), best = own;
+    size_t own = held(slot, job, tokens_of(slot.session)), best = own;
     Slot *from = nullptr;
     for (auto &other : slots_) {
         if (&other == &slot) continue;
-        const size_t n = held(other);
+        const size_t n = held(other, job, tokens_of(other.session));
         if (n > best) best = n, from = &other;
     }
     if (from && best >= own + kMinForkGain) {

@@ -143,7 +143,8 @@ private:
     };
 
     void run();
-    Slot *pick_slot(const Job &job);  // nullptr when every slot has a job
+    Slot *pick_slot(const Job &job);  // a free one: the caller has counted it in busy_
+    size_t held(const Slot &slot, const Job &job, const std::vector<int32_t> &tokens) const;
     void begin(Slot &slot);
     // Sets up slot.session to hold the longest prefix of the job's prompt that any slot's session
     // holds under the job's adapters, and to apply them; returns its length (the tokens not to

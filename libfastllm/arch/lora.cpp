@@ -1,5 +1,6 @@
 #include "arch/lora.h"
 
+#include <cmath>
 #include <cstdlib>
 #include <cstring>
 #include <vector>
@@ -54,26 +55,29 @@ std::string partner(const std::string &name) {
 
 }  // namespace
 
-LoraRows LoraAdapter::rows_of(const Tensor &t, bool transposed) {
+LoraRows LoraAdapter::rows_of(const Tensor &t, bool transposed, KvType type) {
     LoraRows r;
-    r.type = type_;
+    r.type = type;
     r.n = (int)(transposed ? t.cols() : t.rows());
     r.len = transposed ? t.rows() : t.cols();
-    if (!transposed && type_ != KvType::Q8) {  // read in place
+    if (!transposed && type != KvType::Q8) {  // read in place
         r.data = t.data, r.stride = t.row_bytes();
         return r;
     }
-    r.stride = kv_row_bytes(type_, (int)r.len);
+    r.stride = kv_row_bytes(type, (int)r.len);
     owned_.emplace_back(new char[r.stride * (size_t)r.n]);
     char *dst = owned_.back().get();
     r.data = dst;
     const size_t size = dtype_size(t.dtype);
-    std::vector<float> row(type_ == KvType::Q8 ? (size_t)r.len : 0);
+    std::vector<float> row(type == KvType::Q8 ? (size_t)r.len : 0);
     for (int i = 0; i < r.n; i++) {
-        char *out = type_ == KvType::Q8 ? (char *)row.data() : dst + (size_t)i * r.stride;
+        char *out = type == KvType::Q8 ? (char *)row.data() : dst + (size_t)i * r.stride;
         for (int64_t j = 0; j < r.len; j++)  // element (i, j) of the matrix as read: t's (j, i) if transposed
             std::memcpy(out + (size_t)j * size, (const char *)t.data + (size_t)(transposed ? j * t.cols() + i : i * t.cols() + j) * size, size);
-        if (type_ == KvType::Q8) kv_q8_store_row(row.data(), (int)r.len, dst + (size_t)i * r.stride);
+        if (type != KvType::Q8) continue;
+        for (float v : row)  // a code of inf or NaN is no number: refused, as a damaged file
+            if (!std::isfinite(v)) fail(FASTLLM_ERR_BAD_FORMAT, "%s: '%s' holds a value that is not finite", path().c_str(), t.name.c_str());
+        kv_q8_store_row(row.data(), (int)r.len, dst + (size_t)i * r.stride);
     }
     return r;
 }
@@ -113,11 +117,12 @@ LoraAdapter::LoraAdapter(std::unique_ptr<FlmFile> file, const Decoder &decoder)
         for (const Tensor *t : {&a, &b}) {
             if (t->n_dims != 2 || (t->dtype != DType::F32 && t->dtype != DType::F16))
                 fail(FASTLLM_ERR_BAD_FORMAT, "%s: '%s' is not an f32 or f16 matrix", path, t->name.c_str());
-            if (t->dtype != a.dtype || (dtype == "q8" && t->dtype != DType::F32))
-                fail(FASTLLM_ERR_BAD_FORMAT, "%s: '%s' is %s; the adapter's matrices are all %s", path, t->name.c_str(),
-                     dtype_name(t->dtype), dtype == "q8" ? "f32 (made q8 at load)" : dtype_name(a.dtype));
+            if (dtype == "q8" && t->dtype != DType::F32)
+                fail(FASTLLM_ERR_BAD_FORMAT, "%s: '%s' is %s; a q8 adapter's matrices are f32 in the file", path,
+                     t->name.c_str(), dtype_name(t->dtype));
         }
-        type_ = dtype == "q8" ? KvType::Q8 : a.dtype == DType::F16 ? KvType::F16 : KvType::F32;
+        // each matrix read as its own type (a part's a and b may differ), or q8
+        auto type_of = [&](const Tensor &t) { return dtype == "q8" ? KvType::Q8 : t.dtype == DType::F16 ? KvType::F16 : KvType::F32; };
         const int64_t r = a.rows();
         if (r < 1 || a.cols() != w.cols() || b.cols() != r || b.rows() > w.rows() || row0 > w.rows() - b.rows())
             fail(FASTLLM_ERR_BAD_FORMAT,
@@ -129,7 +134,7 @@ LoraAdapter::LoraAdapter(std::unique_ptr<FlmFile> file, const Decoder &decoder)
         if (r > decoder.max_row_length())
             fail(FASTLLM_ERR_UNSUPPORTED, "%s: '%s' has rank %lld; this model takes at most rank %lld", path,
                  kv.first.c_str(), (long long)r, (long long)decoder.max_row_length());
-        layers_[(size_t)layer][(size_t)m].push_back(LoraPart{rows_of(a, false), rows_of(b, true), row0});
+        layers_[(size_t)layer][(size_t)m].push_back(LoraPart{rows_of(a, false, type_of(a)), rows_of(b, true, type_of(b)), row0});
         max_rank_ = std::max(max_rank_, (int)r);
     }
     if (max_rank_ == 0) fail(FASTLLM_ERR_BAD_FORMAT, "%s: the adapter has no LoRA matrices", path);

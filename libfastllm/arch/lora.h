@@ -59,13 +59,12 @@ public:
 
 private:
     // A matrix as the pass reads it: in place, or (transposed, as q8) in memory the adapter owns.
-    LoraRows rows_of(const Tensor &t, bool transposed);
+    LoraRows rows_of(const Tensor &t, bool transposed, KvType type);
 
     std::unique_ptr<FlmFile> file_;
     const Decoder *decoder_;
     std::string name_;
     std::vector<std::array<std::vector<LoraPart>, kLoraMatrices>> layers_;
-    KvType type_ = KvType::F32;                        // of the matrices at run time
     std::vector<std::unique_ptr<char[]>> owned_;       // bt, and q8 rows
     int max_rank_ = 0;
     uint64_t fingerprint_ = 0;

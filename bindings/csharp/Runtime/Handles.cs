@@ -113,9 +113,9 @@ namespace FastLLM
             {
                 throw new FastLLMException(Status.InvalidArgument, "the Model has been disposed");
             }
-            var h = new AdapterHandle();
             try
             {
+                var h = new AdapterHandle();
                 IntPtr p;
                 var status = Native.fastllm_adapter_load(model, Utf8.Z(path), out p);
                 if (status != Status.Ok) throw new FastLLMException(status, Utf8.FromPtr(Native.fastllm_last_error()));

@@ -127,13 +127,18 @@ int main(int argc, char **argv) {
     for (int i = 1; i < argc; i++) {
         if (std::strcmp(argv[i], "--no-save") == 0) {
             save = false;
-        } else if (std::strcmp(argv[i], "--adapter") == 0 && i + 1 < argc) {
-            const std::string spec = argv[++i];
+        } else if (std::strcmp(argv[i], "--adapter") == 0) {
+            const std::string spec = i + 1 < argc ? argv[++i] : "";
             const size_t eq = spec.find('=');
             if (eq == std::string::npos || eq == 0) {
                 std::fprintf(stderr, "--adapter needs NAME=ADAPTER.flm, not '%s'\n", spec.c_str());
                 return 2;
             }
+            for (const auto &named : adapter_files)
+                if (named.first == spec.substr(0, eq)) {
+                    std::fprintf(stderr, "--adapter: %s has an adapter already\n", named.first.c_str());
+                    return 2;
+                }
             adapter_files.emplace_back(spec.substr(0, eq), spec.substr(eq + 1));
         } else {
             args.push_back(argv[i]);
