@@ -175,3 +175,19 @@ def test_version1_quantized_files_are_refused(stories_models, tmp_path):
     assert e.value.status_name == "FASTLLM_ERR_UNSUPPORTED"
     with pytest.raises(ValueError, match="version 1 layout"):
         read_flm(old)
+
+
+def test_codes_are_the_masked_division():
+    """quantize._codes (one division by the broadcast scales, the rest in place) gives exactly the
+    codes of the plain formula it replaced, for float32 and float64 scales and zero ones: the
+    files' bytes depend on it."""
+    import numpy as np
+    from converter import quantize
+    rng = np.random.default_rng(7)
+    g = rng.standard_normal((64, 8, 32)).astype(np.float32)
+    for d in (np.abs(g).max(axis=2, keepdims=True) / 7.3, np.abs(g).max(axis=2, keepdims=True) / np.float64(7.3)):
+        d[3, 2] = 0
+        for offset, lo, hi in ((0, -8, 7), (8, 0, 15), (0, 0, 15)):
+            want = np.clip(np.rint(np.divide(g, d, out=np.zeros_like(g), where=d != 0)) + offset, lo, hi)
+            got = quantize._codes(g, d, offset, lo, hi)
+            assert got.dtype == want.dtype and np.array_equal(got, want)
