@@ -311,14 +311,19 @@ def choose_grid(g: np.ndarray, dtype: str, importance: np.ndarray | None = None)
     weighted for the K formats, by `importance` [n_groups, G] too where calibration gives it).
     A K format's groups g must start at the row's super-blocks (whole rows, or one super-block)."""
     _, _, bits, has_min = QUANT[dtype]
+    # A few rows at a time: each search step makes several passes over its arrays, which then
+    # stay in the core's L2 cache (64K values an array: 110M shape to q4_k_m 29.1 s with 4096 rows
+    # at a time, 24.0 s with 64). Rows are searched independently: the chunks change no result.
+    rows = max(1, (1 << 16) // (g.shape[1] * g.shape[2]))
+    chunks = [g[i:i + rows] for i in range(0, len(g), rows)]
     if dtype in K_FORMATS:
-        rows = 4096  # bounded temporaries (the search keeps ~10 arrays of the rows' size)
-        parts = [_search_k(g[i:i + rows], bits, has_min, importance) for i in range(0, len(g), rows)]
+        parts = [_search_k(c, bits, has_min, importance) for c in chunks]
         return Grid.of_k(KScales.concat(parts, axis=0))
     if has_min:
-        return Grid(*_search_q4m(g))
+        parts = [_search_q4m(c) for c in chunks]
+        return Grid(np.concatenate([p[0] for p in parts]), np.concatenate([p[1] for p in parts]))
     lo, hi = RANGE[bits]
-    return Grid(_search_symmetric(g, -lo, hi))
+    return Grid(np.concatenate([_search_symmetric(c, -lo, hi) for c in chunks]))
 
 
 def round_to_grid(g: np.ndarray, grid: Grid, dtype: str) -> np.ndarray:
