@@ -314,31 +314,16 @@ def choose_grid(g: np.ndarray, dtype: str, importance: np.ndarray | None = None)
     # A few rows at a time: each search step makes several passes over its arrays, which then
     # stay in the core's L2 cache (64K values an array: 110M shape to q4_k_m 29.1 s with 4096 rows
     # at a time, 24.0 s with 64). Rows are searched independently: the chunks change no result.
-    # The chunks go to every core: numpy lets go of the GIL inside its loops.
     rows = max(1, (1 << 16) // (g.shape[1] * g.shape[2]))
     chunks = [g[i:i + rows] for i in range(0, len(g), rows)]
     if dtype in K_FORMATS:
-        parts = _pool().map(lambda c: _search_k(c, bits, has_min, importance), chunks)
-        return Grid.of_k(KScales.concat(list(parts), axis=0))
+        parts = [_search_k(c, bits, has_min, importance) for c in chunks]
+        return Grid.of_k(KScales.concat(parts, axis=0))
     if has_min:
-        parts = list(_pool().map(_search_q4m, chunks))
+        parts = [_search_q4m(c) for c in chunks]
         return Grid(np.concatenate([p[0] for p in parts]), np.concatenate([p[1] for p in parts]))
     lo, hi = RANGE[bits]
-    return Grid(np.concatenate(list(_pool().map(lambda c: _search_symmetric(c, -lo, hi), chunks))))
-
-
-_POOL = None
-
-
-def _pool():
-    """Threads for the scale search, one per core, made once."""
-    global _POOL
-    if _POOL is None:
-        import concurrent.futures
-        import os
-        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-        _POOL = concurrent.futures.ThreadPoolExecutor(max(1, cores))
-    return _POOL
+    return Grid(np.concatenate([_search_symmetric(c, -lo, hi) for c in chunks]))
 
 
 def round_to_grid(g: np.ndarray, grid: Grid, dtype: str) -> np.ndarray:

@@ -282,9 +282,9 @@ Scheduler::Slot *Scheduler::pick_slot(const Job &job) {
     for (auto &slot : slots_) {
         if (slot.job) continue;
         const std::vector<int32_t> tokens = tokens_of(slot.session);
-        const size_t held = this->held(slot, job, tokens);
-        if (!best || held > best_held || (held == best_held && tokens.size() < best_size))
-            best = &slot, best_held = held, best_size = tokens.size();
+        const size_t n = held(slot, job, tokens);
+        if (!best || n > best_held || (n == best_held && tokens.size() < best_size))
+            best = &slot, best_held = n, best_size = tokens.size();
     }
     return best;
 }
