@@ -245,20 +245,24 @@ int main(int argc, char **argv) {
         return 1;
     }
     // Adapters, each checked against the model and tried on a session (a model on a device declines them).
-    for (const auto &l : opt.lora) {
-        if (l.name == opt.model_name) {
-            std::fprintf(stderr, "fastllm-server: --lora %s: the model itself is named '%s'\n", l.path.c_str(), l.name.c_str());
+    if (!opt.lora.empty()) {
+        fastllm_session *probe = nullptr;
+        if (fastllm_session_create(engine->model(), nullptr, &probe) != FASTLLM_OK) {
+            std::fprintf(stderr, "fastllm-server: cannot create a session: %s\n", fastllm_last_error());
             return 1;
         }
-        fastllm_session *probe = nullptr;
-        if (!engine->load_adapter(l.name, l.path, l.scale, error) ||
-            fastllm_session_create(engine->model(), nullptr, &probe) != FASTLLM_OK ||
-            fastllm_session_set_adapters(probe, (const fastllm_adapter *const *)&engine->adapters().back().adapter,
-                                         &l.scale, 1) != FASTLLM_OK) {
-            if (error.empty()) error = fastllm_last_error();
-            fastllm_session_free(probe);
-            std::fprintf(stderr, "fastllm-server: --lora %s=%s: %s\n", l.name.c_str(), l.path.c_str(), error.c_str());
-            return 1;
+        for (const auto &l : opt.lora) {
+            if (l.name == opt.model_name)
+                error = "the model itself is named '" + l.name + "'";
+            else if (engine->load_adapter(l.name, l.path, l.scale, error) &&  // else error says why
+                     fastllm_session_set_adapters(probe, (const fastllm_adapter *const *)&engine->adapters().back().adapter,
+                                                  &l.scale, 1) != FASTLLM_OK)
+                error = fastllm_last_error();
+            if (!error.empty()) {
+                fastllm_session_free(probe);
+                std::fprintf(stderr, "fastllm-server: --lora %s=%s: %s\n", l.name.c_str(), l.path.c_str(), error.c_str());
+                return 1;
+            }
         }
         fastllm_session_free(probe);
     }

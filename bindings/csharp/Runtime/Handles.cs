@@ -20,6 +20,21 @@ namespace FastLLM
             Native.fastllm_model_free(handle);
             return true;
         }
+
+        /// <summary>A reference on model for a handle that needs it alive (a session, an adapter),
+        /// released by that handle; a disposed model is a FastLLMException.</summary>
+        internal static void AddRef(ModelHandle model)
+        {
+            bool added = false;
+            try
+            {
+                model.DangerousAddRef(ref added);
+            }
+            catch (ObjectDisposedException)
+            {
+                throw new FastLLMException(Status.InvalidArgument, "the Model has been disposed");
+            }
+        }
     }
 
     /// <summary>A fastllm_session pointer; freed with fastllm_session_free, then its model's handle is
@@ -40,15 +55,7 @@ namespace FastLLM
         /// thread can never free it under a new session).</summary>
         internal static SessionHandle Create(ModelHandle model, CreateCall create)
         {
-            bool added = false;
-            try
-            {
-                model.DangerousAddRef(ref added);
-            }
-            catch (ObjectDisposedException)
-            {
-                throw new FastLLMException(Status.InvalidArgument, "the Model has been disposed");
-            }
+            ModelHandle.AddRef(model);
             SessionHandle h = null;
             Status status;
             try
@@ -104,15 +111,7 @@ namespace FastLLM
         /// handle from before the call until the adapter is freed.</summary>
         internal static AdapterHandle Load(ModelHandle model, string path)
         {
-            bool added = false;
-            try
-            {
-                model.DangerousAddRef(ref added);
-            }
-            catch (ObjectDisposedException)
-            {
-                throw new FastLLMException(Status.InvalidArgument, "the Model has been disposed");
-            }
+            ModelHandle.AddRef(model);
             try
             {
                 var h = new AdapterHandle();
