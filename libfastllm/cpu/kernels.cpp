@@ -15,6 +15,7 @@ const char *isa_name(Isa isa) {
     case Isa::Avx512: return "avx512";
     case Isa::Neon: return "neon";
     case Isa::NeonDot: return "neon_dotprod";
+    case Isa::Amx: return "amx";
     }
     return "?";
 }
@@ -23,7 +24,7 @@ namespace {
 
 // This architecture's levels, best first; FASTLLM_ISA lowers the choice to one of them.
 #if defined(__x86_64__)
-constexpr Isa kLevels[] = {Isa::Avx512, Isa::Avx2, Isa::Scalar};
+constexpr Isa kLevels[] = {Isa::Amx, Isa::Avx512, Isa::Avx2, Isa::Scalar};
 #elif defined(__aarch64__)
 constexpr Isa kLevels[] = {Isa::NeonDot, Isa::Neon, Isa::Scalar};
 #else
@@ -39,6 +40,7 @@ bool cpu_supports(Isa isa) {
     case Isa::Avx512: return f.avx512;
     case Isa::Neon: return f.neon;
     case Isa::NeonDot: return f.neon_dotprod;
+    case Isa::Amx: return f.amx;
     }
     return false;
 }
@@ -63,6 +65,7 @@ const KernelTable *kernels_for(Isa isa) {
     case Isa::Avx512: return avx512_kernels();
     case Isa::Neon: return neon_kernels();
     case Isa::NeonDot: return neon_dot_kernels();
+    case Isa::Amx: return amx_kernels();
     }
     return nullptr;
 }

@@ -4,8 +4,8 @@
 // kernels_neon.cpp, kernels_neon_dot.cpp on aarch64) fills a KernelTable; only the file compiled
 // for an ISA uses its instructions, and kernels() picks the best table the CPU supports at run time
 // (CPUID on x86-64, getauxval(AT_HWCAP) on aarch64 Linux), so one binary runs everywhere.
-// The environment variable FASTLLM_ISA names a level to lower the choice to: scalar, avx2 or avx512
-// on x86-64; scalar, neon or neon_dotprod on aarch64.
+// The environment variable FASTLLM_ISA names a level to lower the choice to: scalar, avx2, avx512 or
+// amx on x86-64; scalar, neon or neon_dotprod on aarch64.
 #pragma once
 
 #include <cstddef>
@@ -20,8 +20,9 @@
 namespace fastllm {
 
 // Neon: the Advanced SIMD of every aarch64 CPU; NeonDot: Neon plus the int8 dot product (SDOT,
-// Armv8.2's optional DotProd: Cortex-A55/A75 and later, Neoverse, Apple M).
-enum class Isa { Scalar = 0, Avx2 = 1, Avx512 = 2, Neon = 3, NeonDot = 4 };
+// Armv8.2's optional DotProd: Cortex-A55/A75 and later, Neoverse, Apple M). Amx: AVX-512 with a
+// prompt's quantized products on Intel's tile matrix unit (AMX-INT8, Sapphire Rapids and later).
+enum class Isa { Scalar = 0, Avx2 = 1, Avx512 = 2, Neon = 3, NeonDot = 4, Amx = 5 };
 const char *isa_name(Isa isa);
 
 // Activations quantized to int8 in blocks of 32 for the integer dot products: x[i] ~ d[b] * q[i]
@@ -32,6 +33,11 @@ struct QuantActs {
     int8_t *q;  // K
     float *d;   // K / 32
     float *ds;  // K / 32
+    // For tables with acts_by_block: d and ds again, block-major (block b of token t at
+    // [b * by_block_stride + t]), so that a kernel finds a block's factors of consecutive tokens side
+    // by side. Filled by ops::matmul after the quantizer; nullptr otherwise.
+    float *d_by_block = nullptr, *ds_by_block = nullptr;
+    size_t by_block_stride = 0;
 };
 
 struct KernelTable {
@@ -82,6 +88,8 @@ struct KernelTable {
     // such a panel: p[k * kGemmCols + j] = float(weight k of row j), 0 for j >= rows.
     void (*gemm_pack[3])(const void *w, size_t stride, int rows, int n, float *p);
     void (*gemm_panel)(const float *p, int n, const float *x, size_t ldx, int n_tok, float *y, size_t ldy, int cols);
+    // dot_rows_quant reads QuantActs' block-major factors (AMX).
+    bool acts_by_block = false;
 };
 
 // `plain` with dot_rows_quant of every quantized dtype set to the ISA's kernel for its code width
@@ -99,7 +107,9 @@ const KernelTable &kernels();
 
 // Token t's view of activations quantized for n_tok tokens of n values each.
 inline QuantActs token_acts(const QuantActs &x, int n, int t) {
-    return QuantActs{x.q + (size_t)t * n, x.d + (size_t)t * (n / kActBlock), x.ds + (size_t)t * (n / kActBlock)};
+    QuantActs v{x.q + (size_t)t * n, x.d + (size_t)t * (n / kActBlock), x.ds + (size_t)t * (n / kActBlock)};
+    if (x.d_by_block) v.d_by_block = x.d_by_block + t, v.ds_by_block = x.ds_by_block + t, v.by_block_stride = x.by_block_stride;
+    return v;
 }
 
 // Fills the KV kernels with the portable ones (the SIMD tables then replace what they speed up).
@@ -109,6 +119,7 @@ void set_scalar_kv_kernels(KernelTable &t);
 const KernelTable *scalar_kernels();
 const KernelTable *avx2_kernels();
 const KernelTable *avx512_kernels();
+const KernelTable *amx_kernels();
 const KernelTable *neon_kernels();
 const KernelTable *neon_dot_kernels();
 

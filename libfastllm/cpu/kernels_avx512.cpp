@@ -8,6 +8,7 @@
 #include <cstring>
 
 #include "cpu/kernels.h"
+#include "cpu/kernels_avx512.h"
 
 namespace fastllm {
 
@@ -186,20 +187,8 @@ void tile_dot(const QuantTile &w, int n, const QuantActs &x0, float *y, size_t l
     };
     auto finish_block = [&](int b, const __m512i *sum) {
         const int g = b >> group_shift;
-        __m512 ws, base;
-        if (w.k_scale) {  // K formats: 8-bit codes times the super-block's f16 factors
-            const size_t at = (size_t)g * kTileRows, sup = (size_t)(g / 8) * kTileRows;
-            auto k_value = [&](const uint16_t *factor, const uint8_t *code) {
-                const __m512 c = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(code + at))));
-                return _mm512_mul_ps(_mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(factor + sup))), c);
-            };
-            ws = k_value(w.k_scale, w.k_scale_code);
-            base = w.k_min ? k_value(w.k_min, w.k_min_code) : _mm512_mul_ps(_mm512_set1_ps(-zero), ws);
-        } else {
-            ws = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(w.scales + g * kTileRows)));
-            base = _mm512_mul_ps(_mm512_set1_ps(-zero), ws);
-            if (w.mins) base = _mm512_add_ps(base, _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(w.mins + g * kTileRows))));
-        }
+        const __m512 ws = group_scale(w, g);
+        const __m512 base = w.has_min() ? group_min(w, g) : _mm512_mul_ps(_mm512_set1_ps(-zero), ws);
         for (int t = 0; t < NT; t++) {
             const __m512 f = _mm512_mul_ps(_mm512_cvtepi32_ps(sum[t]), _mm512_set1_ps(d[t][b]));
             acc[t] = _mm512_fmadd_ps(f, ws, acc[t]);
@@ -223,40 +212,13 @@ void tile_dot(const QuantTile &w, int n, const QuantActs &x0, float *y, size_t l
             finish_block(b, sum);
         }
     } else {
-        const __m512i low4 = _mm512_set1_epi8(0x0F), top2 = _mm512_set1_epi8(0x30), top1 = _mm512_set1_epi8(0x10);
-        const __m512i three = _mm512_set1_epi8(3), four = _mm512_set1_epi8(4);
-        // each byte's bit `from` moved to bit `to` (the caller masks the rest off)
-        auto bits_to = [](__m512i v, int from, int to) {
-            return from >= to ? _mm512_srl_epi16(v, _mm_cvtsi32_si128(from - to)) : _mm512_sll_epi16(v, _mm_cvtsi32_si128(to - from));
-        };
         for (int b = 0; b < n_blocks; b += 2) {
             __m512i lo_sum[NT], hi_sum[NT];
             for (int t = 0; t < NT; t++) lo_sum[t] = _mm512_setzero_si512(), hi_sum[t] = _mm512_setzero_si512();
             const uint8_t *cb = w.codes + (b / 2) * 128 * kBits;
             for (int j = 0; j < 8; j++) {
                 __m512i lo, hi;
-                if (kBits == 3) {  // tensor.h: low 2 bits in chunk j % 4, the top bit in chunk 4 + j % 2
-                    const __m512i l = _mm512_loadu_si512((const void *)(cb + (j % 4) * 64));
-                    const __m512i h = _mm512_loadu_si512((const void *)(cb + (4 + j % 2) * 64));
-                    lo = _mm512_or_si512(_mm512_and_si512(bits_to(l, 2 * (j / 4), 0), three), _mm512_and_si512(bits_to(h, j / 2, 2), four));
-                    hi = _mm512_or_si512(_mm512_and_si512(bits_to(l, 4 + 2 * (j / 4), 0), three),
-                                         _mm512_and_si512(bits_to(h, 4 + j / 2, 2), four));
-                } else {
-                    const __m512i v = _mm512_loadu_si512((const void *)(cb + j * 64));
-                    lo = _mm512_and_si512(v, low4), hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), low4);
-                }
-                if (kBits == 5) {  // bits 2 (j % 4), 2 (j % 4) + 1 of top chunk j / 4 to bit 4
-                    const __m512i h = _mm512_loadu_si512((const void *)(cb + (8 + j / 4) * 64));
-                    lo = _mm512_ternarylogic_epi32(lo, bits_to(h, 2 * (j % 4), 4), top1, 0xF8);
-                    hi = _mm512_ternarylogic_epi32(hi, bits_to(h, 2 * (j % 4) + 1, 4), top1, 0xF8);
-                }
-                if (kBits == 6) {  // bits 4s, 4s + 2 of the top-bits chunk (s = j % 2) to bit 4 of each code
-                    const __m512i h = _mm512_loadu_si512((const void *)(cb + (8 + j / 2) * 64));
-                    const __m512i hl = j % 2 ? h : _mm512_slli_epi16(h, 4);
-                    const __m512i hh = j % 2 ? _mm512_srli_epi16(h, 2) : _mm512_slli_epi16(h, 2);
-                    lo = _mm512_ternarylogic_epi32(lo, hl, top2, 0xF8);  // lo | (hl & top2)
-                    hi = _mm512_ternarylogic_epi32(hi, hh, top2, 0xF8);
-                }
+                decode_pair<kBits>(cb, j, lo, hi);
                 for (int t = 0; t < NT; t++) {
                     lo_sum[t] = _mm512_dpbusd_epi32(lo_sum[t], lo, bcast(q[t] + b * kActBlock + 4 * j));
                     hi_sum[t] = _mm512_dpbusd_epi32(hi_sum[t], hi, bcast(q[t] + (b + 1) * kActBlock + 4 * j));

@@ -21,7 +21,8 @@ size_t matmul_scratch_floats(int64_t K, int n_threads, int max_T) {
     const size_t blocks = (size_t)max_T * ((K + kActBlock - 1) / kActBlock);
     return (size_t)n_threads * panel_floats(K)                                   // f32 panels
            + (size_t)max_T * K / 4 + 16                                        // int8 activations
-           + 2 * blocks + 32;                                                  // their scales and sums
+           + 2 * blocks + 32                                                   // their scales and sums
+           + 2 * blocks + 32;                                                  // the same, block-major
 }
 
 MatmulScratch make_matmul_scratch(float *memory, int64_t K, int n_threads, int max_T) {
@@ -34,6 +35,8 @@ MatmulScratch make_matmul_scratch(float *memory, int64_t K, int n_threads, int m
     const size_t blocks = (size_t)max_T * ((K + kActBlock - 1) / kActBlock);
     s.acts.d = p;
     s.acts.ds = p + blocks + 16;
+    s.acts.d_by_block = p + 2 * (blocks + 16);
+    s.acts.ds_by_block = p + 3 * (blocks + 16);
     return s;
 }
 
@@ -50,16 +53,31 @@ void matmul_quant(const KernelTable &k, const Tensor &W, const float *x, int T, 
                   ThreadPool &pool) {
     static_assert(kRowBlock == kTileRows, "a row block is one tile of the quantized layout");
     const int64_t N = W.rows(), K = W.cols();
+    QuantActs acts = sc.acts;
+    if (!k.acts_by_block) acts.d_by_block = acts.ds_by_block = nullptr;
+    acts.by_block_stride = (size_t)T;
+    const int64_t n_act_blocks = K / kActBlock;
     pool.parallel_for(T, [&](int64_t first, int64_t last, int) {
-        for (int64_t t = first; t < last; t++) k.quantize_acts(x + t * K, (int)K, token_acts(sc.acts, (int)K, (int)t));
+        for (int64_t t = first; t < last; t++) {
+            const QuantActs a = token_acts(acts, (int)K, (int)t);
+            k.quantize_acts(x + t * K, (int)K, a);
+            for (int64_t b = 0; a.d_by_block && b < n_act_blocks; b++)
+                a.d_by_block[b * T] = a.d[b], a.ds_by_block[b * T] = a.ds[b];
+        }
     });
     const auto dot = k.dot_rows_quant[(int)W.dtype];
     const int64_t n_blocks = (N + kRowBlock - 1) / kRowBlock;
+    // Tokens in blocks whose int8 activations fit in L2 (1 MiB of them), each block taken past
+    // every tile of the thread's rows, so that the activations are read from L2 and only the
+    // weights, which are read once per token block, come from memory.
+    const int64_t tok_block = std::max<int64_t>(16, (int64_t(1) << 20) / K / 16 * 16);
     pool.parallel_for(n_blocks, [&](int64_t first, int64_t last, int) {
-        for (int64_t b = first; b < last; b++) {
-            const int64_t r0 = b * kRowBlock;
-            dot(quant_tile(W, r0), (int)std::min<int64_t>(kRowBlock, N - r0), (int)K, sc.acts, T, y + r0, (size_t)N);
-        }
+        for (int64_t t0 = 0; t0 < T; t0 += tok_block)
+            for (int64_t b = first; b < last; b++) {
+                const int64_t r0 = b * kRowBlock;
+                dot(quant_tile(W, r0), (int)std::min<int64_t>(kRowBlock, N - r0), (int)K, token_acts(acts, (int)K, (int)t0),
+                    (int)std::min(tok_block, T - t0), y + t0 * N + r0, (size_t)N);
+            }
     });
 }
 

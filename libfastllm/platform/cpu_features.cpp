@@ -5,6 +5,10 @@
 
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
 #include <cpuid.h>
+#if defined(__linux__)
+#include <sys/syscall.h>
+#include <unistd.h>
+#endif
 #elif defined(__aarch64__) && defined(__linux__)
 #include <asm/hwcap.h>
 #include <sys/auxv.h>
@@ -25,6 +29,16 @@ CpuFeatures detect() {
     f.avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && f16c;
     f.avx512 = f.avx2 && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
                __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512vnni");
+    // CPUID leaf 7, EDX bits 24 and 25: AMX-TILE, AMX-INT8. Linux hands out the tiles' 8 KiB of
+    // state only to a process that asks (arch_prctl ARCH_REQ_XCOMP_PERM for XFEATURE_XTILEDATA,
+    // 18); it refuses where the system does not save that state, or a thread's signal stack is too
+    // small for it, and the AVX-512 level is used then. Other systems: no AMX level.
+    const bool amx_cpu = __get_cpuid_count(7, 0, &a, &b, &c, &d) && (d >> 24 & 1) && (d >> 25 & 1);
+#if defined(__linux__)
+    f.amx = f.avx512 && amx_cpu && syscall(SYS_arch_prctl, 0x1023, 18) == 0;
+#else
+    (void)amx_cpu;
+#endif
 #elif defined(__aarch64__) && defined(__linux__)
     const unsigned long hw = getauxval(AT_HWCAP);
     f.neon = hw & HWCAP_ASIMD;

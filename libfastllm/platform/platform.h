@@ -39,10 +39,11 @@ void *open_library(const char *name);
 void *library_symbol(void *library, const char *name);
 
 // The instruction-set levels the kernels use (cpu/kernels.h) that this CPU and system run: avx2
-// includes FMA and F16C, avx512 F + BW + VL + VNNI; neon_dotprod is ARMv8.2's SDOT/UDOT. Asked
-// once per process (platform/cpu_features.cpp).
+// includes FMA and F16C, avx512 F + BW + VL + VNNI; amx is avx512 plus AMX-TILE and AMX-INT8 with
+// the tile data granted by the system (Linux asks that a process request it); neon_dotprod is
+// ARMv8.2's SDOT/UDOT. Asked once per process (platform/cpu_features.cpp).
 struct CpuFeatures {
-    bool avx2 = false, avx512 = false, neon = false, neon_dotprod = false;
+    bool avx2 = false, avx512 = false, amx = false, neon = false, neon_dotprod = false;
 };
 const CpuFeatures &cpu_features();
 

@@ -186,7 +186,9 @@ static void test_matmul(const KernelTable &k) {
                              // plain weights only: one token past the tiles, 29 and 30 rows in the last
                              // panel, rows shorter than a vector and ending past the last full one
                              {8, 16, 64}, {15, 37, 96}, {12, 20, 192}, {16, 48, 256}, {29, 33, 1536}, {64, 20, 128},
-                             {13, 61, 75}, {23, 94, 40}, {10, 32, 13}};
+                             {13, 61, 75}, {23, 94, 40}, {10, 32, 13},
+                             // AMX: 16-token tiles with a tail, K past one pass of 32 blocks, an odd block count
+                             {37, 35, 1056}, {48, 16, 1088}, {17, 40, 96}};
     for (DType dt : dtypes)
         for (auto &s : shapes) {
             int T = s[0], N = s[1], K = s[2];
@@ -198,6 +200,13 @@ static void test_matmul(const KernelTable &k) {
             ref::matmul(w.t, bias.data(), x.data(), T, yr.data());
             double e = rel_err(y.data(), yr.data(), y.size());
             CHECK(e < 2e-6, "matmul %s %s T=%d N=%d K=%d rel err %g", isa_name(k.isa), dtype_name(dt), T, N, K, e);
+            if (k.isa == Isa::Amx && dtype_is_quantized(dt)) {  // the same bits as AVX-512, whatever the batch
+                std::vector<float> y512((size_t)T * N);
+                ops::matmul(*kernels_for(Isa::Avx512), w.t, bias.data(), x.data(), T, y512.data(),
+                            ops::make_matmul_scratch(mem.data(), K, 2, T), g_pool);
+                CHECK(std::memcmp(y.data(), y512.data(), y.size() * sizeof(float)) == 0,
+                      "matmul amx %s T=%d N=%d K=%d differs from avx512", dtype_name(dt), T, N, K);
+            }
             if (dtype_is_quantized(dt)) {  // and the quantized product stays close to the exact f32 one
                 Weights exact = w;
                 exact.t.dtype = DType::F32;
@@ -897,7 +906,7 @@ static void test_device_backend(const char *device) {
 // test_kernels [ISA...]: the kernel tables of the ISAs named (default: all), then the rest.
 // Under QEMU a run per emulated CPU tests only its new level (tests/test_platforms.py).
 int main(int argc, char **argv) {
-    for (Isa isa : {Isa::Scalar, Isa::Avx2, Isa::Avx512, Isa::Neon, Isa::NeonDot}) {
+    for (Isa isa : {Isa::Scalar, Isa::Avx2, Isa::Avx512, Isa::Amx, Isa::Neon, Isa::NeonDot}) {
         bool named = argc == 1;
         for (int i = 1; i < argc; i++) named |= std::strcmp(argv[i], isa_name(isa)) == 0;
         if (!named) continue;

@@ -1,0 +1,171 @@
+// AMX (tiles, int8) kernels: the AVX-512 table with a prompt's quantized products on the tile
+// matrix unit. This file alone is compiled with the AVX-512 flags plus -mamx-tile -mamx-int8; its
+// table is used only when CPUID reports AMX-TILE and AMX-INT8 and Linux grants the process the tile
+// data (platform/cpu_features.cpp). Other systems and compilers get no AMX table.
+//
+// One TDPBSUD multiplies 16 tokens x 32 signed int8 activations (tile A: a block of each token,
+// read in place) by 32 x 16 unsigned weight codes (tile B: a block of the weight tile's 16 rows,
+// which the file stores in the layout B wants, 4 codes of each row per 64 bytes; 8-bit codes are
+// read in place, narrower ones unpacked to bytes) into 16 x 16 exact int32 sums. The sums are then
+// scaled a block at a time exactly as the AVX-512 kernel scales its own, so the two levels give the
+// same bits and a token's result does not depend on the batch it came in. The activations' and
+// the weights' scales change every 32 values, so the tile unit's K of 64 is never used whole
+// (measured here: K = 32 takes the same 4.6 ns as K = 64), and the scaling, on the vector units,
+// takes longer than the product.
+#if (defined(__x86_64__) || defined(_M_X64)) && defined(__linux__) && defined(__AMX_INT8__) && defined(__AMX_TILE__)
+#include <immintrin.h>
+
+#include <algorithm>
+#include <cstring>
+#include <utility>
+
+#include "cpu/kernels.h"
+#include "cpu/kernels_avx512.h"
+
+namespace fastllm {
+
+namespace {
+
+// Two sets of tiles, each one block's product: sums 0 (16 tokens x 16 rows of int32), activations
+// 2 (16 tokens x the block), codes 4 (the block of the 16 rows); and 1, 3, 5. While one set's
+// product runs, the other's sums are stored, and the sums stored before them are scaled: a set is
+// loaded again only after its product is out, so that no tile load waits for the unit.
+struct TileConfig {
+    uint8_t palette = 1, start_row = 0, reserved[14] = {};
+    uint16_t colsb[16] = {64, 64, kActBlock, kActBlock, 64, 64};
+    uint8_t rows[16] = {16, 16, 16, 16, kActBlock / 4, kActBlock / 4};
+};
+static_assert(sizeof(TileConfig) == 64, "LDTILECFG reads 64 bytes");
+
+constexpr int kTokens = 16;       // a tile's rows
+constexpr int kChunkBlocks = 32;  // blocks per pass over the tokens: 16 KiB of codes, in L1 with 16 tokens' activations
+
+// The AVX-512 kernels, for tokens that do not fill a tile (decoding, a prompt's last few).
+const KernelTable *g_avx512 = nullptr;
+
+// acc[t] += (sums of token t, block b) * d[t] * scale + base * ds[t], 16 rows wide: the AVX-512
+// kernel's finish_block, operation for operation, so that both levels give the same bits. A macro,
+// not a function: the accumulators must stay in registers across the tile instructions, whose asm
+// statements clobber memory. The activations' factors are read block-major (QuantActs'
+// d_by_block), so that token t's is at a constant offset: read from the tokens' own rows, 16
+// pointers were spilled, and copying them here per row tile took a fifth of the time.
+#define FASTLLM_AMX_SCALE(sums, b)                                                                               \
+    do {                                                                                                         \
+        const __m512 ws_ = _mm512_load_ps(ws[b]), base_ = _mm512_load_ps(base[b]);                               \
+        const float *d_ = db + (size_t)(b) * x.by_block_stride, *ds_ = dsb + (size_t)(b) * x.by_block_stride;    \
+        _Pragma("GCC unroll 16") for (int t = 0; t < kTokens; t++) {                                             \
+            const __m512 f = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_load_si512((const void *)((sums) + t * 16))), \
+                                           _mm512_set1_ps(d_[t]));                                               \
+            acc[t] = _mm512_fmadd_ps(f, ws_, acc[t]);                                                            \
+            acc[t] = _mm512_fmadd_ps(base_, _mm512_set1_ps(ds_[t]), acc[t]);                                     \
+        }                                                                                                        \
+    } while (0)
+// Block blk's product into tile set 0 or 1 (sums c, activations a, codes bt).
+#define FASTLLM_AMX_ISSUE(c, a, bt, blk)                  \
+    do {                                                  \
+        _tile_loadd(a, q + (blk) * kActBlock, n);         \
+        _tile_loadd(bt, codes + (blk) * 512, 64);         \
+        _tile_zero(c);                                    \
+        _tile_dpbsud(c, a, bt);                           \
+    } while (0)
+
+// The codes of blocks [b0, b0 + nb) of a tile of 3- to 6-bit codes, a byte each (unsigned, as
+// the file's 8-bit codes are), each block 8 chunks of 64 bytes: the 8-bit layout, tile B's.
+template <int kBits>
+void unpack(const QuantTile &w, int b0, int nb, uint8_t *out) {
+    for (int b = 0; b < nb; b += 2) {  // b0 and nb are even: these chunks hold pairs of blocks
+        const uint8_t *cb = w.codes + (size_t)((b0 + b) / 2) * 128 * kBits;
+        for (int j = 0; j < 8; j++) {
+            __m512i lo, hi;
+            decode_pair<kBits>(cb, j, lo, hi);
+            _mm512_store_si512((void *)(out + b * 512 + j * 64), lo);
+            _mm512_store_si512((void *)(out + (b + 1) * 512 + j * 64), hi);
+        }
+    }
+}
+
+template <int kDType>
+void amx_tile_dot(const QuantTile &w, int rows, int n, const QuantActs &x, int n_tok, float *y, size_t ldy) {
+    constexpr int kBits = kDTypes[kDType].bits;
+    const int n_blocks = n / kActBlock, full = x.d_by_block ? n_tok / kTokens * kTokens : 0;
+    if (full == 0) return g_avx512->dot_rows_quant[kDType](w, rows, n, x, n_tok, y, ldy);
+    const int group_shift = w.group == 128 ? 2 : w.group == 64 ? 1 : 0;
+    const float zero = w.has_min() ? 0.0f : (float)(1 << (kBits - 1));
+    const __mmask16 rm = (__mmask16)((1u << rows) - 1);
+    static const TileConfig config;
+    _tile_loadconfig(&config);
+    alignas(64) uint8_t unpacked[kBits == 8 ? 1 : kChunkBlocks * 512];
+    alignas(64) int32_t sums[4][kTokens * 16];
+    alignas(64) float ws[kChunkBlocks][16], base[kChunkBlocks][16];
+    for (int b0 = 0; b0 < n_blocks; b0 += kChunkBlocks) {
+        const int nb = std::min(kChunkBlocks, n_blocks - b0);
+        const uint8_t *codes = w.codes + (size_t)b0 * 512;  // 8-bit codes: read in place
+        if (kBits != 8) unpack<kBits>(w, b0, nb, unpacked), codes = unpacked;
+        for (int b = 0; b < nb; b++) {
+            const __m512 s = group_scale(w, (b0 + b) >> group_shift);
+            _mm512_store_ps(ws[b], s);
+            _mm512_store_ps(base[b], w.has_min() ? group_min(w, (b0 + b) >> group_shift) : _mm512_mul_ps(_mm512_set1_ps(-zero), s));
+        }
+        for (int t0 = 0; t0 < full; t0 += kTokens) {
+            const int8_t *q = x.q + (size_t)t0 * n + (size_t)b0 * kActBlock;
+            const float *db = x.d_by_block + (size_t)b0 * x.by_block_stride + t0;
+            const float *dsb = x.ds_by_block + (size_t)b0 * x.by_block_stride + t0;
+            float *yt = y + (size_t)t0 * ldy;
+            __m512 acc[kTokens];
+            _Pragma("GCC unroll 16") for (int t = 0; t < kTokens; t++) acc[t] = b0 ? _mm512_maskz_loadu_ps(rm, yt + t * ldy) : _mm512_setzero_ps();
+            // Even blocks in set 0, odd ones in set 1 (tile numbers are constants of the
+            // instructions); block b's sums are scaled two blocks after their store, in sums[b % 4].
+            FASTLLM_AMX_ISSUE(0, 2, 4, 0);
+            int b = 0;
+            for (; b < nb; b += 2) {
+                if (b + 1 < nb) FASTLLM_AMX_ISSUE(1, 3, 5, b + 1);
+                _tile_stored(0, sums[b % 4], 64);
+                if (b >= 2) FASTLLM_AMX_SCALE(sums[(b - 2) % 4], b - 2);
+                if (b + 2 < nb) FASTLLM_AMX_ISSUE(0, 2, 4, b + 2);
+                if (b + 1 < nb) _tile_stored(1, sums[(b + 1) % 4], 64);
+                if (b >= 2) FASTLLM_AMX_SCALE(sums[(b - 1) % 4], b - 1);
+            }
+            for (b -= 2; b < nb; b++) FASTLLM_AMX_SCALE(sums[b % 4], b);
+            _Pragma("GCC unroll 16") for (int t = 0; t < kTokens; t++) _mm512_mask_storeu_ps(yt + t * ldy, rm, acc[t]);
+        }
+    }
+#undef FASTLLM_AMX_ISSUE
+#undef FASTLLM_AMX_SCALE
+    _tile_release();  // the tile state is large: a thread not using it is cheaper to switch
+    if (full < n_tok)
+        g_avx512->dot_rows_quant[kDType](w, rows, n, token_acts(x, n, full), n_tok - full, y + (size_t)full * ldy, ldy);
+}
+
+// Every quantized dtype's kernel, from its row of kDTypes.
+template <int kDType>
+constexpr KernelTable::QuantDot amx_for() {
+    if constexpr (kDTypes[kDType].quantized) return amx_tile_dot<kDType>;
+    return nullptr;
+}
+template <int... kDType>
+void set_quant(KernelTable &t, std::integer_sequence<int, kDType...>) {
+    ((t.dot_rows_quant[kDType] = amx_for<kDType>()), ...);
+}
+
+}  // namespace
+
+const KernelTable *amx_kernels() {
+    static const KernelTable *table = []() -> const KernelTable * {
+        g_avx512 = avx512_kernels();
+        if (!g_avx512) return nullptr;
+        static KernelTable t = *g_avx512;
+        t.isa = Isa::Amx;
+        t.acts_by_block = true;
+        set_quant(t, std::make_integer_sequence<int, kNumDTypes>());
+        return &t;
+    }();
+    return table;
+}
+
+}  // namespace fastllm
+#else
+#include "cpu/kernels.h"
+namespace fastllm {
+const KernelTable *amx_kernels() { return nullptr; }
+}  // namespace fastllm
+#endif

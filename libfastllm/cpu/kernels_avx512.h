@@ -1,0 +1,65 @@
+// kernels_avx512.h — what the AVX-512 table (kernels_avx512.cpp) and the AMX one (kernels_amx.cpp,
+// compiled with AVX-512 and AMX) share: reading a quantized tile's codes and factors 16 rows wide.
+// Included by those two files only; everything here has internal linkage, so that the linker
+// cannot pick one file's copy of a helper for the other's table.
+#pragma once
+#if defined(__x86_64__) || defined(_M_X64)
+#include <immintrin.h>
+
+#include "cpu/kernels.h"
+
+namespace fastllm {
+namespace {
+
+// Each byte's bit `from` moved to bit `to` (the caller masks the rest off).
+inline __m512i bits_to(__m512i v, int from, int to) {
+    return from >= to ? _mm512_srl_epi16(v, _mm_cvtsi32_si128(from - to)) : _mm512_sll_epi16(v, _mm_cvtsi32_si128(to - from));
+}
+
+// Chunk j (< 8) of a pair of blocks of a tile of kBits-wide codes (3, 4, 5 or 6; tensor.h): lo gets
+// the first block's 4 codes of each of the 16 rows, hi the second's, one unsigned code a byte.
+template <int kBits>
+inline void decode_pair(const uint8_t *cb, int j, __m512i &lo, __m512i &hi) {
+    const __m512i low4 = _mm512_set1_epi8(0x0F), top2 = _mm512_set1_epi8(0x30), top1 = _mm512_set1_epi8(0x10);
+    const __m512i three = _mm512_set1_epi8(3), four = _mm512_set1_epi8(4);
+    if (kBits == 3) {  // low 2 bits in chunk j % 4, the top bit in chunk 4 + j % 2
+        const __m512i l = _mm512_loadu_si512((const void *)(cb + (j % 4) * 64));
+        const __m512i h = _mm512_loadu_si512((const void *)(cb + (4 + j % 2) * 64));
+        lo = _mm512_or_si512(_mm512_and_si512(bits_to(l, 2 * (j / 4), 0), three), _mm512_and_si512(bits_to(h, j / 2, 2), four));
+        hi = _mm512_or_si512(_mm512_and_si512(bits_to(l, 4 + 2 * (j / 4), 0), three),
+                             _mm512_and_si512(bits_to(h, 4 + j / 2, 2), four));
+    } else {
+        const __m512i v = _mm512_loadu_si512((const void *)(cb + j * 64));
+        lo = _mm512_and_si512(v, low4), hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), low4);
+    }
+    if (kBits == 5) {  // bits 2 (j % 4), 2 (j % 4) + 1 of top chunk j / 4 to bit 4
+        const __m512i h = _mm512_loadu_si512((const void *)(cb + (8 + j / 4) * 64));
+        lo = _mm512_ternarylogic_epi32(lo, bits_to(h, 2 * (j % 4), 4), top1, 0xF8);
+        hi = _mm512_ternarylogic_epi32(hi, bits_to(h, 2 * (j % 4) + 1, 4), top1, 0xF8);
+    }
+    if (kBits == 6) {  // bits 4s, 4s + 2 of the top-bits chunk (s = j % 2) to bit 4 of each code
+        const __m512i h = _mm512_loadu_si512((const void *)(cb + (8 + j / 2) * 64));
+        const __m512i hl = j % 2 ? h : _mm512_slli_epi16(h, 4);
+        const __m512i hh = j % 2 ? _mm512_srli_epi16(h, 2) : _mm512_slli_epi16(h, 2);
+        lo = _mm512_ternarylogic_epi32(lo, hl, top2, 0xF8);  // lo | (hl & top2)
+        hi = _mm512_ternarylogic_epi32(hi, hh, top2, 0xF8);
+    }
+}
+
+// The 16 rows' scale of group g, and their minimum (has_min dtypes only).
+inline __m512 k_value(const uint16_t *factor, const uint8_t *code, int64_t g) {
+    const __m512 c = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(code + g * kTileRows))));
+    return _mm512_mul_ps(_mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(factor + (g / 8) * kTileRows))), c);
+}
+inline __m512 group_scale(const QuantTile &w, int64_t g) {
+    if (w.k_scale) return k_value(w.k_scale, w.k_scale_code, g);  // K formats: 8-bit codes times f16 factors
+    return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(w.scales + g * kTileRows)));
+}
+inline __m512 group_min(const QuantTile &w, int64_t g) {
+    if (w.k_min) return k_value(w.k_min, w.k_min_code, g);
+    return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(w.mins + g * kTileRows)));
+}
+
+}  // namespace
+}  // namespace fastllm
+#endif
