@@ -5,6 +5,10 @@ must not cost speed or memory (a refactor), the baseline built from the commit b
         && cmake --build /tmp/before/build -j2
     python3 bench/bench_before_after.py --before /tmp/before/build/libfastllm.so --shape 110m --repeat 5
 
+Or one build at two kernel levels (FASTLLM_ISA), e.g. the AMX tiles against AVX-512 VNNI:
+
+    python3 bench/bench_before_after.py --before_isa avx512 --shape tinyllama --n_prompt 512 --n_gen 16
+
 Each round runs the two libraries one after the other (alternating which goes first) in fresh
 processes on the same .flm (converted by this tree's converter from a random-weight checkpoint of
 the shape): prompt tokens/s (pp, one eval of n_prompt tokens), generation tokens/s (tg, n_gen greedy
@@ -48,18 +52,23 @@ def cpu_name() -> str:
     return platform.processor() or "unknown CPU"
 
 
-def one_round(lib: Path, model: Path, args) -> dict:
+def one_round(lib: Path, model: Path, args, isa: str | None) -> dict:
     code = ROUND.format(python=str(REPO / "bindings" / "python"), model=str(model), n_prompt=args.n_prompt,
                         n_gen=args.n_gen, threads=args.threads)
     env = dict(os.environ, FASTLLM_LIBRARY=str(lib))
+    env.pop("FASTLLM_ISA", None)
+    if isa:
+        env["FASTLLM_ISA"] = isa
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True).stdout
     return json.loads(out.strip().splitlines()[-1])
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--before", type=Path, required=True, help="the baseline's libfastllm.so")
+    ap.add_argument("--before", type=Path, help="the baseline's libfastllm.so (default: --after's)")
     ap.add_argument("--after", type=Path, default=REPO / "build" / "libfastllm.so")
+    ap.add_argument("--before_isa", help="FASTLLM_ISA for the baseline's runs (scalar, avx2, avx512, ...)")
+    ap.add_argument("--after_isa", help="FASTLLM_ISA for the other runs (default: the CPU's best level)")
     ap.add_argument("--shape", choices=sorted(SHAPES), default="110m")
     ap.add_argument("--variants", default="int8,q4_k_m", help="converter --dtype values, comma-separated")
     ap.add_argument("--threads", type=int, default=2)
@@ -68,6 +77,9 @@ def main() -> int:
     ap.add_argument("--repeat", type=int, default=5)
     ap.add_argument("--work_dir", type=Path, default=Path(tempfile.gettempdir()) / "fastllm-bench")
     args = ap.parse_args()
+    if args.before is None and args.before_isa is None:
+        ap.error("give --before (another build) or --before_isa (another kernel level), or both")
+    args.before = args.before or args.after
     for lib in (args.before, args.after):
         if not lib.is_file():
             ap.error(f"{lib} is not a file")
@@ -75,7 +87,8 @@ def main() -> int:
     args.work_dir.mkdir(parents=True, exist_ok=True)
     hf = random_checkpoint(args.shape, args.work_dir)
     print(f"{cpu_name()}, {args.threads} threads; {args.shape}, pp{args.n_prompt}, tg{args.n_gen}, "
-          f"{args.repeat} rounds alternating\n  before {args.before}\n  after  {args.after}")
+          f"{args.repeat} rounds alternating\n  before {args.before} (ISA {args.before_isa or 'best'})\n"
+          f"  after  {args.after} (ISA {args.after_isa or 'best'})")
     for variant in args.variants.split(","):
         model = args.work_dir / f"{args.shape}-{variant}.flm"
         if not model.exists():
@@ -83,7 +96,8 @@ def main() -> int:
         rounds = []
         for i in range(args.repeat):
             order = ("before", "after") if i % 2 == 0 else ("after", "before")
-            got = {side: one_round(args.before if side == "before" else args.after, model, args) for side in order}
+            got = {side: one_round(args.before if side == "before" else args.after, model, args,
+                                   args.before_isa if side == "before" else args.after_isa) for side in order}
             rounds.append(got)
             print(f"  {variant} round {i + 1}: pp {got['before']['pp']:.1f} -> {got['after']['pp']:.1f} "
                   f"({got['after']['pp'] / got['before']['pp']:.3f}x), tg {got['before']['tg']:.2f} -> "

@@ -43,21 +43,33 @@ constexpr int kChunkBlocks = 32;  // blocks per pass over the tokens: 16 KiB of 
 // The AVX-512 kernels, for tokens that do not fill a tile (decoding, a prompt's last few).
 const KernelTable *g_avx512 = nullptr;
 
-// acc[t] += (sums of token t, block b) * d[t] * scale + base * ds[t], 16 rows wide: the AVX-512
-// kernel's finish_block, operation for operation, so that both levels give the same bits. A macro,
-// not a function: the accumulators must stay in registers across the tile instructions, whose asm
-// statements clobber memory. The activations' factors are read block-major (QuantActs'
-// d_by_block), so that token t's is at a constant offset: read from the tokens' own rows, 16
-// pointers were spilled, and copying them here per row tile took a fifth of the time.
+// acc[t] += (d[t] * sums of token t, block b - zero * ds[t]) * scale, or with a minimum
+// d[t] * sums * scale + min * ds[t], 16 rows wide: the AVX-512 kernel's finish_block, operation
+// for operation, so that both levels give the same bits. A macro, not a function: the accumulators
+// must stay in registers across the tile instructions, whose asm statements clobber memory. The
+// activations' factors are read block-major (QuantActs' d_by_block), so that token t's is at a
+// constant offset: read from the tokens' own rows, 16 pointers were spilled, and copying them here
+// per row tile took a fifth of the time.
 #define FASTLLM_AMX_SCALE(sums, b)                                                                               \
     do {                                                                                                         \
-        const __m512 ws_ = _mm512_load_ps(ws[b]), base_ = _mm512_load_ps(base[b]);                               \
+        const __m512 ws_ = _mm512_load_ps(ws[b]);                                                                \
         const float *d_ = db + (size_t)(b) * x.by_block_stride, *ds_ = dsb + (size_t)(b) * x.by_block_stride;    \
-        _Pragma("GCC unroll 16") for (int t = 0; t < kTokens; t++) {                                             \
-            const __m512 f = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_load_si512((const void *)((sums) + t * 16))), \
-                                           _mm512_set1_ps(d_[t]));                                               \
-            acc[t] = _mm512_fmadd_ps(f, ws_, acc[t]);                                                            \
-            acc[t] = _mm512_fmadd_ps(base_, _mm512_set1_ps(ds_[t]), acc[t]);                                     \
+        if (kMin) {                                                                                              \
+            const __m512 mn_ = _mm512_load_ps(mins[kMin ? (b) : 0]);                                             \
+            _Pragma("GCC unroll 16") for (int t = 0; t < kTokens; t++) {                                         \
+                const __m512 f = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_load_si512((const void *)((sums) + t * 16))), \
+                                               _mm512_set1_ps(d_[t]));                                           \
+                acc[t] = _mm512_fmadd_ps(f, ws_, acc[t]);                                                        \
+                acc[t] = _mm512_fmadd_ps(mn_, _mm512_set1_ps(ds_[t]), acc[t]);                                   \
+            }                                                                                                    \
+        } else {                                                                                                 \
+            alignas(64) float zds[kTokens];                                                                      \
+            _mm512_store_ps(zds, _mm512_mul_ps(_mm512_set1_ps(-zero), _mm512_loadu_ps(ds_)));                    \
+            _Pragma("GCC unroll 16") for (int t = 0; t < kTokens; t++) {                                         \
+                const __m512 f = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_load_si512((const void *)((sums) + t * 16))), \
+                                                 _mm512_set1_ps(d_[t]), _mm512_set1_ps(zds[t]));                 \
+                acc[t] = _mm512_fmadd_ps(f, ws_, acc[t]);                                                        \
+            }                                                                                                    \
         }                                                                                                        \
     } while (0)
 // Block blk's product into tile set 0 or 1 (sums c, activations a, codes bt).
@@ -84,27 +96,24 @@ void unpack(const QuantTile &w, int b0, int nb, uint8_t *out) {
     }
 }
 
-template <int kDType>
-void amx_tile_dot(const QuantTile &w, int rows, int n, const QuantActs &x, int n_tok, float *y, size_t ldy) {
-    constexpr int kBits = kDTypes[kDType].bits;
-    const int n_blocks = n / kActBlock, full = x.d_by_block ? n_tok / kTokens * kTokens : 0;
-    if (full == 0) return g_avx512->dot_rows_quant[kDType](w, rows, n, x, n_tok, y, ldy);
+template <int kBits, bool kMin>
+void amx_tile_dot(const QuantTile &w, int rows, int n, const QuantActs &x, int full, float *y, size_t ldy) {
+    const int n_blocks = n / kActBlock;
     const int group_shift = w.group == 128 ? 2 : w.group == 64 ? 1 : 0;
-    const float zero = w.has_min() ? 0.0f : (float)(1 << (kBits - 1));
+    const float zero = kMin ? 0.0f : (float)(1 << (kBits - 1));
     const __mmask16 rm = (__mmask16)((1u << rows) - 1);
     static const TileConfig config;
     _tile_loadconfig(&config);
     alignas(64) uint8_t unpacked[kBits == 8 ? 1 : kChunkBlocks * 512];
     alignas(64) int32_t sums[4][kTokens * 16];
-    alignas(64) float ws[kChunkBlocks][16], base[kChunkBlocks][16];
+    alignas(64) float ws[kChunkBlocks][16], mins[kMin ? kChunkBlocks : 1][16];
     for (int b0 = 0; b0 < n_blocks; b0 += kChunkBlocks) {
         const int nb = std::min(kChunkBlocks, n_blocks - b0);
         const uint8_t *codes = w.codes + (size_t)b0 * 512;  // 8-bit codes: read in place
         if (kBits != 8) unpack<kBits>(w, b0, nb, unpacked), codes = unpacked;
         for (int b = 0; b < nb; b++) {
-            const __m512 s = group_scale(w, (b0 + b) >> group_shift);
-            _mm512_store_ps(ws[b], s);
-            _mm512_store_ps(base[b], w.has_min() ? group_min(w, (b0 + b) >> group_shift) : _mm512_mul_ps(_mm512_set1_ps(-zero), s));
+            _mm512_store_ps(ws[b], group_scale(w, (b0 + b) >> group_shift));
+            if (kMin) _mm512_store_ps(mins[kMin ? b : 0], group_min(w, (b0 + b) >> group_shift));
         }
         for (int t0 = 0; t0 < full; t0 += kTokens) {
             const int8_t *q = x.q + (size_t)t0 * n + (size_t)b0 * kActBlock;
@@ -132,6 +141,17 @@ void amx_tile_dot(const QuantTile &w, int rows, int n, const QuantActs &x, int n
 #undef FASTLLM_AMX_ISSUE
 #undef FASTLLM_AMX_SCALE
     _tile_release();  // the tile state is large: a thread not using it is cheaper to switch
+}
+
+// Whole tiles of 16 tokens here; the rest (decoding, a prompt's tail) by the AVX-512 kernel.
+template <int kDType>
+void amx_dot(const QuantTile &w, int rows, int n, const QuantActs &x, int n_tok, float *y, size_t ldy) {
+    constexpr int kBits = kDTypes[kDType].bits;
+    const int full = x.d_by_block ? n_tok / kTokens * kTokens : 0;
+    if (full > 0) {
+        if (w.has_min()) amx_tile_dot<kBits, true>(w, rows, n, x, full, y, ldy);
+        else amx_tile_dot<kBits, false>(w, rows, n, x, full, y, ldy);
+    }
     if (full < n_tok)
         g_avx512->dot_rows_quant[kDType](w, rows, n, token_acts(x, n, full), n_tok - full, y + (size_t)full * ldy, ldy);
 }
@@ -139,7 +159,7 @@ void amx_tile_dot(const QuantTile &w, int rows, int n, const QuantActs &x, int n
 // Every quantized dtype's kernel, from its row of kDTypes.
 template <int kDType>
 constexpr KernelTable::QuantDot amx_for() {
-    if constexpr (kDTypes[kDType].quantized) return amx_tile_dot<kDType>;
+    if constexpr (kDTypes[kDType].quantized) return amx_dot<kDType>;
     return nullptr;
 }
 template <int... kDType>

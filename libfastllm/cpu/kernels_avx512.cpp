@@ -185,14 +185,24 @@ void tile_dot(const QuantTile &w, int n, const QuantActs &x0, float *y, size_t l
         std::memcpy(&four, p, 4);
         return _mm512_set1_epi32(four);
     };
+    // Symmetric dtypes: (d * sum - zero * ds) * scale, the zero point taken off before the scale
+    // (zero is a power of 2, so zero * ds is exact); with a minimum: d * sum * scale + min * ds.
+    // The AMX kernel does the same operations, for the same bits.
     auto finish_block = [&](int b, const __m512i *sum) {
         const int g = b >> group_shift;
         const __m512 ws = group_scale(w, g);
-        const __m512 base = w.has_min() ? group_min(w, g) : _mm512_mul_ps(_mm512_set1_ps(-zero), ws);
-        for (int t = 0; t < NT; t++) {
-            const __m512 f = _mm512_mul_ps(_mm512_cvtepi32_ps(sum[t]), _mm512_set1_ps(d[t][b]));
-            acc[t] = _mm512_fmadd_ps(f, ws, acc[t]);
-            acc[t] = _mm512_fmadd_ps(base, _mm512_set1_ps(ds[t][b]), acc[t]);
+        if (w.has_min()) {
+            const __m512 mn = group_min(w, g);
+            for (int t = 0; t < NT; t++) {
+                const __m512 f = _mm512_mul_ps(_mm512_cvtepi32_ps(sum[t]), _mm512_set1_ps(d[t][b]));
+                acc[t] = _mm512_fmadd_ps(f, ws, acc[t]);
+                acc[t] = _mm512_fmadd_ps(mn, _mm512_set1_ps(ds[t][b]), acc[t]);
+            }
+        } else {
+            for (int t = 0; t < NT; t++) {
+                const __m512 f = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum[t]), _mm512_set1_ps(d[t][b]), _mm512_set1_ps(-zero * ds[t][b]));
+                acc[t] = _mm512_fmadd_ps(f, ws, acc[t]);
+            }
         }
     };
     if (kBits == 8) {
