@@ -121,7 +121,9 @@ void dot_rows(const void *w, size_t stride, int rows, const float *x, int n, flo
         const void *wr = (const char *)w + (size_t)r * stride;
         __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps(), a2 = _mm256_setzero_ps(), a3 = _mm256_setzero_ps();
         int i = 0;
+        const size_t elem = n ? stride / (size_t)n : 0;  // bytes per weight (rows are whole)
         for (; i + 32 <= n; i += 32) {
+            prefetch_ahead((const char *)wr + i * elem, 32 * elem);
             a0 = _mm256_fmadd_ps(Load8(wr, i), _mm256_loadu_ps(x + i), a0);
             a1 = _mm256_fmadd_ps(Load8(wr, i + 8), _mm256_loadu_ps(x + i + 8), a1);
             a2 = _mm256_fmadd_ps(Load8(wr, i + 16), _mm256_loadu_ps(x + i + 16), a2);
@@ -355,8 +357,10 @@ inline __m256i bits_to(__m256i v, int from, int to) {
 // w carrying x's sign keeps the int16 pairs from saturating); q4 codes (< 16) let the int16 pair
 // sums of a whole block add up without saturating (8 x 2 x 15 x 127 < 32768), q3 codes as well;
 // q5 and q6 codes (< 64) are widened after every chunk (2 x 63 x 127 fits int16, 16 of them would not).
+// stream: the weights come from memory (kStreamTokens tokens or fewer), and are prefetched, by
+// the first half's pass (the second finds them in cache).
 template <int kBits, int NT>
-void tile_dot(const QuantTile &w, int half, int n, const QuantActs &x0, float *y, size_t ldy, int n_rows) {
+void tile_dot(const QuantTile &w, int half, int n, const QuantActs &x0, float *y, size_t ldy, int n_rows, bool stream) {
     const int n_blocks = n / kActBlock;
     const float zero = kBits == 8 || w.has_min() ? 0.0f : (float)(1 << (kBits - 1));  // q8 is made signed below
     const int group_shift = w.group == 128 ? 2 : w.group == 64 ? 1 : 0;  // block -> group, without a division
@@ -404,6 +408,7 @@ void tile_dot(const QuantTile &w, int half, int n, const QuantActs &x0, float *y
             __m256i sum[NT];
             for (int t = 0; t < NT; t++) sum[t] = _mm256_setzero_si256();
             const uint8_t *cb = w.codes + b * 512 + half * 32;
+            if (stream) prefetch_ahead(cb, 512);
             for (int j = 0; j < 8; j++) {
                 const __m256i wv = _mm256_xor_si256(_mm256_loadu_si256((const __m256i *)(cb + j * 64)), flip);
                 for (int t = 0; t < NT; t++) {
@@ -419,6 +424,7 @@ void tile_dot(const QuantTile &w, int half, int n, const QuantActs &x0, float *y
             __m256i lo_sum[NT], hi_sum[NT];  // int16 pair sums (q4) or int32 sums (q6)
             for (int t = 0; t < NT; t++) lo_sum[t] = _mm256_setzero_si256(), hi_sum[t] = _mm256_setzero_si256();
             const uint8_t *cb = w.codes + (b / 2) * 128 * kBits + half * 32;
+            if (stream) prefetch_ahead(cb, 128 * kBits);
             for (int j = 0; j < 8; j++) {
                 __m256i lo, hi;
                 if (kBits == 3) {  // low 2 bits at 2 (j / 4) (+ 4 for block b + 1) of chunk j % 4, top bit j / 2 (+ 4) of chunk 4 + j % 2
@@ -479,12 +485,13 @@ void dot_rows_quant(const QuantTile &w, int rows, int n, const QuantActs &x, int
         const int n_rows = std::min(8, rows - half * 8);
         float *yh = y + half * 8;
         int t = 0;
-        for (; t + NT <= n_tok; t += NT) tile_dot<kBits, NT>(w, half, n, token_acts(x, n, t), yh + t * ldy, ldy, n_rows);
+        const bool stream = half == 0 && n_tok <= kStreamTokens;
+        for (; t + NT <= n_tok; t += NT) tile_dot<kBits, NT>(w, half, n, token_acts(x, n, t), yh + t * ldy, ldy, n_rows, stream);
         const QuantActs rest = token_acts(x, n, t);
         switch (n_tok - t) {
-        case 3: tile_dot<kBits, 3>(w, half, n, rest, yh + t * ldy, ldy, n_rows); break;
-        case 2: tile_dot<kBits, 2>(w, half, n, rest, yh + t * ldy, ldy, n_rows); break;
-        case 1: tile_dot<kBits, 1>(w, half, n, rest, yh + t * ldy, ldy, n_rows); break;
+        case 3: tile_dot<kBits, 3>(w, half, n, rest, yh + t * ldy, ldy, n_rows, stream); break;
+        case 2: tile_dot<kBits, 2>(w, half, n, rest, yh + t * ldy, ldy, n_rows, stream); break;
+        case 1: tile_dot<kBits, 1>(w, half, n, rest, yh + t * ldy, ldy, n_rows, stream); break;
         default: break;
         }
     }

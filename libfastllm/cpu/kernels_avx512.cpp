@@ -167,8 +167,9 @@ void quantize_acts(const float *x, int n, const QuantActs &out) {
 // block's scale, activation scale and zero-point / minimum term are applied once, 16 rows wide.
 // q4 chunks carry two blocks (low and high nibbles); q6 adds the top 2 bits of each code from 4
 // more chunks per pair of blocks. NT tokens share every load and unpack.
+// stream: the weights come from memory (kStreamTokens tokens or fewer), and are prefetched.
 template <int kBits, int NT>
-void tile_dot(const QuantTile &w, int n, const QuantActs &x0, float *y, size_t ldy, __mmask16 rm) {
+void tile_dot(const QuantTile &w, int n, const QuantActs &x0, float *y, size_t ldy, __mmask16 rm, bool stream) {
     const int n_blocks = n / kActBlock;
     const float zero = w.has_min() ? 0.0f : (float)(1 << (kBits - 1));
     const int group_shift = w.group == 128 ? 2 : w.group == 64 ? 1 : 0;  // block -> group, without a division
@@ -210,6 +211,7 @@ void tile_dot(const QuantTile &w, int n, const QuantActs &x0, float *y, size_t l
             __m512i sum[NT], sum2[NT];  // two chains per token: vpdpbusd's latency, not its throughput, would bind
             for (int t = 0; t < NT; t++) sum[t] = _mm512_setzero_si512(), sum2[t] = _mm512_setzero_si512();
             const uint8_t *cb = w.codes + b * 512;
+            if (stream) prefetch_ahead(cb, 512);
             for (int j = 0; j < 8; j += 2) {
                 const __m512i w0 = _mm512_loadu_si512((const void *)(cb + j * 64));
                 const __m512i w1 = _mm512_loadu_si512((const void *)(cb + j * 64 + 64));
@@ -226,6 +228,7 @@ void tile_dot(const QuantTile &w, int n, const QuantActs &x0, float *y, size_t l
             __m512i lo_sum[NT], hi_sum[NT];
             for (int t = 0; t < NT; t++) lo_sum[t] = _mm512_setzero_si512(), hi_sum[t] = _mm512_setzero_si512();
             const uint8_t *cb = w.codes + (b / 2) * 128 * kBits;
+            if (stream) prefetch_ahead(cb, 128 * kBits);
             for (int j = 0; j < 8; j++) {
                 __m512i lo, hi;
                 decode_pair<kBits>(cb, j, lo, hi);
@@ -246,17 +249,18 @@ void dot_rows_quant(const QuantTile &w, int rows, int n, const QuantActs &x, int
     const __mmask16 rm = (__mmask16)((1u << rows) - 1);
     constexpr int NT = 8;
     int t = 0;
-    for (; t + NT <= n_tok; t += NT) tile_dot<kBits, NT>(w, n, token_acts(x, n, t), y + t * ldy, ldy, rm);
+    const bool stream = n_tok <= kStreamTokens;
+    for (; t + NT <= n_tok; t += NT) tile_dot<kBits, NT>(w, n, token_acts(x, n, t), y + t * ldy, ldy, rm, stream);
     const QuantActs rest = token_acts(x, n, t);
     float *yr = y + t * ldy;
     switch (n_tok - t) {
-    case 7: tile_dot<kBits, 7>(w, n, rest, yr, ldy, rm); break;
-    case 6: tile_dot<kBits, 6>(w, n, rest, yr, ldy, rm); break;
-    case 5: tile_dot<kBits, 5>(w, n, rest, yr, ldy, rm); break;
-    case 4: tile_dot<kBits, 4>(w, n, rest, yr, ldy, rm); break;
-    case 3: tile_dot<kBits, 3>(w, n, rest, yr, ldy, rm); break;
-    case 2: tile_dot<kBits, 2>(w, n, rest, yr, ldy, rm); break;
-    case 1: tile_dot<kBits, 1>(w, n, rest, yr, ldy, rm); break;
+    case 7: tile_dot<kBits, 7>(w, n, rest, yr, ldy, rm, stream); break;
+    case 6: tile_dot<kBits, 6>(w, n, rest, yr, ldy, rm, stream); break;
+    case 5: tile_dot<kBits, 5>(w, n, rest, yr, ldy, rm, stream); break;
+    case 4: tile_dot<kBits, 4>(w, n, rest, yr, ldy, rm, stream); break;
+    case 3: tile_dot<kBits, 3>(w, n, rest, yr, ldy, rm, stream); break;
+    case 2: tile_dot<kBits, 2>(w, n, rest, yr, ldy, rm, stream); break;
+    case 1: tile_dot<kBits, 1>(w, n, rest, yr, ldy, rm, stream); break;
     default: break;
     }
 }
