@@ -110,10 +110,13 @@ const KernelTable &kernels();
 // prefetcher alone kept the int8 1.1B shape's generation at 84% of the read bandwidth (2 threads,
 // AVX-512 Xeon); 2 KiB ahead gave 23.4 tokens/s, 8 KiB 23.7, 32 KiB 22.4, none 21.0. Alternating
 // runs (bench_before_after.py): int8 1.10-1.13x, int4 1.04x, q4_k_m 1.06x; at FASTLLM_ISA=avx2
-// 1.24x, 1.06x, 1.03x. Prefetching the tiles' scales as well changed nothing.
+// 1.24x, 1.06x, 1.03x. Prefetching the tiles' scales as well changed nothing. Into L2 (prefetcht1),
+// not L1: with prefetcht0 the int4 decode kernel's samples sat on the prefetches themselves (L1's
+// fill buffers full); into L2 int4 decodes at 1.13x, int8 1.05x, q4_k_m 1.11x (avx2: 1.09x, 1.06x,
+// 1.04x). 16 KiB ahead into L2 gave the same as 8 KiB.
 constexpr size_t kPrefetchAhead = 8192;
 inline void prefetch_ahead(const void *p, size_t bytes) {
-    for (size_t i = 0; i < bytes; i += 64) __builtin_prefetch((const char *)p + kPrefetchAhead + i);
+    for (size_t i = 0; i < bytes; i += 64) __builtin_prefetch((const char *)p + kPrefetchAhead + i, 0, 2);
 }
 // Token counts up to this stream the weights (each tile is read once for all of them).
 constexpr int kStreamTokens = 8;
