@@ -275,7 +275,7 @@ static KvCache make_cache(const KernelTable &k, KvType tk, KvType tv, int positi
 // q8 heads off the 32-value blocks and leaves a part-filled value panel.
 static void test_attention(const KernelTable &k) {
     for (int hd : {16, 64, 80})
-        for (int T : {5, 40}) {
+        for (int T : {5, 40, 120}) {  // 120: keys past one block of 128, queries past one of 128
         const int n_heads = 8, n_kv = hd == 80 ? 1 : 2, pos0 = 41, kv_dim = n_kv * hd;
         std::vector<float> q = randn((size_t)T * n_heads * hd), kc = randn((size_t)(pos0 + T) * kv_dim),
                            vc = randn((size_t)(pos0 + T) * kv_dim);
