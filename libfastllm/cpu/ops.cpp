@@ -304,10 +304,15 @@ void attend_block(const KernelTable &k, const float *q, const AttentionRun &run,
         }
         for (int d0 = 0; d0 < hd; d0 += C) {  // the weighted values, 32 of a head's values at a time
             const int dc = std::min(C, hd - d0);
-            for (int j = 0; j < n; j++) {
-                std::memcpy(Vp + (size_t)j * C, Vt + (size_t)j * hd + d0, (size_t)dc * 4);
-                std::fill(Vp + (size_t)j * C + dc, Vp + (size_t)(j + 1) * C, 0.0f);
-            }
+            // A whole panel's width copies with a constant size: vector moves, where the variable
+            // size became `rep movsq` per key (4% of a pp8192's time, Qwen2.5-0.5B).
+            if (dc == C)
+                for (int j = 0; j < n; j++) std::memcpy(Vp + (size_t)j * C, Vt + (size_t)j * hd + d0, sizeof(float) * C);
+            else
+                for (int j = 0; j < n; j++) {
+                    std::memcpy(Vp + (size_t)j * C, Vt + (size_t)j * hd + d0, (size_t)dc * 4);
+                    std::fill(Vp + (size_t)j * C + dc, Vp + (size_t)(j + 1) * C, 0.0f);
+                }
             k.gemm_panel(Vp, n, S, B, nq, Ot + d0, (size_t)hd, dc);
         }
         for (size_t e = 0; e < (size_t)nq * hd; e++) O[e] += Ot[e];
