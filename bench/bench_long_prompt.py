@@ -1,0 +1,95 @@
+#!/usr/bin/env python3
+"""Long prompts: tokens/s of evaluating prompts of several lengths, 512 tokens a pass (as a server
+or llama-bench evaluates them), each length's share of the shortest's rate, and, given two
+libraries, their ratio. Each round runs every library once, in turn, in a fresh process; the
+figures are medians over the rounds, the ratio the median of the per-round ratios.
+
+    python3 bench/bench_long_prompt.py --shape qwen2.5-0.5b --lengths 512,2048,8192 \\
+        [--before OLD/libfastllm.so] [--rounds 3]
+
+The model is a random-weight checkpoint of the shape, converted by this tree's converter (cached in
+--work_dir). Nothing is downloaded.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO / "bench"))
+sys.path.insert(0, str(REPO))
+
+
+def child(flm: str, lengths: list[int], threads: int, n_batch: int) -> None:
+    from fastllm import Model
+    from fastllm.bench import synthetic_prompt
+    out = {}
+    with Model(flm, threads=threads) as m:
+        info = m.info
+        for n in lengths:
+            prompt = synthetic_prompt(info["vocab_size"], n, info["bos_id"])
+            with m.session(n_ctx=n + 8, n_batch=n_batch) as s:
+                t0 = time.perf_counter()
+                s.eval(prompt)
+                out[n] = n / (time.perf_counter() - t0)
+    print(json.dumps(out))
+
+
+def main() -> int:
+    from bench_before_after import cpu_name
+    from bench_llamacpp import SHAPES, random_checkpoint
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--shape", choices=sorted(SHAPES), default="qwen2.5-0.5b")
+    ap.add_argument("--dtype", default="int8", help="converter --dtype")
+    ap.add_argument("--lengths", default="512,2048,8192")
+    ap.add_argument("--before", type=Path, help="a baseline libfastllm.so to compare with")
+    ap.add_argument("--after", type=Path, default=REPO / "build" / "libfastllm.so")
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--n_batch", type=int, default=512)
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--work_dir", type=Path, default=Path("/tmp/fastllm-bench"))
+    ap.add_argument("--child", help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    lengths = [int(n) for n in args.lengths.split(",")]
+    if args.child:
+        child(args.child, lengths, args.threads, args.n_batch)
+        return 0
+    from converter.convert import convert
+    args.work_dir.mkdir(parents=True, exist_ok=True)
+    hf = random_checkpoint(args.shape, args.work_dir)
+    flm = args.work_dir / f"random-{args.shape}-{args.dtype}.flm"
+    if not flm.exists():
+        convert(str(hf), str(flm), dtype=args.dtype, progress=False)
+    libs = {"after": args.after} if args.before is None else {"before": args.before, "after": args.after}
+    print(f"{cpu_name()}, {args.threads} threads; random {args.shape} {args.dtype}, {args.n_batch} tokens a pass, "
+          f"{args.rounds} rounds")
+    got: dict[str, list[dict]] = {k: [] for k in libs}
+    for r in range(args.rounds):
+        for name, lib in libs.items():
+            env = dict(os.environ, FASTLLM_LIBRARY=str(lib), PYTHONPATH=str(REPO / "bindings" / "python"))
+            p = subprocess.run([sys.executable, __file__, "--child", str(flm), "--lengths", args.lengths,
+                                "--threads", str(args.threads), "--n_batch", str(args.n_batch)],
+                               env=env, capture_output=True, text=True)
+            if p.returncode != 0:
+                print(p.stderr, file=sys.stderr)
+                return 1
+            got[name].append({int(k): v for k, v in json.loads(p.stdout).items()})
+            print(f"  round {r + 1} {name}: " + ", ".join(f"pp{n} {got[name][-1][n]:.1f}" for n in lengths), flush=True)
+    for name in libs:
+        med = {n: statistics.median(x[n] for x in got[name]) for n in lengths}
+        print(f"{name:>6}: " + ", ".join(f"pp{n} {med[n]:.1f} tok/s ({100 * med[n] / med[lengths[0]]:.0f}%)"
+                                        for n in lengths))
+    if "before" in libs:
+        print(" ratio: " + ", ".join(
+            f"pp{n} {statistics.median(a[n] / b[n] for a, b in zip(got['after'], got['before'])):.3f}x" for n in lengths))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
