@@ -227,7 +227,7 @@ constexpr int kBlockKeys = 4 * KernelTable::kGemmCols;
 // Query vectors (rows x a KV head's heads) per task. Each task converts and packs its keys and
 // values again, so more queries share that work: 128 against 64, Qwen2.5-0.5B int8 (AMX Xeon, 2
 // threads) pp8192 1.085x, pp2048 1.04x; 256 gave 1.05x more at 8192 but needs 0.7 MiB of scratch
-// per thread at head_dim 128, past many CPUs' L2 (128: 0.36 MiB).
+// per thread at head_dim 128, past many CPUs' L2 (128: 0.47 MiB; 0.27 MiB at head_dim 64).
 constexpr int kBlockQueries = 128;
 
 size_t block_floats(int hd, int64_t kv_dim) {
