@@ -17,7 +17,6 @@
 
 #include <algorithm>
 #include <cstring>
-#include <utility>
 
 #include "cpu/kernels.h"
 #include "cpu/kernels_avx512.h"
@@ -40,8 +39,9 @@ static_assert(sizeof(TileConfig) == 64, "LDTILECFG reads 64 bytes");
 constexpr int kTokens = 16;       // a tile's rows
 constexpr int kChunkBlocks = 32;  // blocks per pass over the tokens: 16 KiB of codes, in L1 with 16 tokens' activations
 
-// The AVX-512 kernels, for tokens that do not fill a tile (decoding, a prompt's last few).
-const KernelTable *g_avx512 = nullptr;
+// The AVX-512 kernels by code width, for tokens that do not fill a tile (decoding, a prompt's last
+// few): the AVX-512 table, like this one, has one kernel per width.
+KernelTable::QuantDot g_avx512_for_bits[9] = {};
 
 // acc[t] += (d[t] * sums of token t, block b - zero * ds[t]) * scale, or with a minimum
 // d[t] * sums * scale + min * ds[t], 16 rows wide: the AVX-512 kernel's finish_block, operation
@@ -144,39 +144,32 @@ void amx_tile_dot(const QuantTile &w, int rows, int n, const QuantActs &x, int f
 }
 
 // Whole tiles of 16 tokens here; the rest (decoding, a prompt's tail) by the AVX-512 kernel.
-template <int kDType>
+template <int kBits>
 void amx_dot(const QuantTile &w, int rows, int n, const QuantActs &x, int n_tok, float *y, size_t ldy) {
-    constexpr int kBits = kDTypes[kDType].bits;
     const int full = x.d_by_block ? n_tok / kTokens * kTokens : 0;
     if (full > 0) {
         if (w.has_min()) amx_tile_dot<kBits, true>(w, rows, n, x, full, y, ldy);
         else amx_tile_dot<kBits, false>(w, rows, n, x, full, y, ldy);
     }
     if (full < n_tok)
-        g_avx512->dot_rows_quant[kDType](w, rows, n, token_acts(x, n, full), n_tok - full, y + (size_t)full * ldy, ldy);
+        g_avx512_for_bits[kBits](w, rows, n, token_acts(x, n, full), n_tok - full, y + (size_t)full * ldy, ldy);
 }
 
-// Every quantized dtype's kernel, from its row of kDTypes.
-template <int kDType>
-constexpr KernelTable::QuantDot amx_for() {
-    if constexpr (kDTypes[kDType].quantized) return amx_dot<kDType>;
-    return nullptr;
-}
-template <int... kDType>
-void set_quant(KernelTable &t, std::integer_sequence<int, kDType...>) {
-    ((t.dot_rows_quant[kDType] = amx_for<kDType>()), ...);
+KernelTable::QuantDot quant_for_bits(int bits) {
+    return bits == 8 ? amx_dot<8> : bits == 6 ? amx_dot<6> : bits == 5 ? amx_dot<5> : bits == 3 ? amx_dot<3> : amx_dot<4>;
 }
 
 }  // namespace
 
 const KernelTable *amx_kernels() {
     static const KernelTable *table = []() -> const KernelTable * {
-        g_avx512 = avx512_kernels();
-        if (!g_avx512) return nullptr;
-        static KernelTable t = *g_avx512;
+        const KernelTable *avx512 = avx512_kernels();
+        if (!avx512) return nullptr;
+        for (const DTypeTraits &d : kDTypes)
+            if (d.quantized) g_avx512_for_bits[d.bits] = avx512->dot_rows_quant[(int)d.type];
+        static KernelTable t = with_quant_kernels(*avx512, quant_for_bits);
         t.isa = Isa::Amx;
         t.acts_by_block = true;
-        set_quant(t, std::make_integer_sequence<int, kNumDTypes>());
         return &t;
     }();
     return table;
