@@ -5,7 +5,9 @@ libraries, their ratio. Each round runs every library once, in turn, in a fresh 
 figures are medians over the rounds, the ratio the median of the per-round ratios.
 
     python3 bench/bench_long_prompt.py --shape qwen2.5-0.5b --lengths 512,2048,8192 \\
-        [--before OLD/libfastllm.so] [--rounds 3]
+        [--before OLD/libfastllm.so] [--rounds 3] [--gen 64]
+
+--gen N also generates N tokens after each prompt: decoding at that depth (tgN@depth; llama-bench's -d).
 
 The model is a random-weight checkpoint of the shape, converted by this tree's converter (cached in
 --work_dir). Nothing is downloaded.
@@ -26,7 +28,7 @@ sys.path.insert(0, str(REPO / "bench"))
 sys.path.insert(0, str(REPO))
 
 
-def child(flm: str, lengths: list[int], threads: int, n_batch: int) -> None:
+def child(flm: str, lengths: list[int], threads: int, n_batch: int, n_gen: int) -> None:
     from fastllm import Model
     from fastllm.bench import synthetic_prompt
     out = {}
@@ -34,10 +36,14 @@ def child(flm: str, lengths: list[int], threads: int, n_batch: int) -> None:
         info = m.info
         for n in lengths:
             prompt = synthetic_prompt(info["vocab_size"], n, info["bos_id"])
-            with m.session(n_ctx=n + 8, n_batch=n_batch) as s:
+            with m.session(n_ctx=n + n_gen + 8, n_batch=n_batch) as s:
                 t0 = time.perf_counter()
                 s.eval(prompt)
-                out[n] = n / (time.perf_counter() - t0)
+                out[f"pp{n}"] = n / (time.perf_counter() - t0)
+                if n_gen:
+                    s.generate([], n_gen, temperature=0.0, ignore_eos=True)
+                    r = s.last_result
+                    out[f"tg{n_gen}@{n}"] = r.n_generated_tokens / (r.generate_ms / 1000)
     print(json.dumps(out))
 
 
@@ -53,12 +59,14 @@ def main() -> int:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--n_batch", type=int, default=512)
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--gen", type=int, default=0,
+                    help="also generate this many tokens after each prompt: decoding at that depth (tgN@depth)")
     ap.add_argument("--work_dir", type=Path, default=Path("/tmp/fastllm-bench"))
     ap.add_argument("--child", help=argparse.SUPPRESS)
     args = ap.parse_args()
     lengths = [int(n) for n in args.lengths.split(",")]
     if args.child:
-        child(args.child, lengths, args.threads, args.n_batch)
+        child(args.child, lengths, args.threads, args.n_batch, args.gen)
         return 0
     from converter.convert import convert
     args.work_dir.mkdir(parents=True, exist_ok=True)
@@ -74,20 +82,24 @@ def main() -> int:
         for name, lib in libs.items():
             env = dict(os.environ, FASTLLM_LIBRARY=str(lib), PYTHONPATH=str(REPO / "bindings" / "python"))
             p = subprocess.run([sys.executable, __file__, "--child", str(flm), "--lengths", args.lengths,
-                                "--threads", str(args.threads), "--n_batch", str(args.n_batch)],
+                                "--threads", str(args.threads), "--n_batch", str(args.n_batch), "--gen", str(args.gen)],
                                env=env, capture_output=True, text=True)
             if p.returncode != 0:
                 print(p.stderr, file=sys.stderr)
                 return 1
-            got[name].append({int(k): v for k, v in json.loads(p.stdout).items()})
-            print(f"  round {r + 1} {name}: " + ", ".join(f"pp{n} {got[name][-1][n]:.1f}" for n in lengths), flush=True)
+            got[name].append(json.loads(p.stdout))
+            print(f"  round {r + 1} {name}: " + ", ".join(f"{k} {v:.1f}" for k, v in got[name][-1].items()), flush=True)
+    keys = list(got["after"][0])
     for name in libs:
-        med = {n: statistics.median(x[n] for x in got[name]) for n in lengths}
-        print(f"{name:>6}: " + ", ".join(f"pp{n} {med[n]:.1f} tok/s ({100 * med[n] / med[lengths[0]]:.0f}%)"
-                                        for n in lengths))
+        med = {k: statistics.median(x[k] for x in got[name]) for k in keys}
+        # each figure's share of the shortest length's: prompts of pp, generation of tg at the least depth
+        first: dict[str, float] = {}
+        for k in keys:
+            first.setdefault(k[:2], med[k])
+        print(f"{name:>6}: " + ", ".join(f"{k} {v:.1f} tok/s ({100 * v / first[k[:2]]:.0f}%)" for k, v in med.items()))
     if "before" in libs:
         print(" ratio: " + ", ".join(
-            f"pp{n} {statistics.median(a[n] / b[n] for a, b in zip(got['after'], got['before'])):.3f}x" for n in lengths))
+            f"{k} {statistics.median(a[k] / b[k] for a, b in zip(got['after'], got['before'])):.3f}x" for k in keys))
     return 0
 
 

@@ -55,7 +55,6 @@ struct KeyShift {
 struct PassShape {
     int64_t max_k;      // the longest matrix row
     int max_batch;      // rows of a pass
-    int max_positions;  // keys an attention reads
     int head_dim;       // values of an attention head
     int64_t kv_dim;     // values of a KV cache row
 };

@@ -133,8 +133,8 @@ const Tensor &Decoder::matrix(int layer, int m) const {
     return m == kLoraQkv ? L.qkv : m == kLoraAttnOutput ? L.attn_output : m == kLoraGateUp ? L.gate_up : L.down;
 }
 
-PassShape Decoder::pass_shape(int max_batch, int positions) const {
-    return PassShape{max_row_length(), max_batch, positions, cfg_.head_dim, (int64_t)cfg_.kv_dim()};
+PassShape Decoder::pass_shape(int max_batch) const {
+    return PassShape{max_row_length(), max_batch, cfg_.head_dim, (int64_t)cfg_.kv_dim()};
 }
 
 void Decoder::carve(Arena &a, Workspace &w, int B) const {

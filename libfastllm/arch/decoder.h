@@ -68,8 +68,8 @@ public:
     uint64_t n_params() const { return n_params_; }
     // The longest matrix row (for the backend's scratch).
     int64_t max_row_length() const;
-    // What a backend's scratch must hold for passes of up to max_batch rows reading `positions` keys.
-    PassShape pass_shape(int max_batch, int positions) const;
+    // What a backend's scratch must hold for passes of up to max_batch rows.
+    PassShape pass_shape(int max_batch) const;
     // Layer l's matrix m (LoraMatrix order: what a LoRA adapter's parts are checked against).
     const Tensor &matrix(int layer, int m) const;
     // Every weight the passes read (for Backend::prepare_weights): of layers [first, end), with the

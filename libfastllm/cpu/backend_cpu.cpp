@@ -19,13 +19,13 @@ std::string CpuBackend::describe() const {
 void CpuBackend::carve(Arena &a, const PassShape &s) {
     const int n_threads = pool_.n_threads();
     float *matmul = a.take(ops::matmul_scratch_floats(s.max_k, n_threads, s.max_batch));
-    float *attn = a.take(ops::attention_scratch_floats(n_threads, s.max_positions, s.head_dim, s.kv_dim));
+    float *attn = a.take(ops::attention_scratch_floats(n_threads, s.head_dim, s.kv_dim));
     const size_t lora_stride = (size_t)s.max_k;  // a rank up to max_k (LoraAdapter checks)
     float *lora = a.take((size_t)n_threads * lora_stride);
     if (a.planning()) return;
     lora_ = lora, lora_stride_ = lora_stride;
     scratch_ = ops::make_matmul_scratch(matmul, s.max_k, n_threads, s.max_batch);
-    attn_ = ops::make_attention_scratch(attn, n_threads, s.max_positions, s.head_dim, s.kv_dim);
+    attn_ = ops::make_attention_scratch(attn, s.head_dim, s.kv_dim);
 }
 
 void CpuBackend::download(void *dst, const void *src, size_t bytes) { std::memcpy(dst, src, bytes); }

@@ -55,27 +55,23 @@ void act(const KernelTable &k, Act kind, const float *x, size_t n, float *out);
 // x[i] = cap * tanh(x[i] / cap).
 void softcap(float *x, size_t n, float cap);
 
-void softmax(const KernelTable &k, float *x, int n);
-
-// Working memory of attention, per thread: a row of scores (short runs: one task per row and head)
-// and the blocks of the blocked path (a run of a prompt's rows).
+// Working memory of attention: a block of queries, keys and values per thread.
 struct AttentionScratch {
-    float *scores = nullptr;  // n_threads rows of scores_stride floats
-    size_t scores_stride = 0;
     float *blocks = nullptr;  // n_threads parts of blocks_stride floats
     size_t blocks_stride = 0;
 };
-// For up to max_positions keys per query, heads of head_dim values, and KV rows of kv_dim values.
-size_t attention_scratch_floats(int n_threads, int max_positions, int head_dim, int64_t kv_dim);
-AttentionScratch make_attention_scratch(float *memory, int n_threads, int max_positions, int head_dim, int64_t kv_dim);
+// For heads of head_dim values and KV rows of kv_dim values.
+size_t attention_scratch_floats(int n_threads, int head_dim, int64_t kv_dim);
+AttentionScratch make_attention_scratch(float *memory, int head_dim, int64_t kv_dim);
 
 // Attention (causal or, with !shape.causal, over each run's keys) over one layer of KV caches (of
 // any KvType, read in place) for the rows of runs[0..n_runs) (sorted by first_row; each run's
 // cache already holds its positions up to pos0 + T - 1); q and out are [rows, n_heads*head_dim].
 // A run of at least kAttentionBlockRows rows (a prompt) goes in blocks: a few rows of one KV head's
-// queries against 32 keys at a time, the keys and values converted once per block and the
-// softmax kept online (running maximum and sum), so each key is read once per block of rows, not
-// once per row. Shorter runs (decoding) take one task per (row, head), all the runs in one job.
+// queries against 128 keys at a time, the keys and values converted once per block and the
+// softmax kept online (running maximum and sum), so each key is read once per block of rows and
+// KV head, not once per row and query head. Shorter runs (decoding) go so too when a KV head has
+// enough query heads; otherwise they take a task per (row, head), reading the cache in place.
 constexpr int kAttentionBlockRows = 16;
 void attention(const KernelTable &k, const float *q, const AttentionRun *runs, int n_runs, int layer,
                const AttentionShape &shape, float *out, const AttentionScratch &scratch, ThreadPool &pool);

@@ -53,9 +53,9 @@ size_t Compute::bytes() const {
     return n;
 }
 
-void Compute::reserve(const Decoder &d, int max_batch, int positions) {
-    if (!arenas_.empty() && max_batch <= works_[0].max_batch && positions <= positions_) return;
-    max_batch = std::max(max_batch, works_[0].max_batch), positions = std::max(positions, positions_);
+void Compute::reserve(const Decoder &d, int max_batch) {
+    if (!arenas_.empty() && max_batch <= works_[0].max_batch) return;
+    max_batch = std::max(max_batch, works_[0].max_batch);
     // The plan is derived by running the carve twice (arena.h): sizes, then the real buffers. The
     // backend changes nothing while the arena plans, so a failed allocation leaves it as it was.
     std::vector<std::unique_ptr<Arena>> arenas;
@@ -64,7 +64,7 @@ void Compute::reserve(const Decoder &d, int max_batch, int positions) {
         Backend &be = *stages[i].be;
         auto carve = [&](Arena &a, Workspace &w) {
             d.carve(a, w, max_batch);
-            be.carve(a, d.pass_shape(max_batch, positions));
+            be.carve(a, d.pass_shape(max_batch));
         };
         arenas.push_back(std::make_unique<Arena>(be.memory()));
         carve(*arenas.back(), works[i]);
@@ -75,9 +75,9 @@ void Compute::reserve(const Decoder &d, int max_batch, int positions) {
     for (size_t i = 0; i < stages.size(); i++) {
         Backend &be = *stages[i].be;
         d.carve(*arenas[i], works[i], max_batch);
-        be.carve(*arenas[i], d.pass_shape(max_batch, positions));
+        be.carve(*arenas[i], d.pass_shape(max_batch));
     }
-    arenas_ = std::move(arenas), works_ = std::move(works), positions_ = positions;
+    arenas_ = std::move(arenas), works_ = std::move(works);
     for (size_t i = 0; i < stages.size(); i++) stages[i].w = &works_[i];
     rows.resize((size_t)max_batch);
     tokens.resize((size_t)max_batch);

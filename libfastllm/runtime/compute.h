@@ -46,16 +46,15 @@ struct Compute {
     // What runs the passes ("cpu avx512, 2 threads", "vulkan ...", or both with their layers).
     std::string describe() const;
 
-    // Makes the working memory big enough for passes of max_batch rows over `positions` keys;
-    // caller holds the mutex. Throws FASTLLM_ERR_OUT_OF_MEMORY (the old memory stays).
-    void reserve(const Decoder &d, int max_batch, int positions);
+    // Makes the working memory big enough for passes of max_batch rows; caller holds the mutex.
+    // Throws FASTLLM_ERR_OUT_OF_MEMORY (the old memory stays).
+    void reserve(const Decoder &d, int max_batch);
     size_t bytes() const;
 
 private:
     std::vector<std::unique_ptr<Backend>> backends_;
     std::vector<Workspace> works_;
     std::vector<std::unique_ptr<Arena>> arenas_;
-    int positions_ = 0;
 };
 
 }  // namespace fastllm

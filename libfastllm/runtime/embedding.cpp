@@ -92,7 +92,7 @@ void run_inputs(const Model &m, const std::vector<Input> &inputs, int n_threads,
     const std::vector<Memory *> memory = compute.kv_memory(c.num_layers);
     std::vector<std::unique_ptr<KvCache>> caches;
     std::lock_guard<std::mutex> lock(compute.mutex);
-    compute.reserve(m.decoder(), capacity, c.context_length);
+    compute.reserve(m.decoder(), capacity);
     for (size_t first = 0; first < inputs.size();) {
         // The inputs of this pass: as many as fit (a decoder's input may run over several passes).
         size_t end = first, n_rows = 0;

@@ -40,7 +40,7 @@ Session::Session(const Model &model, const SessionOptions &options)
       ctx_(model, opt_, compute_) {
     {
         std::lock_guard<std::mutex> lock(compute_.mutex);
-        compute_.reserve(model_.decoder(), opt_.n_batch, model_.config().context_length);  // any session's positions fit
+        compute_.reserve(model_.decoder(), opt_.n_batch);
     }
     logits_.resize((size_t)model.config().vocab_size);
     const size_t full = (size_t)opt_.n_ctx * ctx_.cache.bytes_per_position();

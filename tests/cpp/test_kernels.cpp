@@ -175,6 +175,7 @@ static Weights make_weights(DType dt, int N, int K) {
 }
 
 static void test_matmul(const KernelTable &k) {
+    rng.seed(1234);  // every level the same data, whatever the tests before it drew
     const DType dtypes[] = {DType::F32, DType::F16, DType::BF16, DType::Q8, DType::Q4_32, DType::Q4_64, DType::Q4_128,
                             DType::Q4M_32, DType::Q6, DType::Q4K, DType::Q6K, DType::Q3K, DType::Q5K};
     const int shapes[][3] = {{1, 37, 67}, {1, 64, 128}, {3, 37, 67}, {5, 33, 256}, {20, 70, 96}, {40, 300, 64},
@@ -270,9 +271,10 @@ static KvCache make_cache(const KernelTable &k, KvType tk, KvType tv, int positi
 }
 
 // Attention over caches of every type, against the reference reading the same stored rows; the
-// positions cross cache blocks (and the query runs begin inside one). 5 rows take a task per row
-// and head; 40 rows go in blocks (ops::kAttentionBlockRows), whose last is short; head_dim 80 puts
-// q8 heads off the 32-value blocks and leaves a part-filled value panel.
+// positions cross cache blocks (and the query runs begin inside one). 5 rows (decoding) take a task
+// per row and head with 4 query heads a KV head, and one block with 8 (head_dim 80); 40 rows take
+// blocks, the last short; head_dim 80 puts q8 heads off the 32-value blocks and leaves a
+// part-filled value panel; 120 rows after 41 cross a step of 128 keys (the online rescale).
 static void test_attention(const KernelTable &k) {
     for (int hd : {16, 64, 80})
         for (int T : {5, 40, 120}) {  // 120: keys past one block of 128, queries past one of 128
@@ -280,8 +282,8 @@ static void test_attention(const KernelTable &k) {
         std::vector<float> q = randn((size_t)T * n_heads * hd), kc = randn((size_t)(pos0 + T) * kv_dim),
                            vc = randn((size_t)(pos0 + T) * kv_dim);
         std::vector<float> out((size_t)T * n_heads * hd), outr(out.size());
-        std::vector<float> mem(ops::attention_scratch_floats(g_pool.n_threads(), pos0 + T, hd, kv_dim));
-        const ops::AttentionScratch scratch = ops::make_attention_scratch(mem.data(), g_pool.n_threads(), pos0 + T, hd, kv_dim);
+        std::vector<float> mem(ops::attention_scratch_floats(g_pool.n_threads(), hd, kv_dim));
+        const ops::AttentionScratch scratch = ops::make_attention_scratch(mem.data(), hd, kv_dim);
         // causal; sliding windows shorter than the context (3) and than one query run (1); a scale and
         // a soft cap as Gemma 2 sets them
         const AttentionShape shapes[] = {{n_heads, n_kv, hd, 0.25f, 0.0f, 0},
@@ -328,6 +330,25 @@ static void test_attention(const KernelTable &k) {
         }
         CHECK(e < 1e-5, "attention %s over 3 runs of 2 caches (rows %d) rel err %g", isa_name(k.isa), T, e);
         }
+    // More query heads per KV head (130) than a task's block of queries (128): a KV head's heads
+    // in two tasks, of 128 and 2. And 2 a KV head: a decoding row (T = 1) straight from the cache
+    // over more keys (151) than a step of 128 (the online rescale of attend_direct).
+    for (int n_heads : {260, 4})
+    for (int T : {1, 20}) {
+        const int n_kv = 2, hd = 16, pos0 = 150, kv_dim = n_kv * hd;
+        std::vector<float> q = randn((size_t)T * n_heads * hd), kc = randn((size_t)(pos0 + T) * kv_dim),
+                           vc = randn((size_t)(pos0 + T) * kv_dim);
+        std::vector<float> out((size_t)T * n_heads * hd), outr(out.size());
+        std::vector<float> mem(ops::attention_scratch_floats(g_pool.n_threads(), hd, kv_dim));
+        const ops::AttentionScratch scratch = ops::make_attention_scratch(mem.data(), hd, kv_dim);
+        const KvCache cache = make_cache(k, KvType::F16, KvType::Q8, pos0 + T, kv_dim, kc, vc);
+        const AttentionShape sh{n_heads, n_kv, hd, 0.25f, 0.0f, 0};
+        const AttentionRun run{0, T, pos0, &cache};
+        ops::attention(k, q.data(), &run, 1, 0, sh, out.data(), scratch, g_pool);
+        ref::attention(q.data(), T, pos0, cache, 0, sh, outr.data());
+        const double e = rel_err(out.data(), outr.data(), out.size());
+        CHECK(e < 1e-5, "attention %s, %d heads a KV head, rows %d: rel err %g", isa_name(k.isa), n_heads / n_kv, T, e);
+    }
 }
 
 // The KV row kernels against plain loops over the reference's reading of the rows; heads inside a
@@ -465,7 +486,8 @@ static void test_exp_ops(const KernelTable &k) {
     for (float spread : {1.0f, 10.0f, 60.0f}) {
         std::vector<float> x = randn(n, spread);
         a = x, b = x;
-        ops::softmax(k, a.data(), n);
+        const float inv = 1.0f / k.exp_shift_sum(a.data(), n, *std::max_element(a.begin(), a.end()));
+        for (float &v : a) v *= inv;
         ref::softmax(b.data(), n);
         e = rel_err(a.data(), b.data(), n);
         CHECK(e < 1e-6, "softmax %s spread %g rel err %g", isa_name(k.isa), spread, e);
