@@ -90,7 +90,27 @@ struct KernelTable {
     void (*gemm_panel)(const float *p, int n, const float *x, size_t ldx, int n_tok, float *y, size_t ldy, int cols);
     // dot_rows_quant reads QuantActs' block-major factors (AMX).
     bool acts_by_block = false;
+
+    // A prompt's attention products on a matrix unit (AMX-BF16); nullptr where the ISA has none
+    // (the attention then packs panels for gemm_panel). For nq <= kAttnQueries query rows and
+    // n <= kAttnKeys keys, rows of hd floats (hd a multiple of 32), with `ws` (attn_tile_floats)
+    // holding the queries between calls. Each f32 operand is split into two bf16 halves (x = hi +
+    // lo + a rest below 2^-17 |x|; an f16 key or value is hi + lo exactly) and three products are
+    // summed in f32: hi*hi + hi*lo + lo*hi, dropping lo*lo (below 2^-17 of each term).
+    // attn_queries: takes the queries q[i * hd + d] into ws.
+    // attn_scores: s[i * lds + j] = dot(query i, k[j * hd ...]) for i < nq, j < n; s holds 16-row
+    //   and 32-key multiples (rows and keys past nq and n are written, as zero sums or garbage).
+    // attn_values: o[i * hd + d] += sum over j < n of p[i * lds + j] * v[j * hd + d]; p and o hold
+    //   16-row multiples (rows past nq are read and written).
+    static constexpr int kAttnQueries = 128, kAttnKeys = 128;
+    void (*attn_queries)(const float *q, int nq, int hd, float *ws) = nullptr;
+    void (*attn_scores)(float *ws, int nq, int hd, const float *k, int n, float *s, int lds) = nullptr;
+    void (*attn_values)(float *ws, int nq, int hd, const float *p, int lds, const float *v, int n, float *o) = nullptr;
 };
+// The floats of ws for heads of hd values: queries, keys, probabilities and values as bf16 pairs.
+inline size_t attn_tile_floats(int hd) {
+    return (size_t)3 * KernelTable::kAttnQueries * hd + (size_t)KernelTable::kAttnQueries * KernelTable::kAttnKeys;
+}
 
 // `plain` with dot_rows_quant of every quantized dtype set to the ISA's kernel for its code width
 // (for_bits(8 / 6 / 4)), so that a new quantized dtype is one row of kDTypes (tensor.h).

@@ -12,7 +12,8 @@
 // the weights' scales change every 32 values, so the tile unit's K of 64 is never used whole
 // (measured here: K = 32 takes the same 4.6 ns as K = 64), and the scaling, on the vector units,
 // takes longer than the product.
-#if (defined(__x86_64__) || defined(_M_X64)) && defined(__linux__) && defined(__AMX_INT8__) && defined(__AMX_TILE__)
+#if (defined(__x86_64__) || defined(_M_X64)) && defined(__linux__) && defined(__AMX_INT8__) && defined(__AMX_TILE__) && \
+    defined(__AMX_BF16__)
 #include <immintrin.h>
 
 #include <algorithm>
@@ -20,6 +21,7 @@
 
 #include "cpu/kernels.h"
 #include "cpu/kernels_avx512.h"
+#include "platform/platform.h"
 
 namespace fastllm {
 
@@ -159,6 +161,161 @@ KernelTable::QuantDot quant_for_bits(int bits) {
     return bits == 8 ? amx_dot<8> : bits == 6 ? amx_dot<6> : bits == 5 ? amx_dot<5> : bits == 3 ? amx_dot<3> : amx_dot<4>;
 }
 
+// ---- A prompt's attention (KernelTable::attn_*): bf16 products, three per f32 product ----
+//
+// TDPBF16PS multiplies 16 rows x 32 bf16 (tile A) by 32 x 16 bf16 (tile B, stored as 16 rows of
+// 16 pairs: B's rows 2r and 2r + 1 side by side) into 16 x 16 f32 sums. Each operand x is split
+// into hi = bf16(x) and lo = bf16(x - hi); hi*hi + hi*lo + lo*hi is then x*y to within about
+// 2^-17 |x y| (an f16 key or value is hi + lo exactly). All eight tiles are 16 x 64 bytes: sums
+// 0 and 1 (two blocks of 16 outputs), A's halves 2 and 3, the two blocks' B halves 4-5 and 6-7.
+struct BfTileConfig {
+    uint8_t palette = 1, start_row = 0, reserved[14] = {};
+    uint16_t colsb[16] = {64, 64, 64, 64, 64, 64, 64, 64};
+    uint8_t rows[16] = {16, 16, 16, 16, 16, 16, 16, 16};
+};
+static_assert(sizeof(BfTileConfig) == 64, "LDTILECFG reads 64 bytes");
+constexpr int kQ = KernelTable::kAttnQueries, kKeys = KernelTable::kAttnKeys;
+
+// bf16 bits (rounded to nearest even) of 16 floats, in the low halves of 32-bit lanes.
+inline __m512i bf16_bits(__m512 x) {
+    const __m512i b = _mm512_castps_si512(x);
+    const __m512i odd = _mm512_and_si512(_mm512_srli_epi32(b, 16), _mm512_set1_epi32(1));
+    return _mm512_srli_epi32(_mm512_add_epi32(b, _mm512_add_epi32(odd, _mm512_set1_epi32(0x7fff))), 16);
+}
+inline void split(__m512 x, __m512i &hi, __m512i &lo) {
+    hi = bf16_bits(x);
+    lo = bf16_bits(_mm512_sub_ps(x, _mm512_castsi512_ps(_mm512_slli_epi32(hi, 16))));
+}
+// 32 bf16 of two vectors of lanes (a's 16, then b's), as 16 pairs.
+inline __m512i pack32(__m512i a, __m512i b) {
+    return _mm512_inserti64x4(_mm512_castsi256_si512(_mm512_cvtepi32_epi16(a)), _mm512_cvtepi32_epi16(b), 1);
+}
+// Row-major matrices of bf16 halves, rows past `rows` (up to a multiple of 16) zero: hi[i * cols + c]
+// = hi of x[i * ldx + c] for c < n (zero for n <= c < cols); cols a multiple of 32.
+void split_rows(const float *x, size_t ldx, int rows, int n, int cols, uint16_t *hi, uint16_t *lo) {
+    const int padded = (rows + 15) / 16 * 16;
+    for (int i = 0; i < padded; i++)
+        for (int c = 0; c < cols; c += 32) {
+            const __mmask16 m0 = i < rows ? (__mmask16)(n - c >= 16 ? 0xffff : n - c <= 0 ? 0 : (1u << (n - c)) - 1) : 0;
+            const __mmask16 m1 = i < rows ? (__mmask16)(n - c >= 32 ? 0xffff : n - c <= 16 ? 0 : (1u << (n - c - 16)) - 1) : 0;
+            __m512i h0, l0, h1, l1;
+            split(_mm512_maskz_loadu_ps(m0, x + (size_t)i * ldx + c), h0, l0);
+            split(_mm512_maskz_loadu_ps(m1, x + (size_t)i * ldx + c + 16), h1, l1);
+            _mm512_storeu_si512((void *)(hi + (size_t)i * cols + c), pack32(h0, h1));
+            _mm512_storeu_si512((void *)(lo + (size_t)i * cols + c), pack32(l0, l1));
+        }
+}
+
+// ws: the queries' halves [2][kQ][hd], the keys' tiles, the probabilities' halves [2][kQ][kKeys],
+// the values' tiles.
+inline uint16_t *ws_q(float *ws) { return (uint16_t *)ws; }
+inline uint16_t *ws_k(float *ws, int hd) { return (uint16_t *)ws + 2 * kQ * hd; }
+inline uint16_t *ws_p(float *ws, int hd) { return (uint16_t *)ws + 4 * kQ * hd; }
+inline uint16_t *ws_v(float *ws, int hd) { return (uint16_t *)ws + 4 * kQ * hd + 2 * kQ * kKeys; }
+
+void attn_queries(const float *q, int nq, int hd, float *ws) {
+    split_rows(q, (size_t)hd, nq, hd, hd, ws_q(ws), ws_q(ws) + kQ * hd);
+}
+
+// Three products into sums tile c: A's halves in tiles 2, 3; B's in bh, bl (the tile numbers are
+// spelled into the instructions: literals only).
+#define FASTLLM_BF16_PRODUCTS(c, bh, bl) \
+    do {                                 \
+        _tile_dpbf16ps(c, 2, bh);        \
+        _tile_dpbf16ps(c, 2, bl);        \
+        _tile_dpbf16ps(c, 3, bh);        \
+    } while (0)
+
+// The keys as tile B: for keys [16 kb, 16 kb + 16) and values [32 c, 32 c + 32), 16 rows (pairs of
+// values) of 16 keys, hi then lo, 512 halves each, at ((kb * (hd / 32) + c) * 2 + half) * 512.
+void attn_scores(float *ws, int nq, int hd, const float *k, int n, float *s, int lds) {
+    uint16_t *kt = ws_k(ws, hd);
+    const int chunks = hd / 32, n32 = (n + 31) / 32 * 32;
+    for (int kb = 0; kb < n32 / 16; kb++)
+        for (int c = 0; c < chunks; c++) {
+            __m512 h[16], l[16];  // key j's 16 pairs (as floats, for the transpose)
+            for (int j = 0; j < 16; j++) {
+                const int key = kb * 16 + j;
+                __m512i h0, l0, h1, l1;
+                const __mmask16 m = key < n ? 0xffff : 0;
+                split(_mm512_maskz_loadu_ps(m, k + (size_t)key * hd + c * 32), h0, l0);
+                split(_mm512_maskz_loadu_ps(m, k + (size_t)key * hd + c * 32 + 16), h1, l1);
+                h[j] = _mm512_castsi512_ps(pack32(h0, h1)), l[j] = _mm512_castsi512_ps(pack32(l0, l1));
+            }
+            transpose16(h), transpose16(l);
+            uint16_t *t = kt + (size_t)(kb * chunks + c) * 2 * 512;
+            for (int r = 0; r < 16; r++) {
+                _mm512_storeu_ps(t + r * 32, h[r]);
+                _mm512_storeu_ps(t + 512 + r * 32, l[r]);
+            }
+        }
+    static const BfTileConfig config;
+    _tile_loadconfig(&config);
+    const uint16_t *qh = ws_q(ws), *ql = qh + kQ * hd;
+    for (int i0 = 0; i0 < nq; i0 += 16)
+        for (int j0 = 0; j0 < n32; j0 += 32) {
+            _tile_zero(0);
+            _tile_zero(1);
+            for (int c = 0; c < chunks; c++) {
+                _tile_loadd(2, qh + (size_t)i0 * hd + c * 32, hd * 2);
+                _tile_loadd(3, ql + (size_t)i0 * hd + c * 32, hd * 2);
+                const uint16_t *t0 = kt + (size_t)((j0 / 16) * chunks + c) * 2 * 512, *t1 = t0 + (size_t)chunks * 2 * 512;
+                _tile_loadd(4, t0, 64);
+                _tile_loadd(5, t0 + 512, 64);
+                FASTLLM_BF16_PRODUCTS(0, 4, 5);
+                _tile_loadd(6, t1, 64);
+                _tile_loadd(7, t1 + 512, 64);
+                FASTLLM_BF16_PRODUCTS(1, 6, 7);
+            }
+            _tile_stored(0, s + (size_t)i0 * lds + j0, lds * 4);
+            _tile_stored(1, s + (size_t)i0 * lds + j0 + 16, lds * 4);
+        }
+    _tile_release();
+}
+
+// The values as tile B: for keys [32 kc, 32 kc + 32) and values [16 db, 16 db + 16), 16 rows (pairs of
+// keys) of 16 values, hi then lo, at ((kc * (hd / 16) + db) * 2 + half) * 512.
+void attn_values(float *ws, int nq, int hd, const float *p, int lds, const float *v, int n, float *o) {
+    uint16_t *vt = ws_v(ws, hd), *ph = ws_p(ws, hd), *pl = ph + kQ * kKeys;
+    const int n32 = (n + 31) / 32 * 32, dblocks = hd / 16;
+    split_rows(p, (size_t)lds, nq, n, n32, ph, pl);
+    for (int kc = 0; kc < n32 / 32; kc++)
+        for (int db = 0; db < dblocks; db++) {
+            uint16_t *t = vt + (size_t)(kc * dblocks + db) * 2 * 512;
+            for (int r = 0; r < 16; r++) {
+                const int a = kc * 32 + 2 * r;
+                __m512i ha, la, hb, lb;
+                split(_mm512_maskz_loadu_ps(a < n ? 0xffff : 0, v + (size_t)a * hd + db * 16), ha, la);
+                split(_mm512_maskz_loadu_ps(a + 1 < n ? 0xffff : 0, v + (size_t)(a + 1) * hd + db * 16), hb, lb);
+                _mm512_storeu_si512((void *)(t + r * 32), _mm512_or_si512(ha, _mm512_slli_epi32(hb, 16)));
+                _mm512_storeu_si512((void *)(t + 512 + r * 32), _mm512_or_si512(la, _mm512_slli_epi32(lb, 16)));
+            }
+        }
+    static const BfTileConfig config;
+    _tile_loadconfig(&config);
+    for (int i0 = 0; i0 < nq; i0 += 16)
+        for (int d0 = 0; d0 < hd; d0 += 32) {
+            float *oi = o + (size_t)i0 * hd + d0;
+            _tile_loadd(0, oi, hd * 4);
+            _tile_loadd(1, oi + 16, hd * 4);
+            for (int kc = 0; kc < n32 / 32; kc++) {
+                _tile_loadd(2, ph + (size_t)i0 * n32 + kc * 32, n32 * 2);
+                _tile_loadd(3, pl + (size_t)i0 * n32 + kc * 32, n32 * 2);
+                const uint16_t *t0 = vt + (size_t)(kc * dblocks + d0 / 16) * 2 * 512, *t1 = t0 + 2 * 512;
+                _tile_loadd(4, t0, 64);
+                _tile_loadd(5, t0 + 512, 64);
+                FASTLLM_BF16_PRODUCTS(0, 4, 5);
+                _tile_loadd(6, t1, 64);
+                _tile_loadd(7, t1 + 512, 64);
+                FASTLLM_BF16_PRODUCTS(1, 6, 7);
+            }
+            _tile_stored(0, oi, hd * 4);
+            _tile_stored(1, oi + 16, hd * 4);
+        }
+    _tile_release();
+}
+#undef FASTLLM_BF16_PRODUCTS
+
 }  // namespace
 
 const KernelTable *amx_kernels() {
@@ -170,6 +327,7 @@ const KernelTable *amx_kernels() {
         static KernelTable t = with_quant_kernels(*avx512, quant_for_bits);
         t.isa = Isa::Amx;
         t.acts_by_block = true;
+        if (platform::cpu_features().amx_bf16) t.attn_queries = attn_queries, t.attn_scores = attn_scores, t.attn_values = attn_values;
         return &t;
     }();
     return table;

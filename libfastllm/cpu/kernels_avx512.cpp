@@ -279,24 +279,6 @@ void geglu(const float *gate_up, int n, float *out) {
     }
 }
 
-// In place: r[i] (row i, values 0-15) becomes column i (value i of rows 0-15). Pairs, then
-// quadruples within each 128-bit lane, then the lanes themselves.
-inline void transpose16(__m512 r[16]) {
-    __m512 t[16], u[16];
-    for (int i = 0; i < 16; i += 2) t[i] = _mm512_unpacklo_ps(r[i], r[i + 1]), t[i + 1] = _mm512_unpackhi_ps(r[i], r[i + 1]);
-    for (int g = 0; g < 4; g++) {  // u[4g + c]: rows 4g..4g+3 at column 4l + c of lane l
-        const __m512 *q = t + 4 * g;
-        u[4 * g + 0] = _mm512_shuffle_ps(q[0], q[2], 0x44), u[4 * g + 1] = _mm512_shuffle_ps(q[0], q[2], 0xEE);
-        u[4 * g + 2] = _mm512_shuffle_ps(q[1], q[3], 0x44), u[4 * g + 3] = _mm512_shuffle_ps(q[1], q[3], 0xEE);
-    }
-    for (int c = 0; c < 4; c++) {
-        const __m512 v0 = _mm512_shuffle_f32x4(u[c], u[4 + c], 0x44), v1 = _mm512_shuffle_f32x4(u[c], u[4 + c], 0xEE);
-        const __m512 w0 = _mm512_shuffle_f32x4(u[8 + c], u[12 + c], 0x44), w1 = _mm512_shuffle_f32x4(u[8 + c], u[12 + c], 0xEE);
-        r[c] = _mm512_shuffle_f32x4(v0, w0, 0x88), r[4 + c] = _mm512_shuffle_f32x4(v0, w0, 0xDD);
-        r[8 + c] = _mm512_shuffle_f32x4(v1, w1, 0x88), r[12 + c] = _mm512_shuffle_f32x4(v1, w1, 0xDD);
-    }
-}
-
 // The panel in blocks of 16 rows x 16 weights, each transposed in registers: the portable
 // element-by-element copy took 15% of a 400 x 1536 x 384 f32 product.
 template <__m512 (*Load16)(const void *, int), float (*Load1)(const void *, int)>

@@ -1,5 +1,6 @@
 // kernels_avx512.h — what the AVX-512 table (kernels_avx512.cpp) and the AMX one (kernels_amx.cpp,
-// compiled with AVX-512 and AMX) share: reading a quantized tile's codes and factors 16 rows wide.
+// compiled with AVX-512 and AMX) share: reading a quantized tile's codes and factors 16 rows wide,
+// and a 16 x 16 transpose.
 // Included by those two files only; everything here has internal linkage, so that the linker
 // cannot pick one file's copy of a helper for the other's table.
 #pragma once
@@ -43,6 +44,24 @@ inline void decode_pair(const uint8_t *cb, int j, __m512i &lo, __m512i &hi) {
         const __m512i hh = j % 2 ? _mm512_srli_epi16(h, 2) : _mm512_slli_epi16(h, 2);
         lo = _mm512_ternarylogic_epi32(lo, hl, top2, 0xF8);  // lo | (hl & top2)
         hi = _mm512_ternarylogic_epi32(hi, hh, top2, 0xF8);
+    }
+}
+
+// In place: r[i] (row i, values 0-15) becomes column i (value i of rows 0-15). Pairs, then
+// quadruples within each 128-bit lane, then the lanes themselves.
+inline void transpose16(__m512 r[16]) {
+    __m512 t[16], u[16];
+    for (int i = 0; i < 16; i += 2) t[i] = _mm512_unpacklo_ps(r[i], r[i + 1]), t[i + 1] = _mm512_unpackhi_ps(r[i], r[i + 1]);
+    for (int g = 0; g < 4; g++) {  // u[4g + c]: rows 4g..4g+3 at column 4l + c of lane l
+        const __m512 *q = t + 4 * g;
+        u[4 * g + 0] = _mm512_shuffle_ps(q[0], q[2], 0x44), u[4 * g + 1] = _mm512_shuffle_ps(q[0], q[2], 0xEE);
+        u[4 * g + 2] = _mm512_shuffle_ps(q[1], q[3], 0x44), u[4 * g + 3] = _mm512_shuffle_ps(q[1], q[3], 0xEE);
+    }
+    for (int c = 0; c < 4; c++) {
+        const __m512 v0 = _mm512_shuffle_f32x4(u[c], u[4 + c], 0x44), v1 = _mm512_shuffle_f32x4(u[c], u[4 + c], 0xEE);
+        const __m512 w0 = _mm512_shuffle_f32x4(u[8 + c], u[12 + c], 0x44), w1 = _mm512_shuffle_f32x4(u[8 + c], u[12 + c], 0xEE);
+        r[c] = _mm512_shuffle_f32x4(v0, w0, 0x88), r[4 + c] = _mm512_shuffle_f32x4(v0, w0, 0xDD);
+        r[8 + c] = _mm512_shuffle_f32x4(v1, w1, 0x88), r[12 + c] = _mm512_shuffle_f32x4(v1, w1, 0xDD);
     }
 }
 

@@ -225,11 +225,16 @@ constexpr int kBlockKeys = 4 * KernelTable::kGemmCols;
 // per thread at head_dim 128, past many CPUs' L2 (128: 0.47 MiB; 0.27 MiB at head_dim 64).
 constexpr int kBlockQueries = 128;
 
+static_assert(kBlockQueries == KernelTable::kAttnQueries && kBlockKeys == KernelTable::kAttnKeys,
+              "a block is what the tile products take");
+
 size_t block_floats(int hd, int64_t kv_dim) {
     const size_t Q = kBlockQueries, B = kBlockKeys, C = KernelTable::kGemmCols;
-    // queries, their sums and one step's sums; scores; maxima and totals; the key panels; the
-    // keys' and values' heads as f32; a value panel; a whole q8 row
-    return 3 * Q * hd + Q * B + 2 * Q + (size_t)hd * B + 2 * B * hd + B * C + (size_t)kv_dim;
+    // queries and their sums; scores; maxima and totals; the keys' and values' heads as f32; a
+    // whole q8 row; then the panels' (one step's sums, the key panels, a value panel) or the tile
+    // products' memory
+    return 2 * Q * hd + Q * B + 2 * Q + 2 * B * hd + (size_t)kv_dim +
+           std::max(Q * hd + (size_t)hd * B + B * C, attn_tile_floats(hd));
 }
 
 // Values [off, off + dim) of a KV row as f32 (tmp: room for a whole row, for a q8 head that does
@@ -254,15 +259,21 @@ void attend_block(const KernelTable &k, const float *q, const AttentionRun &run,
     const int hd = sh.head_dim, group = sh.n_heads / sh.n_kv_heads, nq = (r1 - r0) * hn;
     const KvCache &cache = *run.cache;
     const int kv_dim = cache.kv_dim(), off = g * hd;
-    float *Qs = mem, *O = Qs + (size_t)Q * hd, *Ot = O + (size_t)Q * hd, *S = Ot + (size_t)Q * hd, *m = S + Q * B,
-          *l = m + Q, *Kp = l + Q, *Kt = Kp + (size_t)hd * B, *Vt = Kt + (size_t)B * hd, *Vp = Vt + (size_t)B * hd,
-          *tmp = Vp + B * C;
+    float *Qs = mem, *O = Qs + (size_t)Q * hd, *S = O + (size_t)Q * hd, *m = S + Q * B, *l = m + Q, *Kt = l + Q,
+          *Vt = Kt + (size_t)B * hd, *tmp = Vt + (size_t)B * hd, *Ot = tmp + kv_dim, *Kp = Ot + (size_t)Q * hd,
+          *Vp = Kp + (size_t)hd * B, *ws = Ot;
+    // The products on the matrix unit where the ISA has one (AMX: bf16 halves, three products each),
+    // for a prompt's rows: a decoding row's few queries (padded to 16) do not repay the keys'
+    // conversion to tiles (Qwen2.5-0.5B tg64 4096 deep 0.92x), and a decoding row must not take
+    // other products when it comes with others (a speculative step's rows, T < 16).
+    const bool tiles = k.attn_scores && hd % 32 == 0 && run.T >= kAttentionBlockRows;
     for (int i = 0; i < nq; i++) {
         const int row = run.first_row + r0 + i / hn, h = g * group + h0 + i % hn;
         const float *src = q + ((size_t)row * sh.n_heads + h) * hd;
         for (int d = 0; d < hd; d++) Qs[(size_t)i * hd + d] = src[d] * sh.scale;
     }
     std::fill(O, O + (size_t)nq * hd, 0.0f);
+    if (tiles) k.attn_queries(Qs, nq, hd, ws);
     std::fill(m, m + nq, -INFINITY);
     std::fill(l, l + nq, 0.0f);
     auto key_end = [&](int r) { return run.pos0 + (sh.causal ? r + 1 : run.T); };
@@ -274,7 +285,8 @@ void attend_block(const KernelTable &k, const float *q, const AttentionRun &run,
             load_head(k, cache.type_k(), cache.k_row(layer, p + j), off, hd, kv_dim, Kt + (size_t)j * hd, tmp);
             load_head(k, cache.type_v(), cache.v_row(layer, p + j), off, hd, kv_dim, Vt + (size_t)j * hd, tmp);
         }
-        for (int c = 0; c < n; c += C) {  // scores of every query against these keys, a panel at a time
+        if (tiles) k.attn_scores(ws, nq, hd, Kt, n, S, B);
+        for (int c = 0; !tiles && c < n; c += C) {  // scores of every query against these keys, a panel at a time
             float *panel = Kp + (size_t)c * hd;
             k.gemm_pack[(int)DType::F32](Kt + (size_t)c * hd, (size_t)hd * 4, std::min(C, n - c), hd, panel);
             k.gemm_panel(panel, hd, Qs, (size_t)hd, nq, S + c, B, std::min(C, n - c));
@@ -296,6 +308,10 @@ void attend_block(const KernelTable &k, const float *q, const AttentionRun &run,
             l[i] = l[i] * alpha + sum, m[i] = m_new;
             if (alpha != 1.0f)
                 for (int d = 0; d < hd; d++) O[(size_t)i * hd + d] *= alpha;
+        }
+        if (tiles) {
+            k.attn_values(ws, nq, hd, S, B, Vt, n, O);
+            continue;
         }
         for (int d0 = 0; d0 < hd; d0 += C) {  // the weighted values, 32 of a head's values at a time
             const int dc = std::min(C, hd - d0);

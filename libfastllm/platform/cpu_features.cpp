@@ -36,6 +36,7 @@ CpuFeatures detect() {
     const bool amx_cpu = __get_cpuid_count(7, 0, &a, &b, &c, &d) && (d >> 24 & 1) && (d >> 25 & 1);
 #if defined(__linux__)
     f.amx = f.avx512 && amx_cpu && syscall(SYS_arch_prctl, 0x1023, 18) == 0;
+    f.amx_bf16 = f.amx && (d >> 22 & 1);  // CPUID leaf 7, EDX bit 22
 #else
     (void)amx_cpu;
 #endif
