@@ -57,6 +57,8 @@ struct KernelTable {
     void (*gelu_erf)(const float *x, size_t n, float *out);
     // x[i] = exp(x[i] - shift) for n elements; returns their sum (softmax).
     float (*exp_shift_sum)(float *x, int n, float shift);
+    // The largest of x[0, n), n >= 1 (a softmax's shift).
+    float (*reduce_max)(const float *x, int n);
     // Quantizes n (a multiple of 32) activations.
     void (*quantize_acts)(const float *x, int n, const QuantActs &out);
     // y[t * ldy + r] = dot(row r of the tile w, activations of token t) for r < rows (<= 16), rows of

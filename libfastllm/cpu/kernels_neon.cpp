@@ -100,6 +100,16 @@ float exp_shift_sum(float *x, int n, float shift) {
     return sum;
 }
 
+// Two running maxima of 4: one would wait on its own previous maximum each step.
+float reduce_max(const float *x, int n) {
+    float32x4_t m0 = vdupq_n_f32(x[0]), m1 = m0;
+    int i = 0;
+    for (; i + 8 <= n; i += 8) m0 = vmaxq_f32(m0, vld1q_f32(x + i)), m1 = vmaxq_f32(m1, vld1q_f32(x + i + 4));
+    float m = vmaxvq_f32(vmaxq_f32(m0, m1));
+    for (; i < n; i++) m = std::max(m, x[i]);
+    return m;
+}
+
 // One row after another, the weights read as one sequential stream (kernels_avx2.cpp has the
 // measurement on x86); four accumulators of 4 lanes hide the FMA latency.
 template <float32x4_t (*Load4)(const void *, int), float (*Load1)(const void *, int)>
@@ -384,6 +394,7 @@ const KernelTable kPlain = {
     geglu,
     gelu_erf,
     exp_shift_sum,
+    reduce_max,
     quantize_acts,
     {},  // dot_rows_quant
     {}, {}, {}, {},  // KV kernels: set by the factory

@@ -191,6 +191,12 @@ float exp_shift_sum(float *x, int n, float shift) {
     return sum;
 }
 
+float reduce_max(const float *x, int n) {
+    float m = x[0];
+    for (int i = 1; i < n; i++) m = std::max(m, x[i]);
+    return m;
+}
+
 template <int kBits>
 void dot_rows_quant1(const QuantTile &w, int rows, int n, const QuantActs &x, float *y) {
     const float zero = w.has_min() ? 0.0f : (float)(1 << (kBits - 1));
@@ -262,6 +268,7 @@ const KernelTable kPlain = {Isa::Scalar,
                             geglu,
                             gelu_erf,
                             exp_shift_sum,
+                            reduce_max,
                             quantize_acts,
                             {},  // dot_rows_quant
     {}, {}, {}, {},  // KV kernels: set by the factory

@@ -198,20 +198,6 @@ void softcap(float *x, size_t n, float cap) {
     for (size_t i = 0; i < n; i++) x[i] = cap * std::tanh(x[i] * inv);
 }
 
-namespace {
-// The largest of x[0, n), n >= 1, in 8 running maxima: the compiler makes vector maxima of them,
-// where one running maximum is a chain of dependent scalar ones (4 cycles each; with it, the
-// maximum over each block of keys took two thirds of the blocked attention's own time).
-float max_of(const float *x, int n) {
-    float m[8];
-    std::fill(m, m + 8, x[0]);
-    int i = 0;
-    for (; i + 8 <= n; i += 8)
-        for (int j = 0; j < 8; j++) m[j] = m[j] < x[i + j] ? x[i + j] : m[j];
-    for (; i < n; i++) m[0] = std::max(m[0], x[i]);
-    return *std::max_element(m, m + 8);
-}
-}  // namespace
 
 
 namespace {
@@ -230,10 +216,10 @@ static_assert(kBlockQueries == KernelTable::kAttnQueries && kBlockKeys == Kernel
 
 size_t block_floats(int hd, int64_t kv_dim) {
     const size_t Q = kBlockQueries, B = kBlockKeys, C = KernelTable::kGemmCols;
-    // queries and their sums; scores; maxima and totals; the keys' and values' heads as f32; a
-    // whole q8 row; then the panels' (one step's sums, the key panels, a value panel) or the tile
-    // products' memory
-    return 2 * Q * hd + Q * B + 2 * Q + 2 * B * hd + (size_t)kv_dim +
+    // queries and their sums; scores; maxima, totals, a step's rescale factors and sums; the keys'
+    // and values' heads as f32; a whole q8 row; then the panels' (one step's sums, the key panels,
+    // a value panel) or the tile products' memory
+    return 2 * Q * hd + Q * B + 4 * Q + 2 * B * hd + (size_t)kv_dim +
            std::max(Q * hd + (size_t)hd * B + B * C, attn_tile_floats(hd));
 }
 
@@ -259,7 +245,8 @@ void attend_block(const KernelTable &k, const float *q, const AttentionRun &run,
     const int hd = sh.head_dim, group = sh.n_heads / sh.n_kv_heads, nq = (r1 - r0) * hn;
     const KvCache &cache = *run.cache;
     const int kv_dim = cache.kv_dim(), off = g * hd;
-    float *Qs = mem, *O = Qs + (size_t)Q * hd, *S = O + (size_t)Q * hd, *m = S + Q * B, *l = m + Q, *Kt = l + Q,
+    float *Qs = mem, *O = Qs + (size_t)Q * hd, *S = O + (size_t)Q * hd, *m = S + Q * B, *l = m + Q, *alpha = l + Q,
+          *sums = alpha + Q, *Kt = sums + Q,
           *Vt = Kt + (size_t)B * hd, *tmp = Vt + (size_t)B * hd, *Ot = tmp + kv_dim, *Kp = Ot + (size_t)Q * hd,
           *Vp = Kp + (size_t)hd * B, *ws = Ot;
     // The products on the matrix unit where the ISA has one (AMX: bf16 halves, three products each),
@@ -295,19 +282,26 @@ void attend_block(const KernelTable &k, const float *q, const AttentionRun &run,
             const int r = r0 + i / hn;
             const int lo = std::max(p, key_begin(r)) - p, hi = std::min(p + n, key_end(r)) - p;
             float *s = S + (size_t)i * B;
+            alpha[i] = 0.0f, sums[i] = 0.0f;  // exp(0): unchanged
             if (lo >= hi) {  // none of these keys is this query's: it adds nothing
                 std::fill(s, s + n, 0.0f);
                 continue;
             }
             if (sh.softcap > 0) softcap(s + lo, (size_t)(hi - lo), sh.softcap);
-            const float mx = max_of(s + lo, hi - lo), m_new = std::max(m[i], mx);
-            const float alpha = std::exp(m[i] - m_new);  // 0 for the first keys (m = -inf)
-            const float sum = k.exp_shift_sum(s + lo, hi - lo, m_new);
+            const float m_new = std::max(m[i], k.reduce_max(s + lo, hi - lo));
+            // exp(-87) for the first keys (m = -inf): the table's exp takes finite input, and 1e-38
+            // of a total and sums still 0 is 0
+            alpha[i] = std::max(m[i] - m_new, -87.0f);
+            sums[i] = k.exp_shift_sum(s + lo, hi - lo, m_new);
             std::fill(s, s + lo, 0.0f);
             std::fill(s + hi, s + n, 0.0f);
-            l[i] = l[i] * alpha + sum, m[i] = m_new;
-            if (alpha != 1.0f)
-                for (int d = 0; d < hd; d++) O[(size_t)i * hd + d] *= alpha;
+            m[i] = m_new;
+        }
+        k.exp_shift_sum(alpha, nq, 0.0f);  // the rescale factors, all the queries' at once
+        for (int i = 0; i < nq; i++) {
+            l[i] = l[i] * alpha[i] + sums[i];
+            if (alpha[i] != 1.0f)
+                for (int d = 0; d < hd; d++) O[(size_t)i * hd + d] *= alpha[i];
         }
         if (tiles) {
             k.attn_values(ws, nq, hd, S, B, Vt, n, O);
@@ -357,7 +351,7 @@ void attend_direct(const KernelTable &k, const float *q, const AttentionRun &run
         }
         for (int j = 0; j < n; j++) s[j] *= sh.scale;
         if (sh.softcap > 0) softcap(s, (size_t)n, sh.softcap);
-        const float m_new = std::max(m, max_of(s, n)), alpha = std::exp(m - m_new);
+        const float m_new = std::max(m, k.reduce_max(s, n)), alpha = std::exp(m - m_new);
         l = l * alpha + k.exp_shift_sum(s, n, m_new), m = m_new;
         if (alpha != 1.0f)
             for (int d = 0; d < hd; d++) o[d] *= alpha;

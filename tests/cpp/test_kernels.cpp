@@ -472,6 +472,17 @@ static void test_kv_cache_windows() {
 
 // swiglu and softmax use each ISA's own exp: ordinary values, and ones where exp over- or underflows.
 static void test_exp_ops(const KernelTable &k) {
+    // the largest value, for lengths around the vector widths and their tails, wherever it sits
+    for (int len : {1, 3, 8, 15, 16, 17, 31, 32, 33, 100, 128, 131}) {
+        std::vector<float> x = randn((size_t)len, 3.0f);
+        for (float &v : x) v -= 20.0f;  // all negative: a maximum that starts at 0 would be wrong
+        for (int at : {0, len / 2, len - 1}) {
+            std::vector<float> y = x;
+            y[(size_t)at] = -1.0f;
+            CHECK(k.reduce_max(y.data(), len) == *std::max_element(y.begin(), y.end()), "reduce_max %s n %d at %d",
+                  isa_name(k.isa), len, at);
+        }
+    }
     const int n = 203;
     std::vector<float> gu = randn(2 * n, 4.0f), a(n), b(n);
     const float extremes[] = {-200.0f, -104.0f, -88.0f, -87.0f, -30.0f, -1e-8f, 0.0f, 1e-8f, 30.0f, 88.0f, 100.0f};
