@@ -198,8 +198,6 @@ void softcap(float *x, size_t n, float cap) {
     for (size_t i = 0; i < n; i++) x[i] = cap * std::tanh(x[i] * inv);
 }
 
-
-
 namespace {
 
 // Keys per step of the blocked path: 4 panels. With one panel (32 keys) the per-query softmax
