@@ -295,7 +295,12 @@ void attend_block(const KernelTable &k, const float *q, const AttentionRun &run,
             std::fill(s + hi, s + n, 0.0f);
             m[i] = m_new;
         }
-        k.exp_shift_sum(alpha, nq, 0.0f);  // the rescale factors, all the queries' at once
+        // The rescale factors, all the queries' at once, padded to whole vectors: a vector exp and
+        // its scalar tail round differently, so a query's factor must not depend on its place in
+        // the block (a decoding row alone and in a speculative step's three would differ).
+        const int padded = (nq + 15) / 16 * 16;
+        std::fill(alpha + nq, alpha + padded, 0.0f);
+        k.exp_shift_sum(alpha, padded, 0.0f);
         for (int i = 0; i < nq; i++) {
             l[i] = l[i] * alpha[i] + sums[i];
             if (alpha[i] != 1.0f)
@@ -392,13 +397,28 @@ void attention(const KernelTable &k, const float *q, const AttentionRun *runs, i
     // job per run would leave the threads waiting on each other 32 times per layer). A prompt's
     // run goes in blocks, a task per (block of rows, KV head, block of its query heads); so does a
     // decoding run whose KV heads have kDecodeGroupBlocked query heads or more, each of its tasks
-    // then taking a KV head's whole group of heads. Other decoding runs take a task per (row, head).
-    const int group = sh.n_heads / sh.n_kv_heads, hn = std::min(group, kBlockQueries);
-    const int head_blocks = (group + hn - 1) / hn, rows = std::max(1, kBlockQueries / hn);
-    const int64_t per_rows = (int64_t)sh.n_kv_heads * head_blocks;  // tasks per block of rows
+    // then taking a KV head's group of heads. Other decoding runs take a task per (row, head).
+    const int group = sh.n_heads / sh.n_kv_heads;
     auto direct = [&](const AttentionRun &r) { return r.T < kAttentionBlockRows && group < kDecodeGroupBlocked; };
+    // Decoding rows' groups are cut in as many blocks of heads as it takes to give every thread a
+    // task (Qwen2.5-0.5B has 2 KV heads: one row would be 2 tasks). A query's sums do not depend
+    // on the others of its block, so the cut changes no result, only the sharing of conversions.
+    int64_t decode_rows = 0;
+    for (int i = 0; i < n_runs; i++) decode_rows += runs[i].T < kAttentionBlockRows ? runs[i].T : 0;
+    const int64_t per_kv = decode_rows ? (pool.n_threads() + decode_rows * sh.n_kv_heads - 1) / (decode_rows * sh.n_kv_heads) : 1;
+    const int cut = (int)std::min<int64_t>(group, per_kv);
+    struct Blocks {
+        int hn, head_blocks, rows;
+        int64_t per_rows;  // tasks per block of rows
+    };
+    auto blocks_of = [&](int hn) {
+        const int head_blocks = (group + hn - 1) / hn;
+        return Blocks{hn, head_blocks, std::max(1, kBlockQueries / hn), (int64_t)sh.n_kv_heads * head_blocks};
+    };
+    const Blocks prompt = blocks_of(std::min(group, kBlockQueries)), decode = blocks_of(std::min((group + cut - 1) / cut, kBlockQueries));
     auto tasks_of = [&](const AttentionRun &r) {
-        return direct(r) ? (int64_t)r.T * sh.n_heads : (r.T + rows - 1) / rows * per_rows;
+        const Blocks &b = r.T < kAttentionBlockRows ? decode : prompt;
+        return direct(r) ? (int64_t)r.T * sh.n_heads : (r.T + b.rows - 1) / b.rows * b.per_rows;
     };
     int64_t total = 0;
     for (int i = 0; i < n_runs; i++) total += tasks_of(runs[i]);
@@ -414,11 +434,12 @@ void attention(const KernelTable &k, const float *q, const AttentionRun *runs, i
                 attend_direct(k, q, run, layer, sh, (int)(local / sh.n_heads), (int)(local % sh.n_heads), out, mem);
                 continue;
             }
-            const int64_t n_blocks = (run.T + rows - 1) / rows;
-            const int blk = (int)(n_blocks - 1 - local / per_rows);  // the last rows (the most keys) first
-            const int g = (int)(local % per_rows / head_blocks), h0 = (int)(local % head_blocks) * hn;
-            attend_block(k, q, run, layer, sh, g, h0, std::min(hn, group - h0), blk * rows,
-                         std::min(run.T, (blk + 1) * rows), out, mem);
+            const Blocks &b = run.T < kAttentionBlockRows ? decode : prompt;
+            const int64_t n_blocks = (run.T + b.rows - 1) / b.rows;
+            const int blk = (int)(n_blocks - 1 - local / b.per_rows);  // the last rows (the most keys) first
+            const int g = (int)(local % b.per_rows / b.head_blocks), h0 = (int)(local % b.head_blocks) * b.hn;
+            attend_block(k, q, run, layer, sh, g, h0, std::min(b.hn, group - h0), blk * b.rows,
+                         std::min(run.T, (blk + 1) * b.rows), out, mem);
         }
     });
 }

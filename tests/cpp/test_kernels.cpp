@@ -357,6 +357,27 @@ static void test_attention(const KernelTable &k) {
         CHECK(e < (k.attn_scores ? 5e-5 : 1e-5), "attention %s, %d heads a KV head, rows %d: rel err %g", isa_name(k.isa),
               n_heads / n_kv, T, e);
     }
+    // Decoding rows with 8 heads a KV head: on 8 threads their groups are cut into blocks of fewer
+    // heads (2 for one row, 4 for three), which must not change a bit of the result.
+    static ThreadPool pool8(8);
+    for (int T : {1, 3}) {
+        const int n_heads = 16, n_kv = 2, hd = 64, pos0 = 150, kv_dim = n_kv * hd;
+        std::vector<float> q = randn((size_t)T * n_heads * hd), kc = randn((size_t)(pos0 + T) * kv_dim),
+                           vc = randn((size_t)(pos0 + T) * kv_dim);
+        std::vector<float> out2((size_t)T * n_heads * hd), out8(out2.size()), outr(out2.size());
+        std::vector<float> mem(ops::attention_scratch_floats(8, hd, kv_dim));
+        const ops::AttentionScratch scratch = ops::make_attention_scratch(mem.data(), hd, kv_dim);
+        const KvCache cache = make_cache(k, KvType::F16, KvType::F16, pos0 + T, kv_dim, kc, vc);
+        const AttentionShape sh{n_heads, n_kv, hd, 0.125f, 0.0f, 0};
+        const AttentionRun run{0, T, pos0, &cache};
+        ops::attention(k, q.data(), &run, 1, 0, sh, out2.data(), scratch, g_pool);
+        ops::attention(k, q.data(), &run, 1, 0, sh, out8.data(), scratch, pool8);
+        ref::attention(q.data(), T, pos0, cache, 0, sh, outr.data());
+        const double e = rel_err(out8.data(), outr.data(), out8.size());
+        CHECK(e < 1e-5, "attention %s, 8 heads a KV head on 8 threads, rows %d: rel err %g", isa_name(k.isa), T, e);
+        CHECK(std::memcmp(out2.data(), out8.data(), out2.size() * sizeof(float)) == 0,
+              "attention %s, 8 heads a KV head, rows %d: 2 and 8 threads differ", isa_name(k.isa), T);
+    }
 }
 
 // The KV row kernels against plain loops over the reference's reading of the rows; heads inside a
