@@ -405,8 +405,8 @@ void attention(const KernelTable &k, const float *q, const AttentionRun *runs, i
     // on the others of its block, so the cut changes no result, only the sharing of conversions.
     int64_t decode_rows = 0;
     for (int i = 0; i < n_runs; i++) decode_rows += runs[i].T < kAttentionBlockRows ? runs[i].T : 0;
-    const int64_t per_kv = decode_rows ? (pool.n_threads() + decode_rows * sh.n_kv_heads - 1) / (decode_rows * sh.n_kv_heads) : 1;
-    const int cut = (int)std::min<int64_t>(group, per_kv);
+    const int64_t decode_groups = decode_rows * sh.n_kv_heads;
+    const int cut = decode_rows ? (int)std::min<int64_t>(group, (pool.n_threads() + decode_groups - 1) / decode_groups) : 1;
     struct Blocks {
         int hn, head_blocks, rows;
         int64_t per_rows;  // tasks per block of rows
@@ -415,7 +415,8 @@ void attention(const KernelTable &k, const float *q, const AttentionRun *runs, i
         const int head_blocks = (group + hn - 1) / hn;
         return Blocks{hn, head_blocks, std::max(1, kBlockQueries / hn), (int64_t)sh.n_kv_heads * head_blocks};
     };
-    const Blocks prompt = blocks_of(std::min(group, kBlockQueries)), decode = blocks_of(std::min((group + cut - 1) / cut, kBlockQueries));
+    const Blocks prompt = blocks_of(std::min(group, kBlockQueries));
+    const Blocks decode = blocks_of(std::min((group + cut - 1) / cut, kBlockQueries));
     auto tasks_of = [&](const AttentionRun &r) {
         const Blocks &b = r.T < kAttentionBlockRows ? decode : prompt;
         return direct(r) ? (int64_t)r.T * sh.n_heads : (r.T + b.rows - 1) / b.rows * b.per_rows;
