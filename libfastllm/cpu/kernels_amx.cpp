@@ -217,14 +217,23 @@ void attn_queries(const float *q, int nq, int hd, float *ws) {
     split_rows(q, (size_t)hd, nq, hd, hd, ws_q(ws), ws_q(ws) + kQ * hd);
 }
 
-// Three products into sums tile c: A's halves in tiles 2, 3; B's in bh, bl (the tile numbers are
-// spelled into the instructions: literals only).
-#define FASTLLM_BF16_PRODUCTS(c, bh, bl) \
-    do {                                 \
-        _tile_dpbf16ps(c, 2, bh);        \
-        _tile_dpbf16ps(c, 2, bl);        \
-        _tile_dpbf16ps(c, 3, bh);        \
-    } while (0)
+// One step of depth 32 into sums tiles 0 and 1: A's halves (row stride lda bytes) into tiles 2, 3,
+// the two blocks' B halves (hi, then lo 512 halves on) into 4, 5 and 6, 7, three products each.
+// The tile numbers are spelled into the instructions: literals only.
+inline void bf16_step(const uint16_t *ah, const uint16_t *al, int lda, const uint16_t *b0, const uint16_t *b1) {
+    _tile_loadd(2, ah, lda);
+    _tile_loadd(3, al, lda);
+    _tile_loadd(4, b0, 64);
+    _tile_loadd(5, b0 + 512, 64);
+    _tile_dpbf16ps(0, 2, 4);
+    _tile_dpbf16ps(0, 2, 5);
+    _tile_dpbf16ps(0, 3, 4);
+    _tile_loadd(6, b1, 64);
+    _tile_loadd(7, b1 + 512, 64);
+    _tile_dpbf16ps(1, 2, 6);
+    _tile_dpbf16ps(1, 2, 7);
+    _tile_dpbf16ps(1, 3, 6);
+}
 
 // The keys as tile B: for keys [16 kb, 16 kb + 16) and values [32 c, 32 c + 32), 16 rows (pairs of
 // values) of 16 keys, hi then lo, 512 halves each, at ((kb * (hd / 32) + c) * 2 + half) * 512.
@@ -257,15 +266,9 @@ void attn_scores(float *ws, int nq, int hd, const float *k, int n, float *s, int
             _tile_zero(0);
             _tile_zero(1);
             for (int c = 0; c < chunks; c++) {
-                _tile_loadd(2, qh + (size_t)i0 * hd + c * 32, hd * 2);
-                _tile_loadd(3, ql + (size_t)i0 * hd + c * 32, hd * 2);
-                const uint16_t *t0 = kt + (size_t)((j0 / 16) * chunks + c) * 2 * 512, *t1 = t0 + (size_t)chunks * 2 * 512;
-                _tile_loadd(4, t0, 64);
-                _tile_loadd(5, t0 + 512, 64);
-                FASTLLM_BF16_PRODUCTS(0, 4, 5);
-                _tile_loadd(6, t1, 64);
-                _tile_loadd(7, t1 + 512, 64);
-                FASTLLM_BF16_PRODUCTS(1, 6, 7);
+                const uint16_t *t0 = kt + (size_t)((j0 / 16) * chunks + c) * 2 * 512;
+                bf16_step(qh + (size_t)i0 * hd + c * 32, ql + (size_t)i0 * hd + c * 32, hd * 2, t0,
+                          t0 + (size_t)chunks * 2 * 512);
             }
             _tile_stored(0, s + (size_t)i0 * lds + j0, lds * 4);
             _tile_stored(1, s + (size_t)i0 * lds + j0 + 16, lds * 4);
@@ -299,22 +302,14 @@ void attn_values(float *ws, int nq, int hd, const float *p, int lds, const float
             _tile_loadd(0, oi, hd * 4);
             _tile_loadd(1, oi + 16, hd * 4);
             for (int kc = 0; kc < n32 / 32; kc++) {
-                _tile_loadd(2, ph + (size_t)i0 * n32 + kc * 32, n32 * 2);
-                _tile_loadd(3, pl + (size_t)i0 * n32 + kc * 32, n32 * 2);
-                const uint16_t *t0 = vt + (size_t)(kc * dblocks + d0 / 16) * 2 * 512, *t1 = t0 + 2 * 512;
-                _tile_loadd(4, t0, 64);
-                _tile_loadd(5, t0 + 512, 64);
-                FASTLLM_BF16_PRODUCTS(0, 4, 5);
-                _tile_loadd(6, t1, 64);
-                _tile_loadd(7, t1 + 512, 64);
-                FASTLLM_BF16_PRODUCTS(1, 6, 7);
+                const uint16_t *t0 = vt + (size_t)(kc * dblocks + d0 / 16) * 2 * 512;
+                bf16_step(ph + (size_t)i0 * n32 + kc * 32, pl + (size_t)i0 * n32 + kc * 32, n32 * 2, t0, t0 + 2 * 512);
             }
             _tile_stored(0, oi, hd * 4);
             _tile_stored(1, oi + 16, hd * 4);
         }
     _tile_release();
 }
-#undef FASTLLM_BF16_PRODUCTS
 
 }  // namespace
 
