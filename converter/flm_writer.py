@@ -246,7 +246,7 @@ class FlmWriter:
             if native is None or tuple(arr.shape) != t.shape:
                 raise ValueError(f"tensor {t.name!r}: {t.dtype} needs float data of shape {t.shape}, "
                                  f"got {arr.dtype} {tuple(arr.shape)}")
-            return quantize.quantize(arr.astype(np.float32), t.dtype)
+            return quantize.quantize(np.asarray(arr, dtype=np.float32), t.dtype)
         if self.dtype_policy is not None and native is not None and native != t.dtype:
             # float data for a dtype the policy chose: round it here
             arr = arr.astype(np.float32)

@@ -766,6 +766,22 @@ FASTLLM_API fastllm_status fastllm_session_save_state_file(const fastllm_session
 FASTLLM_API fastllm_status fastllm_session_load_state_file(fastllm_session *session, const char *path,
                                                            fastllm_stream_callback callback, void *user_data);
 
+/* ------------------------------------------------------------------------------------------ */
+/* Quantizing weights (what the converter calls)                                              */
+
+/* The bytes of a float32 matrix [rows][cols] stored as a quantized .flm dtype, named as in
+ * docs/flm_format.md ("q8", "q4", "q4_g64", "q4_g128", "q4m", "q6", "q3k", "q4k", "q5k", "q6k"):
+ * each group's scale (and minimum) chosen by a least-squares search, the weights rounded onto it,
+ * rows in the file's tiles of 16. The same bytes as the converter's own search in Python
+ * (converter/quantize.py), which calls this when it finds the library. Runs on n_threads threads
+ * (0: one per core). out must hold exactly fastllm_quantized_size(dtype, rows, cols) bytes (else
+ * FASTLLM_ERR_INVALID_ARGUMENT); an unknown or unquantized dtype, or cols not a multiple of the
+ * dtype's row multiple (32, or 64 and the group for 4/3/5/6-bit codes), is
+ * FASTLLM_ERR_INVALID_ARGUMENT. fastllm_quantized_size returns 0 for those. */
+FASTLLM_API size_t fastllm_quantized_size(const char *dtype, int64_t rows, int64_t cols);
+FASTLLM_API fastllm_status fastllm_quantize(const char *dtype, const float *weights, int64_t rows, int64_t cols,
+                                            int32_t n_threads, void *out, size_t out_size);
+
 #ifdef __cplusplus
 }
 #endif

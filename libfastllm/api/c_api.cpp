@@ -1,6 +1,7 @@
 // c_api.cpp — the extern "C" surface (include/fastllm.h). Each entry point validates its
 // arguments, runs the C++ core inside guard(), and turns any exception into a status code plus
 // the thread's last-error message. Nothing here exits or aborts.
+#include <algorithm>
 #include <cstdio>
 #include <cstring>
 #include <functional>
@@ -8,6 +9,7 @@
 #include <mutex>
 #include <new>
 #include <string>
+#include <thread>
 
 #include <nlohmann/json.hpp>
 
@@ -22,6 +24,7 @@
 #include "runtime/session.h"
 #include "text/grammar.h"
 #include "text/json_schema.h"
+#include "format/quantize.h"
 #include "platform/platform.h"
 
 struct fastllm_model {
@@ -940,6 +943,50 @@ fastllm_status fastllm_session_cancel(fastllm_session *session) {
         return set_error(FASTLLM_ERR_INVALID_ARGUMENT, "the session is neither evaluating nor generating");
     g_last_error.clear();
     return FASTLLM_OK;
+}
+
+}  // extern "C"
+
+namespace {
+// A quantized dtype by its .flm name, and the shape's bytes; false (and the message set) otherwise.
+bool quantized_dtype(const char *name, int64_t rows, int64_t cols, fastllm::DType *t) {
+    for (const fastllm::DTypeTraits &d : fastllm::kDTypes)
+        if (name && d.quantized && std::strcmp(d.name, name) == 0) {
+            *t = d.type;
+            if (rows > 0 && cols > 0 && cols % d.row_multiple == 0) return true;
+            set_error(FASTLLM_ERR_INVALID_ARGUMENT, std::string(name) + " needs rows of a multiple of " +
+                                                        std::to_string(d.row_multiple) + " weights, not [" +
+                                                        std::to_string(rows) + ", " + std::to_string(cols) + "]");
+            return false;
+        }
+    set_error(FASTLLM_ERR_INVALID_ARGUMENT, std::string("not a quantized dtype: ") + (name ? name : "NULL"));
+    return false;
+}
+}  // namespace
+
+extern "C" {
+
+size_t fastllm_quantized_size(const char *dtype, int64_t rows, int64_t cols) {
+    fastllm::DType t;
+    if (!quantized_dtype(dtype, rows, cols, &t)) return 0;
+    g_last_error.clear();
+    return (size_t)fastllm::tensor_bytes(t, (uint64_t)rows, (uint64_t)cols);
+}
+
+fastllm_status fastllm_quantize(const char *dtype, const float *weights, int64_t rows, int64_t cols, int32_t n_threads,
+                                void *out, size_t out_size) {
+    REQUIRE(weights, "weights");
+    REQUIRE(out, "out");
+    fastllm::DType t;
+    if (!quantized_dtype(dtype, rows, cols, &t)) return FASTLLM_ERR_INVALID_ARGUMENT;
+    const uint64_t need = fastllm::tensor_bytes(t, (uint64_t)rows, (uint64_t)cols);
+    if (out_size != need)
+        return set_error(FASTLLM_ERR_INVALID_ARGUMENT, "out holds " + std::to_string(out_size) + " bytes; " + dtype +
+                                                           " [" + std::to_string(rows) + ", " + std::to_string(cols) +
+                                                           "] takes " + std::to_string(need));
+    if (n_threads < 0) return set_error(FASTLLM_ERR_INVALID_ARGUMENT, "n_threads must not be negative");
+    const int threads = n_threads > 0 ? n_threads : (int)std::max(1u, std::thread::hardware_concurrency());
+    return guard([&] { fastllm::quantize_matrix(t, weights, rows, cols, threads, (uint8_t *)out); });
 }
 
 }  // extern "C"

@@ -14,6 +14,7 @@
 #include <cstdint>
 
 #include "arch/kv_format.h"
+#include "base/half.h"
 #include "cpu/tile_layout.h"
 #include "format/tensor.h"
 
@@ -160,8 +161,6 @@ const KernelTable *amx_kernels();
 const KernelTable *neon_kernels();
 const KernelTable *neon_dot_kernels();
 
-// Portable scalar conversions, shared by all files.
-float f16_to_f32(uint16_t h);
 // gelu_tanh(g) = g / (1 + exp(g (kGeluC1 + kGeluC3 g^2))): -2 sqrt(2/pi) and -2 sqrt(2/pi) 0.044715
 constexpr float kGeluC1 = -1.5957691216057308f, kGeluC3 = -0.07135481627159473f;
 // erf(x) = 1 - t (kErfA1 + t (kErfA2 + ... + t kErfA5)) exp(-x^2), t = 1 / (1 + kErfP x), x >= 0
@@ -173,7 +172,6 @@ inline float gelu_erf_scalar(float v) {
     const float y = 1.0f - t * (kErfA1 + t * (kErfA2 + t * (kErfA3 + t * (kErfA4 + t * kErfA5)))) * std::exp(-x * x);
     return 0.5f * v * (1.0f + (v < 0 ? -y : y));
 }
-uint16_t f32_to_f16(float f);
 // Row i's (< 16) scale and minimum (0 for symmetric dtypes) of group g in a tile, as floats.
 inline float tile_scale(const QuantTile &w, int64_t g, int i) {
     if (w.k_scale) return f16_to_f32(w.k_scale[(g / 8) * kTileRows + i]) * (float)w.k_scale_code[g * kTileRows + i];

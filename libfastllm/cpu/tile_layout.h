@@ -47,24 +47,4 @@ inline QuantTile quant_tile(const Tensor &W, int64_t r0) {
     return q;
 }
 
-// The stored (unsigned) code of row i (< 16), column c of a tile's codes with `bits` per code; the
-// file's layout (format/tensor.h), spelled out one weight at a time (the reference and the scalar kernels read it so).
-// q5 keeps the low 4 bits as q4 does, each pair's 8 chunks followed by 2 chunks of top bits: bit
-// b + 2s of top chunk h is block b's chunk 4h + s. q3: per pair of blocks, 4 chunks of the low 2
-// bits (bits 2k, 2k + 1 of chunk u % 4, k = u / 4) and 2 of the top bit (bit u / 2 of chunk
-// 4 + u % 2), u = 8 * (block in pair) + chunk.
-inline int tile_code(const uint8_t *codes, int bits, int i, int64_t c) {
-    const int64_t b = c / 32, chunk = (c % 32) / 4, at = i * 4 + c % 4;  // block, chunk in it, byte in chunk
-    if (bits == 8) return codes[(b * 8 + chunk) * 64 + at];
-    const uint8_t *pair = codes + (b / 2) * 128 * bits;  // 16 rows x 64 columns x bits
-    if (bits == 3) {
-        const int u = (int)(8 * (b % 2) + chunk);
-        return (pair[(u % 4) * 64 + at] >> (2 * (u / 4)) & 3) | (pair[(4 + u % 2) * 64 + at] >> (u / 2) & 1) << 2;
-    }
-    const int low = b % 2 == 0 ? (pair[chunk * 64 + at] & 15) : (pair[chunk * 64 + at] >> 4);
-    if (bits == 4) return low;
-    if (bits == 5) return low | ((pair[(8 + chunk / 4) * 64 + at] >> (b % 2 + 2 * (chunk % 4))) & 1) << 4;
-    return low | ((pair[(8 + chunk / 2) * 64 + at] >> (2 * (b % 2) + 4 * (chunk % 2))) & 3) << 4;
-}
-
 }  // namespace fastllm

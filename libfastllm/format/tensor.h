@@ -84,6 +84,46 @@ inline uint64_t tensor_bytes(DType t, uint64_t rows, uint64_t cols) {
     return quant_scales_bytes(t, rows, cols) + quant_tiles(rows) * quant_tile_bytes(t, cols);
 }
 
+// The stored (unsigned) code of row i (< 16), column c of a tile's codes with `bits` per code: the
+// layout above, spelled out one weight at a time (the reference and the scalar kernels read it so).
+// q5 keeps the low 4 bits as q4 does, each pair's 8 chunks followed by 2 chunks of top bits: bit
+// b + 2s of top chunk h is block b's chunk 4h + s. q3: per pair of blocks, 4 chunks of the low 2
+// bits (bits 2k, 2k + 1 of chunk u % 4, k = u / 4) and 2 of the top bit (bit u / 2 of chunk
+// 4 + u % 2), u = 8 * (block in pair) + chunk.
+inline int tile_code(const uint8_t *codes, int bits, int i, int64_t c) {
+    const int64_t b = c / 32, chunk = (c % 32) / 4, at = i * 4 + c % 4;  // block, chunk in it, byte in chunk
+    if (bits == 8) return codes[(b * 8 + chunk) * 64 + at];
+    const uint8_t *pair = codes + (b / 2) * 128 * bits;  // 16 rows x 64 columns x bits
+    if (bits == 3) {
+        const int u = (int)(8 * (b % 2) + chunk);
+        return (pair[(u % 4) * 64 + at] >> (2 * (u / 4)) & 3) | (pair[(4 + u % 2) * 64 + at] >> (u / 2) & 1) << 2;
+    }
+    const int low = b % 2 == 0 ? (pair[chunk * 64 + at] & 15) : (pair[chunk * 64 + at] >> 4);
+    if (bits == 4) return low;
+    if (bits == 5) return low | ((pair[(8 + chunk / 4) * 64 + at] >> (b % 2 + 2 * (chunk % 4))) & 1) << 4;
+    return low | ((pair[(8 + chunk / 2) * 64 + at] >> (2 * (b % 2) + 4 * (chunk % 2))) & 3) << 4;
+}
+
+// The inverse of tile_code: ORs a code into a tile's codes, zeroed before (format/quantize.cpp
+// writes the file's tiles so).
+inline void tile_put_code(uint8_t *codes, int bits, int i, int64_t c, int code) {
+    const int64_t b = c / 32, chunk = (c % 32) / 4, at = i * 4 + c % 4;
+    if (bits == 8) {
+        codes[(b * 8 + chunk) * 64 + at] = (uint8_t)code;
+        return;
+    }
+    uint8_t *pair = codes + (b / 2) * 128 * bits;
+    if (bits == 3) {
+        const int u = (int)(8 * (b % 2) + chunk);
+        pair[(u % 4) * 64 + at] |= (uint8_t)((code & 3) << (2 * (u / 4)));
+        pair[(4 + u % 2) * 64 + at] |= (uint8_t)((code >> 2 & 1) << (u / 2));
+        return;
+    }
+    pair[chunk * 64 + at] |= (uint8_t)((code & 15) << (b % 2 == 0 ? 0 : 4));
+    if (bits == 5) pair[(8 + chunk / 4) * 64 + at] |= (uint8_t)((code >> 4 & 1) << (b % 2 + 2 * (chunk % 4)));
+    if (bits == 6) pair[(8 + chunk / 2) * 64 + at] |= (uint8_t)((code >> 4 & 3) << (2 * (b % 2) + 4 * (chunk % 2)));
+}
+
 struct Tensor {
     std::string name;
     DType dtype = DType::F32;

@@ -1,0 +1,323 @@
+// quantize.cpp — the converter's quantizer in C++ (converter/quantize.py calls it through
+// fastllm_quantize; its numpy search is the reference twin). Both must give the same bytes, so this
+// follows numpy's arithmetic step for step: float32 products and quotients, float64 quotients where
+// numpy divides a float32 array by a float64 scalar (a linspace step), and every sum over a group in
+// numpy's pairwise order (8 running sums, then added in pairs, then to numpy's initial 0). The file
+// is built with -ffp-contract=off: a fused multiply-add would round differently.
+#include "format/quantize.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <thread>
+#include <vector>
+
+#include "base/error.h"
+#include "base/half.h"
+
+namespace fastllm {
+
+namespace {
+
+constexpr int kMaxGroup = 128;  // the largest group (q4_g128); numpy's sums of up to 128 take one block
+constexpr float kInf = std::numeric_limits<float>::infinity();
+
+// numpy's float32 add.reduce over a contiguous group of n (a multiple of 8, at most 128) values.
+inline float np_sum(const float *a, int n) {
+    float r[8];
+    for (int j = 0; j < 8; j++) r[j] = a[j];
+    for (int i = 8; i < n; i += 8)
+        for (int j = 0; j < 8; j++) r[j] += a[i + j];
+    return 0.0f + (((r[0] + r[1]) + (r[2] + r[3])) + ((r[4] + r[5]) + (r[6] + r[7])));
+}
+
+// np.clip(np.rint(v), lo, hi) for finite v and integer bounds (clipping first gives the same); NaN
+// gives lo. Adding and subtracting 1.5 * 2^23 rounds to an integer, ties to even, as rint does
+// (only the sign of a zero can differ, and no sum, product or code depends on it).
+inline float round_clip(float v, float lo, float hi) {
+    v = v > lo ? v : lo;
+    v = v < hi ? v : hi;
+    const float magic = 12582912.0f;
+    return (v + magic) - magic;
+}
+
+// quantize.py's _codes: the codes of x on scale d (0 divides by inf, giving code 0), into q.
+inline void codes(const float *x, int n, float d, float lo, float hi, float *q) {
+    const float dd = d != 0 ? d : kInf;
+    for (int i = 0; i < n; i++) q[i] = round_clip(x[i] / dd, lo, hi);
+}
+// The same with a float64 scale (numpy then divides in float64 and rounds the quotient to float32).
+inline void codes(const float *x, int n, double d, float lo, float hi, float *q) {
+    const double dd = d != 0 ? d : (double)kInf;
+    for (int i = 0; i < n; i++) q[i] = round_clip((float)((double)x[i] / dd), lo, hi);
+}
+
+inline float to_f16(float v) { return f16_to_f32(f32_to_f16(v)); }
+
+// np.linspace(start, stop, num)[i].
+inline double linspace(double start, double stop, int num, int i) {
+    if (i == num - 1) return stop;
+    const double step = (stop - start) / (num - 1);
+    return (double)i * step + start;
+}
+
+// The first index of the largest |x|, as np.abs(x).argmax().
+inline int argmax_abs(const float *x, int n) {
+    int at = 0;
+    for (int i = 1; i < n; i++)
+        if (std::fabs(x[i]) > std::fabs(x[at])) at = i;
+    return at;
+}
+
+// _search_symmetric: the f16 scale (as float) of least squared error for codes in [-neg, pos].
+float search_symmetric(const float *x, int G, int neg, int pos) {
+    const double extreme = x[argmax_abs(x, G)];
+    float best_err = kInf, best_d = 0.0f, q[kMaxGroup], t[kMaxGroup];
+    for (int s = 0; s < 11; s++) {
+        const double d0 = extreme / (-neg + linspace(-1.0, 1.5, 11, s) * (neg / 8.0));
+        codes(x, G, d0, (float)-neg, (float)pos, q);
+        for (int i = 0; i < G; i++) t[i] = q[i] * q[i];
+        const float qq = np_sum(t, G);
+        for (int i = 0; i < G; i++) t[i] = x[i] * q[i];
+        const float gq = np_sum(t, G);
+        // numpy keeps d0 (float64) where qq is 0, which happens only when the group is all zeros (d0 = ±0)
+        const float d = to_f16(qq > 0 ? gq / qq : (float)d0);
+        codes(x, G, d, (float)-neg, (float)pos, q);
+        for (int i = 0; i < G; i++) {
+            const float e = x[i] - d * q[i];
+            t[i] = e * e;
+        }
+        const float err = np_sum(t, G);
+        if (err < best_err) best_err = err, best_d = d;
+    }
+    return best_d;
+}
+
+// _search_q4m: the f16 scale and minimum (as floats) of least squared error, codes in [0, 15].
+void search_q4m(const float *x, int G, float *out_d, float *out_m) {
+    float lo0 = x[0], hi0 = x[0], q[kMaxGroup], t[kMaxGroup];
+    for (int i = 1; i < G; i++) lo0 = x[i] < lo0 ? x[i] : lo0, hi0 = x[i] > hi0 ? x[i] : hi0;
+    const float span = hi0 - lo0, n = (float)G, sw = np_sum(x, G);
+    float best_err = kInf, best_d = 0.0f, best_m = 0.0f;
+    static const double kShrink[3] = {0.0, 0.05, 0.1};
+    for (double a : kShrink)
+        for (double b : kShrink) {
+            const float lo = lo0 + (float)a * span;
+            float d = (span * (float)(1 - a - b)) / 15.0f;
+            for (int i = 0; i < G; i++) t[i] = x[i] - lo;
+            codes(t, G, d, 0.0f, 15.0f, q);
+            const float sq = np_sum(q, G);
+            for (int i = 0; i < G; i++) t[i] = q[i] * q[i];
+            const float sqq = np_sum(t, G);
+            for (int i = 0; i < G; i++) t[i] = q[i] * x[i];
+            const float sqw = np_sum(t, G);
+            const float det = n * sqq - sq * sq;
+            if (det > 0) d = (n * sqw - sq * sw) / det;
+            const float m = (sw - d * sq) / n;
+            const float d16 = to_f16(d), m16 = to_f16(m);
+            for (int i = 0; i < G; i++) t[i] = x[i] - m16;
+            codes(t, G, d16, 0.0f, 15.0f, q);
+            for (int i = 0; i < G; i++) {
+                const float e = x[i] - (d16 * q[i] + m16);
+                t[i] = e * e;
+            }
+            const float err = np_sum(t, G);
+            if (err < best_err) best_err = err, best_d = d16, best_m = m16;
+        }
+    *out_d = best_d, *out_m = best_m;
+}
+
+// _search_k for one group of 32: the scale (and minimum <= 0 with has_min) of least weighted squared
+// error, weights |x| + the group's RMS, before they become 8-bit codes of their super-block's factor.
+void search_k(const float *x, int bits, bool has_min, float *out_d, float *out_m) {
+    constexpr int G = 32;
+    float w[G], q[G], wq[G], t[G];
+    for (int i = 0; i < G; i++) t[i] = x[i] * x[i];
+    const float rms = std::sqrt(np_sum(t, G) / G);
+    for (int i = 0; i < G; i++) w[i] = std::fabs(x[i]) + rms;
+    const float sw = np_sum(w, G);
+    for (int i = 0; i < G; i++) t[i] = w[i] * x[i];
+    const float swx = np_sum(t, G);
+    for (int i = 0; i < G; i++) t[i] = w[i] * x[i] * x[i];
+    const float swxx = np_sum(t, G);
+    const int n_max = (1 << bits) - 1;
+    if (has_min) {
+        float mn = x[0], hi = x[0], shifted[G];
+        for (int i = 1; i < G; i++) mn = x[i] < mn ? x[i] : mn, hi = x[i] > hi ? x[i] : hi;
+        const float lo = mn < 0 ? mn : 0.0f, span = hi - lo;
+        for (int i = 0; i < G; i++) shifted[i] = x[i] - lo;
+        float best_err = kInf, best_d = 0.0f, best_m = 0.0f;
+        for (int s = 0; s < 21; s++) {
+            const float d0 = span > 0 ? (float)((double)span / (n_max + linspace(-1.0, 1.0, 21, s))) : 0.0f;
+            codes(shifted, G, d0, 0.0f, (float)n_max, q);
+            for (int i = 0; i < G; i++) wq[i] = w[i] * q[i];
+            const float swq = np_sum(wq, G);
+            for (int i = 0; i < G; i++) t[i] = wq[i] * q[i];
+            const float swqq = np_sum(t, G);
+            for (int i = 0; i < G; i++) t[i] = wq[i] * x[i];
+            const float swqx = np_sum(t, G);
+            const float det = sw * swqq - swq * swq;
+            float d = det > 0 ? (sw * swqx - swq * swx) / det : d0;
+            float m = sw > 0 ? (swx - d * swq) / sw : lo;
+            if (m > 0) {  // a minimum above 0 cannot be stored: refit the scale alone
+                m = 0.0f;
+                d = swqq > 0 ? swqx / swqq : d0;
+            }
+            const float err = swxx - 2 * d * swqx - 2 * m * swx + d * d * swqq + 2 * d * m * swq + m * m * sw;
+            if (err < best_err && d > 0) best_err = err, best_d = d, best_m = m;
+        }
+        *out_d = best_d, *out_m = best_m;
+        return;
+    }
+    // symmetric (q6k): numpy's scales here are float64 (amax over a float64 step), and so is the error
+    const int lo_code = -(1 << (bits - 1));
+    float amax = 0.0f;
+    for (int i = 0; i < G; i++) amax = std::max(amax, std::fabs(x[i]));
+    double best_err = kInf, best_d = 0.0;
+    for (int s = 0; s < 21; s++) {
+        const double d0 = (double)amax / (-lo_code + linspace(-1.0, 1.0, 21, s));
+        codes(x, G, d0, (float)lo_code, (float)(-lo_code - 1), q);
+        for (int i = 0; i < G; i++) wq[i] = w[i] * q[i];
+        for (int i = 0; i < G; i++) t[i] = wq[i] * q[i];
+        const float swqq = np_sum(t, G);
+        for (int i = 0; i < G; i++) t[i] = wq[i] * x[i];
+        const float swqx = np_sum(t, G);
+        const double d = swqq > 0 ? (double)(swqx / swqq) : d0;
+        const double err = (double)swxx - 2 * d * (double)swqx + d * d * (double)swqq;
+        if (err < best_err && d > 0) best_err = err, best_d = d;
+    }
+    *out_d = (float)best_d, *out_m = 0.0f;
+}
+
+// _k_codes for one row: per super-block of 8 groups, the value of largest magnitude on code 255.
+void k_codes(const float *v, int n_groups, uint8_t *code, uint16_t *factor) {
+    constexpr int per = kSuperBlock / 32;
+    for (int s = 0; s * per < n_groups; s++) {
+        const int g0 = s * per, n = std::min(per, n_groups - g0);
+        const uint16_t h = f32_to_f16(v[g0 + argmax_abs(v + g0, n)] / 255.0f);
+        const float f = f16_to_f32(h);
+        factor[s] = h;
+        for (int g = g0; g < g0 + n; g++) code[g] = f != 0 ? (uint8_t)round_clip(v[g] / f, 0.0f, 255.0f) : 0;
+    }
+}
+
+// Where a quantized matrix's parts lie in its bytes (format/tensor.h has the layout).
+struct Layout {
+    DType t;
+    int64_t rows, cols, tiles, groups, supers;
+    int G, bits;
+    bool has_min, k;
+    uint8_t *out;
+
+    uint8_t *tile_codes(int64_t tile) const {
+        return out + quant_scales_bytes(t, rows, cols) + tile * quant_tile_bytes(t, cols);
+    }
+    // f16 scales (minimums: kind 1) [tile][group][16]
+    uint16_t &scale(int kind, int64_t r, int64_t g) const {
+        return ((uint16_t *)out)[(kind * tiles + r / kTileRows) * groups * kTileRows + g * kTileRows + r % kTileRows];
+    }
+    // K formats: 8-bit codes [tile][group][16], then f16 factors [tile][super-block][16] (kind 1: minimums)
+    uint8_t &k_code(int kind, int64_t r, int64_t g) const {
+        return out[(kind * tiles + r / kTileRows) * groups * kTileRows + g * kTileRows + r % kTileRows];
+    }
+    uint16_t &k_factor(int kind, int64_t r, int64_t s) const {
+        uint16_t *f = (uint16_t *)(out + tiles * groups * kTileRows * (has_min ? 2 : 1));
+        return f[(kind * tiles + r / kTileRows) * supers * kTileRows + s * kTileRows + r % kTileRows];
+    }
+};
+
+// A symmetric format's code range [-neg, pos] and the zero its codes are stored around (q8 leaves
+// the code 0 unused, so that -w is as exact as w).
+struct Symmetric {
+    int neg, pos, zero;
+};
+inline Symmetric symmetric_range(int bits) {
+    if (bits == 8) return {127, 127, 128};
+    return {1 << (bits - 1), (1 << (bits - 1)) - 1, 1 << (bits - 1)};
+}
+
+// A thread's room for one row's scales, made before the threads start (so none of them allocates).
+struct RowScratch {
+    std::vector<float> d, m;
+    std::vector<uint8_t> code;
+    std::vector<uint16_t> factor;
+};
+
+// One row: its groups' scales searched and stored, its codes written into the row's tile.
+void quantize_row(const Layout &L, const float *x, int64_t r, RowScratch &S) {
+    float *d = S.d.data(), *m = S.m.data();
+    const Symmetric sym = symmetric_range(L.bits);
+    for (int64_t g = 0; g < L.groups; g++) {
+        const float *xg = x + g * L.G;
+        if (L.k) search_k(xg, L.bits, L.has_min, &d[g], &m[g]);
+        else if (L.has_min) search_q4m(xg, L.G, &d[g], &m[g]);
+        else d[g] = search_symmetric(xg, L.G, sym.neg, sym.pos);
+    }
+    if (L.k) {  // the scales (minimums) become codes of f16 factors; the weights are rounded on those
+        for (int kind = 0; kind < (L.has_min ? 2 : 1); kind++) {
+            float *v = kind ? m : d;
+            k_codes(v, (int)L.groups, S.code.data(), S.factor.data());
+            for (int64_t g = 0; g < L.groups; g++) {
+                L.k_code(kind, r, g) = S.code[g];
+                v[g] = f16_to_f32(S.factor[g / (kSuperBlock / 32)]) * (float)S.code[g];
+            }
+            for (int64_t s = 0; s < L.supers; s++) L.k_factor(kind, r, s) = S.factor[s];
+        }
+    } else {
+        for (int64_t g = 0; g < L.groups; g++) {
+            L.scale(0, r, g) = f32_to_f16(d[g]);
+            if (L.has_min) L.scale(1, r, g) = f32_to_f16(m[g]);
+        }
+    }
+    // round_to_grid: codes in [0, 2^bits - 1] above the minimum, or symmetric around the zero
+    uint8_t *tile = L.tile_codes(r / kTileRows);
+    const int i = (int)(r % kTileRows), zero = L.has_min ? 0 : sym.zero;
+    const float lo = L.has_min ? 0.0f : (float)-sym.neg, hi = L.has_min ? (float)((1 << L.bits) - 1) : (float)sym.pos;
+    float t[kMaxGroup], q[kMaxGroup];
+    for (int64_t g = 0; g < L.groups; g++) {
+        const float *xg = x + g * L.G;
+        if (L.has_min) {
+            for (int j = 0; j < L.G; j++) t[j] = xg[j] - m[g];
+            xg = t;
+        }
+        codes(xg, L.G, d[g], lo, hi, q);
+        for (int j = 0; j < L.G; j++) tile_put_code(tile, L.bits, i, g * L.G + j, (int)q[j] + zero);
+    }
+}
+
+}  // namespace
+
+void quantize_matrix(DType t, const float *w, int64_t rows, int64_t cols, int n_threads, uint8_t *out) {
+    if (!dtype_is_known((uint32_t)t) || !dtype_is_quantized(t))
+        fail(FASTLLM_ERR_INVALID_ARGUMENT, "%s is not a quantized dtype", dtype_name(t));
+    if (rows <= 0 || cols <= 0 || cols % dtype_row_multiple(t))
+        fail(FASTLLM_ERR_INVALID_ARGUMENT, "%s needs rows of a multiple of %d weights, not [%lld, %lld]", dtype_name(t),
+             dtype_row_multiple(t), (long long)rows, (long long)cols);
+    Layout L{t, rows, cols, (int64_t)quant_tiles((uint64_t)rows), cols / dtype_group(t),
+             (int64_t)quant_super_blocks((uint64_t)cols), dtype_group(t), dtype_bits(t), dtype_has_min(t),
+             dtype_k_scales(t), out};
+    std::memset(out, 0, tensor_bytes(t, (uint64_t)rows, (uint64_t)cols));  // padding rows stay 0
+    // tiles to threads in contiguous ranges (a row's bytes are its own, but its tile's lie together)
+    const int64_t n = std::max<int64_t>(1, std::min<int64_t>(n_threads, L.tiles));
+    std::vector<RowScratch> scratch((size_t)n);
+    for (RowScratch &S : scratch)
+        S.d.resize((size_t)L.groups), S.m.resize((size_t)L.groups), S.code.resize((size_t)L.groups),
+            S.factor.resize((size_t)L.supers);
+    auto work = [&](int64_t k) {
+        for (int64_t tile = L.tiles * k / n; tile < L.tiles * (k + 1) / n; tile++)
+            for (int64_t r = tile * kTileRows; r < std::min(rows, (tile + 1) * kTileRows); r++)
+                quantize_row(L, w + r * cols, r, scratch[(size_t)k]);
+    };
+    std::vector<std::thread> threads;
+    try {
+        for (int64_t k = 1; k < n; k++) threads.emplace_back(work, k);
+    } catch (...) {  // a thread that could not start: finish on those that did, then report
+        for (auto &th : threads) th.join();
+        throw;
+    }
+    work(0);
+    for (auto &th : threads) th.join();
+}
+
+}  // namespace fastllm

@@ -1,0 +1,129 @@
+"""The library's quantizer (fastllm_quantize, libfastllm/format/quantize.cpp) against its reference
+twin, the converter's numpy search (converter/quantize.py): the same bytes for every quantized dtype,
+on matrices that reach the searches' corners (all-zero and constant groups, signed zeros, values
+near the f16 limits and far below them, a few nonzero weights in a group, rows that are not a
+multiple of the tile, a short last super-block); the converter takes the library when it finds it,
+and keeps to numpy with FASTLLM_CONVERTER_NATIVE=0; bad arguments get a status and a message."""
+from __future__ import annotations
+
+import ctypes
+
+import numpy as np
+import pytest
+
+from conftest import BUILD
+from converter import quantize
+from converter.errors import ConversionError
+from hf_models import make_llama
+
+DTYPES = tuple(quantize.QUANT)
+
+
+def matrices(cols: int, seed: int):
+    rng = np.random.default_rng(seed)
+    yield "normal", rng.standard_normal((37, cols)).astype(np.float32) * 0.02
+    yield "heavy tails", (rng.standard_t(2, (20, cols)) * 0.1).astype(np.float32)
+    yield "tiny", rng.uniform(-1, 1, (16, cols)).astype(np.float32) * 1e-30
+    yield "large", rng.uniform(-1, 1, (5, cols)).astype(np.float32) * 3e4
+    yield "f16 weights", rng.standard_normal((33, cols)).astype(np.float16).astype(np.float32)
+    z = rng.standard_normal((17, cols)).astype(np.float32)
+    z[3] = 0                    # all-zero groups: the symmetric searches keep a scale of -0
+    z[5, :40] = 0
+    z[6] = 1.5                  # constant
+    z[7] = -0.0
+    z[8, ::2], z[8, 1::2] = -0.0, 0.0
+    z[9, 5:] = 0                # one group with a few weights, the rest empty
+    z[10] = np.where(rng.random(cols) < 0.9, 0, z[10])
+    z[11] = rng.integers(-3, 4, cols)
+    z[12], z[13] = np.abs(z[12]), -np.abs(z[13])  # one sign: the minimum at 0 (K formats)
+    z[14] *= 1e-42              # subnormal
+    yield "corners", z
+
+
+def test_the_library_is_found():
+    assert quantize.native() is not None, "converter/quantize.py did not find libfastllm (FASTLLM_LIBRARY, build/)"
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_same_bytes_as_the_numpy_search(dtype):
+    # 384 = 256 + 128: a K format's last super-block is short; 320 where the group allows (q4_g128 does not)
+    for cols in sorted({quantize.row_multiple(dtype) * 3, 384}):
+        for seed in (0, 1):
+            for what, w in matrices(cols, seed):
+                ref = quantize.quantize(w, dtype, use_native=False)
+                got = quantize.quantize(w, dtype)
+                assert got.shape == ref.shape, (what, cols)
+                diff = np.flatnonzero(got != ref)
+                assert diff.size == 0, f"{what}, cols {cols}, seed {seed}: {diff.size} bytes differ, first at {diff[:4]}"
+
+
+def test_converted_model_is_the_same_file(tmp_path, monkeypatch):
+    """A whole conversion to a K preset with the library and without it."""
+    from converter.convert import convert
+    model = make_llama(tmp_path, hidden_size=256, intermediate_size=512, num_hidden_layers=2,
+                       num_attention_heads=4, num_key_value_heads=2)
+    convert(str(model), str(tmp_path / "native.flm"), dtype="q4_k_m", progress=False)
+    monkeypatch.setenv("FASTLLM_CONVERTER_NATIVE", "0")
+    quantize.native.cache_clear()
+    try:
+        assert quantize.native() is None
+        convert(str(model), str(tmp_path / "numpy.flm"), dtype="q4_k_m", progress=False)
+    finally:
+        monkeypatch.delenv("FASTLLM_CONVERTER_NATIVE")
+        quantize.native.cache_clear()
+    assert (tmp_path / "native.flm").read_bytes() == (tmp_path / "numpy.flm").read_bytes()
+
+
+@pytest.fixture(scope="module")
+def lib():
+    lib = ctypes.CDLL(str(BUILD / "libfastllm.so"))
+    lib.fastllm_quantize.restype = ctypes.c_int
+    lib.fastllm_quantize.argtypes = [ctypes.c_char_p, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_int32,
+                                     ctypes.c_void_p, ctypes.c_size_t]
+    lib.fastllm_quantized_size.restype = ctypes.c_size_t
+    lib.fastllm_quantized_size.argtypes = [ctypes.c_char_p, ctypes.c_int64, ctypes.c_int64]
+    lib.fastllm_last_error.restype = ctypes.c_char_p
+    return lib
+
+
+def run(lib, dtype, w, threads=0, size=None):
+    out = np.zeros(quantize.tensor_bytes(dtype, w.shape) if size is None else size, dtype=np.uint8)
+    status = lib.fastllm_quantize(dtype.encode(), w.ctypes.data, w.shape[0], w.shape[1], threads, out.ctypes.data, out.size)
+    return status, out, lib.fastllm_last_error().decode()
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_sizes_and_threads(lib, dtype):
+    w = np.random.default_rng(3).standard_normal((70, 256)).astype(np.float32)
+    assert lib.fastllm_quantized_size(dtype.encode(), 70, 256) == quantize.tensor_bytes(dtype, (70, 256))
+    one = run(lib, dtype, w, threads=1)
+    assert one[0] == 0, one[2]
+    for threads in (2, 3, 64):  # 64 threads for 5 tiles: no more threads than tiles
+        assert np.array_equal(run(lib, dtype, w, threads=threads)[1], one[1])
+
+
+def test_bad_arguments(lib):
+    w = np.ones((4, 64), dtype=np.float32)
+    assert lib.fastllm_quantized_size(b"f16", 4, 64) == 0 and "not a quantized dtype: f16" in lib.fastllm_last_error().decode()
+    assert lib.fastllm_quantized_size(None, 4, 64) == 0
+    assert lib.fastllm_quantized_size(b"q4", 4, 96) == 0 and "multiple of 64" in lib.fastllm_last_error().decode()
+    assert lib.fastllm_quantized_size(b"q8", -1, 64) == 0
+    status, _, msg = run(lib, "q8", w, size=10)
+    assert status == 1 and "out holds 10 bytes" in msg
+    status = lib.fastllm_quantize(b"int4", w.ctypes.data, 4, 64, 0, w.ctypes.data, 64)
+    assert status == 1 and "not a quantized dtype: int4" in lib.fastllm_last_error().decode()
+    assert lib.fastllm_quantize(b"q8", None, 4, 64, 0, w.ctypes.data, 64) == 1
+    assert "weights is NULL" in lib.fastllm_last_error().decode()
+    assert lib.fastllm_quantize(b"q8", w.ctypes.data, 4, 64, -1, w.ctypes.data, quantize.tensor_bytes("q8", (4, 64))) == 1
+    assert "n_threads" in lib.fastllm_last_error().decode()
+    with pytest.raises(ConversionError, match="multiple of 64"):
+        quantize.quantize(np.ones((4, 96), np.float32), "q4k")
+
+
+def test_non_finite_weights_do_not_crash(lib):
+    """NaN and infinities have no meaningful codes; the library returns bytes and no error."""
+    w = np.random.default_rng(4).standard_normal((16, 256)).astype(np.float32)
+    w[0, 3], w[1, :] = np.nan, np.inf
+    w[2, 7] = -np.inf
+    for dtype in DTYPES:
+        assert run(lib, dtype, w)[0] == 0
