@@ -17,8 +17,10 @@ Also reads config.json (required), generation_config.json and tokenizer_config.j
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 
+import numpy as np
 import torch
 
 from .errors import ConversionError
@@ -52,6 +54,8 @@ class _SafetensorsFile:
         except Exception as e:  # safetensors raises its own error types
             raise ConversionError(f"{path}: cannot open safetensors file: {e}") from None
         self._keys = set(self._f.keys())
+        self._info = None  # the header's offsets, read when first needed
+        self._map = None
 
     def names(self):
         return list(self._f.keys())
@@ -63,7 +67,33 @@ class _SafetensorsFile:
         return tuple(self._f.get_slice(name).get_shape())
 
     def get(self, name: str) -> torch.Tensor:
-        return self._f.get_tensor(name)
+        """The tensor as a view of the mapped file where it is float32, float16 or bfloat16 (a
+        private mapping: nothing is copied, or written back); safe_open's copy otherwise. Copying
+        every tensor into fresh memory took a tenth of a 1.1B conversion to int8."""
+        info = self._offsets().get(name)
+        if info is None or info[0] not in _VIEWS or sys.byteorder != "little":
+            return self._f.get_tensor(name)
+        kind, shape, begin, end = info
+        np_type, torch_type = _VIEWS[kind]
+        if self._map is None:
+            self._map = np.memmap(self.path, dtype=np.uint8, mode="c")
+        t = torch.from_numpy(self._map[begin:end].view(np_type).reshape(shape))
+        return t.view(torch_type) if torch_type is not None else t
+
+    def _offsets(self) -> dict:
+        """name -> (dtype, shape, first byte, end) in the file, from its header (which safe_open
+        has checked)."""
+        if self._info is None:
+            with open(self.path, "rb") as f:
+                n = int.from_bytes(f.read(8), "little")
+                header = json.loads(f.read(n))
+            self._info = {k: (v["dtype"], tuple(v["shape"]), 8 + n + v["data_offsets"][0], 8 + n + v["data_offsets"][1])
+                          for k, v in header.items() if k != "__metadata__"}
+        return self._info
+
+
+# safetensors dtypes the reader maps in place: (numpy view, torch view of it or None)
+_VIEWS = {"F32": (np.float32, None), "F16": (np.float16, None), "BF16": (np.int16, torch.bfloat16)}
 
 
 class _TorchBinFile:

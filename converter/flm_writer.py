@@ -123,6 +123,7 @@ class FlmWriter:
         self._keys: set[str] = set()
         self._tensors: list[_TensorDecl] = []
         self._names: set[str] = set()
+        self._scratch: np.ndarray | None = None  # quantized bytes of the tensor being written
 
     # ---- metadata -------------------------------------------------------------------------
 
@@ -232,13 +233,22 @@ class FlmWriter:
         prefix = header + body
         return prefix + b"\0" * (data_offset - len(prefix)), data_offset
 
+    def _buffer(self, n_bytes: int) -> np.ndarray:
+        """n_bytes of one buffer kept for the whole file, for a tensor's converted bytes: each is
+        written before the next one is made, and fresh pages for every tensor took a fifth of an
+        int8 conversion (1.1B shape)."""
+        if self._scratch is None or self._scratch.size < n_bytes:
+            self._scratch = None
+            self._scratch = np.empty(n_bytes, dtype=np.uint8)
+        return self._scratch[:n_bytes]
+
     def _check_data(self, t: _TensorDecl, arr) -> np.ndarray:
         if isinstance(arr, quantize.OnGrid):  # weights rounded by calibration, on their own grid
             if t.dtype not in quantize.QUANT or tuple(arr.weights.shape) != t.shape:
                 raise ValueError(f"tensor {t.name!r}: weights on a grid need a quantized dtype and "
                                  f"shape {t.shape}, not {t.dtype} {tuple(arr.weights.shape)}")
             return quantize.quantize(arr.weights.astype(np.float32), t.dtype, arr.grid)
-        if not isinstance(arr, np.ndarray):
+        if not isinstance(arr, (np.ndarray, quantize.RowBlocks)):
             raise TypeError(f"tensor {t.name!r}: producer returned {type(arr).__name__}, "
                             f"expected a numpy array")
         native = {np.dtype(np.float32): "f32", np.dtype(np.float16): "f16"}.get(arr.dtype)
@@ -246,11 +256,19 @@ class FlmWriter:
             if native is None or tuple(arr.shape) != t.shape:
                 raise ValueError(f"tensor {t.name!r}: {t.dtype} needs float data of shape {t.shape}, "
                                  f"got {arr.dtype} {tuple(arr.shape)}")
-            return quantize.quantize(np.asarray(arr, dtype=np.float32), t.dtype)
+            data = arr if isinstance(arr, quantize.RowBlocks) else np.asarray(arr, dtype=np.float32)
+            return quantize.quantize(data, t.dtype, out=self._buffer(t.n_bytes))
+        if isinstance(arr, quantize.RowBlocks):  # a fused matrix the policy keeps in floats
+            arr = np.concatenate(arr.blocks)
         if self.dtype_policy is not None and native is not None and native != t.dtype:
             # float data for a dtype the policy chose: round it here
-            arr = arr.astype(np.float32)
-            arr = {"f16": lambda a: a.astype(np.float16), "bf16": f32_to_bf16_bits, "f32": lambda a: a}[t.dtype](arr)
+            arr = np.asarray(arr, dtype=np.float32)
+            if t.dtype == "f16":
+                out = self._buffer(arr.size * 2).view(np.float16)[:arr.size].reshape(arr.shape)
+                np.copyto(out, arr)  # rounds as astype does
+                arr = out
+            else:
+                arr = {"bf16": f32_to_bf16_bits, "f32": lambda a: a}[t.dtype](arr)
         accepted = DTYPES[t.dtype][2]
         if arr.dtype.newbyteorder("=") not in accepted:
             raise ValueError(f"tensor {t.name!r}: data has dtype {arr.dtype}, expected "
@@ -291,6 +309,7 @@ class FlmWriter:
                         if bar is not None:
                             bar.update(1)
                 finally:
+                    self._scratch = None
                     if bar is not None:
                         bar.close()
                 f.flush()

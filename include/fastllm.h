@@ -57,7 +57,7 @@ extern "C" {
 #define FASTLLM_VERSION_MAJOR 0
 #define FASTLLM_VERSION_MINOR 6
 #define FASTLLM_VERSION_PATCH 0
-#define FASTLLM_ABI_VERSION 12
+#define FASTLLM_ABI_VERSION 13
 
 typedef enum fastllm_status {
     FASTLLM_OK = 0,
@@ -773,14 +773,18 @@ FASTLLM_API fastllm_status fastllm_session_load_state_file(fastllm_session *sess
  * docs/flm_format.md ("q8", "q4", "q4_g64", "q4_g128", "q4m", "q6", "q3k", "q4k", "q5k", "q6k"):
  * each group's scale (and minimum) chosen by a least-squares search, the weights rounded onto it,
  * rows in the file's tiles of 16. The same bytes as the converter's own search in Python
- * (converter/quantize.py), which calls this when it finds the library. Runs on n_threads threads
- * (0: one per core). out must hold exactly fastllm_quantized_size(dtype, rows, cols) bytes (else
- * FASTLLM_ERR_INVALID_ARGUMENT); an unknown or unquantized dtype, or cols not a multiple of the
- * dtype's row multiple (32, or 64 and the group for 4/3/5/6-bit codes), is
- * FASTLLM_ERR_INVALID_ARGUMENT. fastllm_quantized_size returns 0 for those. */
+ * (converter/quantize.py), which calls this when it finds the library.
+ * weights holds rows [first_row, first_row + n_rows) of the matrix, and only their tiles' bytes are
+ * written in out, which holds the whole matrix (exactly fastllm_quantized_size(dtype, rows, cols)
+ * bytes), so that a matrix made of parts (fused q, k and v) needs no copy: first_row must be a
+ * multiple of 16, and n_rows too unless the rows end the matrix. Runs on n_threads threads (0: one
+ * per core). An unknown or unquantized dtype, cols not a multiple of the dtype's row multiple (32,
+ * or 64 and the group for 4/3/5/6-bit codes), rows out of those bounds or out of another size is
+ * FASTLLM_ERR_INVALID_ARGUMENT; fastllm_quantized_size returns 0 for the first two. */
 FASTLLM_API size_t fastllm_quantized_size(const char *dtype, int64_t rows, int64_t cols);
 FASTLLM_API fastllm_status fastllm_quantize(const char *dtype, const float *weights, int64_t rows, int64_t cols,
-                                            int32_t n_threads, void *out, size_t out_size);
+                                            int64_t first_row, int64_t n_rows, int32_t n_threads, void *out,
+                                            size_t out_size);
 
 #ifdef __cplusplus
 }

@@ -14,6 +14,7 @@ import subprocess
 import sys
 import zipfile
 
+import numpy as np
 import pytest
 
 from conftest import BUILD, REPO, STORIES
@@ -82,15 +83,37 @@ def check_outputs(launch, cases, state_dir):
     return out
 
 
+def quantize_hash():
+    """platform_check's hash of one matrix quantized to every dtype, by the converter's numpy search
+    (the library's quantizer must give the same bytes on every platform)."""
+    from converter import quantize
+    rows, cols = 20, 384
+    x, u = 12345, np.empty(rows * cols, dtype=np.float32)
+    for i in range(rows * cols):
+        x = (x * 1664525 + 1013904223) % 2**32
+        u[i] = (x >> 8) / 2**24 - 0.5
+    w = u.reshape(rows, cols) / (2.0 ** (np.arange(rows) % 7))[:, None].astype(np.float32)
+    w[3] = 0
+    h = 0xcbf29ce484222325
+    for dtype in ("q8", "q4", "q4_g64", "q4_g128", "q4m", "q6", "q4k", "q6k", "q3k", "q5k"):
+        for byte in quantize.quantize(w.astype(np.float32), dtype, use_native=False).tobytes():
+            h = ((h ^ byte) * 0x100000001b3) % 2**64
+    return f"quantize: {h:016x}"
+
+
 @pytest.fixture(scope="module")
 def native_outputs(cases, tmp_path_factory):
     out = check_outputs(lambda args: run([BUILD / "platform_check", *args]), cases, tmp_path_factory.mktemp("native"))
+    expected = quantize_hash()
+    for lines in out.values():
+        assert lines[0] == expected
+    out = {case: lines[1:] for case, lines in out.items()}
     assert out["utf8", "map"][0] == "load: FASTLLM_OK" and out["utf8", "map"][-1] == "generate: FASTLLM_OK"
     assert out["utf8", "read"] == out["utf8", "map"]
     assert GOLDEN["greedy_output_text"].startswith(GOLDEN["prompt"] + out["utf8", "map"][-2][len("text: "):].rstrip())
     assert out["missing", "map"] == ["load: FASTLLM_ERR_IO"] and out["folder", "map"] == ["load: FASTLLM_ERR_IO"]
     assert out["truncated", "map"] == out["garbage", "map"] == ["load: FASTLLM_ERR_BAD_FORMAT"]
-    return out
+    return {case: [expected] + lines for case, lines in out.items()}
 
 
 def test_library_file_name_per_platform(monkeypatch):

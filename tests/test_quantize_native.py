@@ -11,7 +11,7 @@ import ctypes
 import numpy as np
 import pytest
 
-from conftest import BUILD
+from conftest import BUILD, REPO
 from converter import quantize
 from converter.errors import ConversionError
 from hf_models import make_llama
@@ -38,14 +38,26 @@ def matrices(cols: int, seed: int):
     z[12], z[13] = np.abs(z[12]), -np.abs(z[13])  # one sign: the minimum at 0 (K formats)
     z[14] *= 1e-42              # subnormal
     yield "corners", z
+    # half-integers with a group maximum of 8 or 127: codes land on ties of rint, where the
+    # library's multiplication by a reciprocal must give way to the division
+    h = rng.integers(-16, 17, (8, cols)) / 2
+    h[:, ::32] = 8
+    h[4:, 1::32] = 127
+    yield "ties", h.astype(np.float32)
 
 
 def test_the_library_is_found():
     assert quantize.native() is not None, "converter/quantize.py did not find libfastllm (FASTLLM_LIBRARY, build/)"
+    header = (REPO / "include" / "fastllm.h").read_text()
+    assert f"#define FASTLLM_ABI_VERSION {quantize.LIBRARY_ABI}\n" in header
 
 
+@pytest.mark.parametrize("isa", ["best", "scalar"])
 @pytest.mark.parametrize("dtype", DTYPES)
-def test_same_bytes_as_the_numpy_search(dtype):
+def test_same_bytes_as_the_numpy_search(dtype, isa, monkeypatch):
+    """At the CPU's best level (AVX2: 8 groups a vector) and the baseline (4)."""
+    if isa == "scalar":
+        monkeypatch.setenv("FASTLLM_ISA", "scalar")
     # 384 = 256 + 128: a K format's last super-block is short; 320 where the group allows (q4_g128 does not)
     for cols in sorted({quantize.row_multiple(dtype) * 3, 384}):
         for seed in (0, 1):
@@ -78,17 +90,21 @@ def test_converted_model_is_the_same_file(tmp_path, monkeypatch):
 def lib():
     lib = ctypes.CDLL(str(BUILD / "libfastllm.so"))
     lib.fastllm_quantize.restype = ctypes.c_int
-    lib.fastllm_quantize.argtypes = [ctypes.c_char_p, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_int32,
-                                     ctypes.c_void_p, ctypes.c_size_t]
+    lib.fastllm_quantize.argtypes = [ctypes.c_char_p, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_int64,
+                                     ctypes.c_int64, ctypes.c_int32, ctypes.c_void_p, ctypes.c_size_t]
     lib.fastllm_quantized_size.restype = ctypes.c_size_t
     lib.fastllm_quantized_size.argtypes = [ctypes.c_char_p, ctypes.c_int64, ctypes.c_int64]
     lib.fastllm_last_error.restype = ctypes.c_char_p
     return lib
 
 
-def run(lib, dtype, w, threads=0, size=None):
-    out = np.zeros(quantize.tensor_bytes(dtype, w.shape) if size is None else size, dtype=np.uint8)
-    status = lib.fastllm_quantize(dtype.encode(), w.ctypes.data, w.shape[0], w.shape[1], threads, out.ctypes.data, out.size)
+def run(lib, dtype, w, threads=0, size=None, rows=None, first=0, fill=0):
+    """fastllm_quantize of w as rows [first, first + len(w)) of a matrix of `rows` (default: w's),
+    into a buffer filled with `fill`."""
+    rows = w.shape[0] if rows is None else rows
+    out = np.full(quantize.tensor_bytes(dtype, (rows, w.shape[1])) if size is None else size, fill, dtype=np.uint8)
+    status = lib.fastllm_quantize(dtype.encode(), w.ctypes.data, rows, w.shape[1], first, w.shape[0], threads,
+                                  out.ctypes.data, out.size)
     return status, out, lib.fastllm_last_error().decode()
 
 
@@ -110,14 +126,37 @@ def test_bad_arguments(lib):
     assert lib.fastllm_quantized_size(b"q8", -1, 64) == 0
     status, _, msg = run(lib, "q8", w, size=10)
     assert status == 1 and "out holds 10 bytes" in msg
-    status = lib.fastllm_quantize(b"int4", w.ctypes.data, 4, 64, 0, w.ctypes.data, 64)
+    status = lib.fastllm_quantize(b"int4", w.ctypes.data, 4, 64, 0, 4, 0, w.ctypes.data, 64)
     assert status == 1 and "not a quantized dtype: int4" in lib.fastllm_last_error().decode()
-    assert lib.fastllm_quantize(b"q8", None, 4, 64, 0, w.ctypes.data, 64) == 1
+    assert lib.fastllm_quantize(b"q8", None, 4, 64, 0, 4, 0, w.ctypes.data, 64) == 1
     assert "weights is NULL" in lib.fastllm_last_error().decode()
-    assert lib.fastllm_quantize(b"q8", w.ctypes.data, 4, 64, -1, w.ctypes.data, quantize.tensor_bytes("q8", (4, 64))) == 1
+    size = quantize.tensor_bytes("q8", (4, 64))
+    assert lib.fastllm_quantize(b"q8", w.ctypes.data, 4, 64, 0, 4, -1, w.ctypes.data, size) == 1
     assert "n_threads" in lib.fastllm_last_error().decode()
+    big = np.ones((40, 64), dtype=np.float32)
+    for first, n in ((8, 16), (0, 8), (16, 1), (32, 16), (-16, 16)):  # not at a tile, short parts, past the end
+        status, _, msg = run(lib, "q8", big[:n], rows=40, first=first)
+        assert status == 1 and "the first must be a multiple of 16" in msg, (first, n, msg)
     with pytest.raises(ConversionError, match="multiple of 64"):
         quantize.quantize(np.ones((4, 96), np.float32), "q4k")
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_parts_of_a_matrix(lib, dtype):
+    """Rows quantized in parts into the whole matrix's buffer give the bytes of the whole; each
+    call writes its own tiles and nothing else (the buffer starts as garbage)."""
+    w = np.random.default_rng(5).standard_normal((75, 256)).astype(np.float32)
+    whole = run(lib, dtype, w)[1]
+    out = np.full(whole.size, 0xA5, dtype=np.uint8)
+    for first, n in ((48, 27), (0, 16), (16, 32)):
+        part = np.ascontiguousarray(w[first:first + n])
+        assert lib.fastllm_quantize(dtype.encode(), part.ctypes.data, 75, 256, first, n, 0, out.ctypes.data, out.size) == 0
+    assert np.array_equal(out, whole)
+    blocks = quantize.RowBlocks([w[:32], w[32:48], w[48:]])
+    assert np.array_equal(quantize.quantize(blocks, dtype), whole)
+    odd = quantize.RowBlocks([w[:20], w[20:]])  # parts that share a tile are joined first
+    assert np.array_equal(quantize.quantize(odd, dtype), whole)
+    assert np.array_equal(quantize.quantize(blocks, dtype, use_native=False), whole)
 
 
 def test_non_finite_weights_do_not_crash(lib):

@@ -349,11 +349,16 @@ def add_tensors(writer, ckpt, hp: HParams, dtype: str, layer_tensors, skipped: t
 
         def produce():
             tensors = [ckpt.get(n) for n in full]
+            grids = [ckpt.grid(n) if hasattr(ckpt, "grid") else None for n in full]
+            if len(tensors) > 1 and spec.matrix and not spec.shift \
+                    and (out_dtype == "f32" or out_dtype in quantize.QUANT) and all(g is None for g in grids):
+                # a fused matrix in float32, most often for the writer to quantize (its dtype policy
+                # decides): its parts as they are (RowBlocks), not copied together
+                return quantize.RowBlocks([to_numpy(t, out_dtype, spec.name) for t in tensors])
             t = tensors[0] if len(tensors) == 1 else torch.cat(tensors, dim=0)
             if spec.shift:  # in float32, as transformers computes 1.0 + weight.float()
                 t = t.to(torch.float32) + spec.shift
             arr = to_numpy(t, out_dtype, spec.name)
-            grids = [ckpt.grid(n) if hasattr(ckpt, "grid") else None for n in full]
             if all(g is not None for g in grids):  # rounded by calibration (calibrate.py)
                 return quantize.OnGrid(arr, quantize.Grid.stack(grids))
             return arr

@@ -973,8 +973,8 @@ size_t fastllm_quantized_size(const char *dtype, int64_t rows, int64_t cols) {
     return (size_t)fastllm::tensor_bytes(t, (uint64_t)rows, (uint64_t)cols);
 }
 
-fastllm_status fastllm_quantize(const char *dtype, const float *weights, int64_t rows, int64_t cols, int32_t n_threads,
-                                void *out, size_t out_size) {
+fastllm_status fastllm_quantize(const char *dtype, const float *weights, int64_t rows, int64_t cols, int64_t first_row,
+                                int64_t n_rows, int32_t n_threads, void *out, size_t out_size) {
     REQUIRE(weights, "weights");
     REQUIRE(out, "out");
     fastllm::DType t;
@@ -986,7 +986,7 @@ fastllm_status fastllm_quantize(const char *dtype, const float *weights, int64_t
                                                            "] takes " + std::to_string(need));
     if (n_threads < 0) return set_error(FASTLLM_ERR_INVALID_ARGUMENT, "n_threads must not be negative");
     const int threads = n_threads > 0 ? n_threads : (int)std::max(1u, std::thread::hardware_concurrency());
-    return guard([&] { fastllm::quantize_matrix(t, weights, rows, cols, threads, (uint8_t *)out); });
+    return guard([&] { fastllm::quantize_matrix(t, weights, rows, cols, first_row, n_rows, threads, (uint8_t *)out); });
 }
 
 }  // extern "C"

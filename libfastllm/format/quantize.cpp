@@ -7,6 +7,7 @@
 #include "format/quantize.h"
 
 #include <algorithm>
+#include <cstdlib>
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -15,13 +16,21 @@
 
 #include "base/error.h"
 #include "base/half.h"
+#include "format/quantize_common.h"
+#include "platform/platform.h"
+
+#define FASTLLM_QUANT_LANES 4
+#define FASTLLM_QUANT_NAMESPACE base
+#include "format/quantize_lanes.h"
 
 namespace fastllm {
 
 namespace {
 
-constexpr int kMaxGroup = 128;  // the largest group (q4_g128); numpy's sums of up to 128 take one block
-constexpr float kInf = std::numeric_limits<float>::infinity();
+using quant::kInf;
+using quant::kMaxGroup;
+using quant::linspace;
+using quant::to_f16;
 
 // numpy's float32 add.reduce over a contiguous group of n (a multiple of 8, at most 128) values.
 inline float np_sum(const float *a, int n) {
@@ -53,45 +62,12 @@ inline void codes(const float *x, int n, double d, float lo, float hi, float *q)
     for (int i = 0; i < n; i++) q[i] = round_clip((float)((double)x[i] / dd), lo, hi);
 }
 
-inline float to_f16(float v) { return f16_to_f32(f32_to_f16(v)); }
-
-// np.linspace(start, stop, num)[i].
-inline double linspace(double start, double stop, int num, int i) {
-    if (i == num - 1) return stop;
-    const double step = (stop - start) / (num - 1);
-    return (double)i * step + start;
-}
-
 // The first index of the largest |x|, as np.abs(x).argmax().
 inline int argmax_abs(const float *x, int n) {
     int at = 0;
     for (int i = 1; i < n; i++)
         if (std::fabs(x[i]) > std::fabs(x[at])) at = i;
     return at;
-}
-
-// _search_symmetric: the f16 scale (as float) of least squared error for codes in [-neg, pos].
-float search_symmetric(const float *x, int G, int neg, int pos) {
-    const double extreme = x[argmax_abs(x, G)];
-    float best_err = kInf, best_d = 0.0f, q[kMaxGroup], t[kMaxGroup];
-    for (int s = 0; s < 11; s++) {
-        const double d0 = extreme / (-neg + linspace(-1.0, 1.5, 11, s) * (neg / 8.0));
-        codes(x, G, d0, (float)-neg, (float)pos, q);
-        for (int i = 0; i < G; i++) t[i] = q[i] * q[i];
-        const float qq = np_sum(t, G);
-        for (int i = 0; i < G; i++) t[i] = x[i] * q[i];
-        const float gq = np_sum(t, G);
-        // numpy keeps d0 (float64) where qq is 0, which happens only when the group is all zeros (d0 = ±0)
-        const float d = to_f16(qq > 0 ? gq / qq : (float)d0);
-        codes(x, G, d, (float)-neg, (float)pos, q);
-        for (int i = 0; i < G; i++) {
-            const float e = x[i] - d * q[i];
-            t[i] = e * e;
-        }
-        const float err = np_sum(t, G);
-        if (err < best_err) best_err = err, best_d = d;
-    }
-    return best_d;
 }
 
 // _search_q4m: the f16 scale and minimum (as floats) of least squared error, codes in [0, 15].
@@ -209,6 +185,7 @@ struct Layout {
     int G, bits;
     bool has_min, k;
     uint8_t *out;
+    quant::LaneSearch search;
 
     uint8_t *tile_codes(int64_t tile) const {
         return out + quant_scales_bytes(t, rows, cols) + tile * quant_tile_bytes(t, cols);
@@ -244,15 +221,34 @@ struct RowScratch {
     std::vector<uint16_t> factor;
 };
 
+// The symmetric search's width: AVX2's 8 lanes where the CPU has it and FASTLLM_ISA does not ask
+// for scalar (as the kernels), else the baseline's 4.
+quant::LaneSearch lane_search() {
+    const char *isa = std::getenv("FASTLLM_ISA");
+    if (quant::kAvx2Search.search && platform::cpu_features().avx2 && !(isa && !std::strcmp(isa, "scalar")))
+        return quant::kAvx2Search;
+    return {quant::base::kLanes, quant::base::search_symmetric};
+}
+
 // One row: its groups' scales searched and stored, its codes written into the row's tile.
 void quantize_row(const Layout &L, const float *x, int64_t r, RowScratch &S) {
     float *d = S.d.data(), *m = S.m.data();
     const Symmetric sym = symmetric_range(L.bits);
+    if (!L.k && !L.has_min) {
+        const int W = L.search.lanes;
+        float xt[kMaxGroup * 8], dl[8];
+        for (int64_t g0 = 0; g0 < L.groups; g0 += W) {  // a last batch's missing lanes repeat its first group
+            const int n = (int)std::min<int64_t>(W, L.groups - g0);
+            for (int l = 0; l < W; l++)
+                for (int i = 0; i < L.G; i++) xt[i * W + l] = x[(g0 + (l < n ? l : 0)) * L.G + i];
+            L.search.search(xt, L.G, sym.neg, sym.pos, dl);
+            for (int l = 0; l < n; l++) d[g0 + l] = dl[l];
+        }
+    }
     for (int64_t g = 0; g < L.groups; g++) {
         const float *xg = x + g * L.G;
         if (L.k) search_k(xg, L.bits, L.has_min, &d[g], &m[g]);
         else if (L.has_min) search_q4m(xg, L.G, &d[g], &m[g]);
-        else d[g] = search_symmetric(xg, L.G, sym.neg, sym.pos);
     }
     if (L.k) {  // the scales (minimums) become codes of f16 factors; the weights are rounded on those
         for (int kind = 0; kind < (L.has_min ? 2 : 1); kind++) {
@@ -286,28 +282,55 @@ void quantize_row(const Layout &L, const float *x, int64_t r, RowScratch &S) {
     }
 }
 
+// Zeroes what tiles [t0, t1) hold (their scales, minimums or K codes and factors, their codes) and
+// the padding between the scales and the codes.
+void clear_tiles(const Layout &L, int64_t t0, int64_t t1) {
+    const int kinds = L.has_min ? 2 : 1;
+    const int64_t r0 = t0 * kTileRows, n = t1 - t0;
+    uint8_t *scales_end;
+    for (int kind = 0; kind < kinds; kind++) {
+        if (L.k) {
+            std::memset(&L.k_code(kind, r0, 0), 0, (size_t)(n * L.groups * kTileRows));
+            std::memset(&L.k_factor(kind, r0, 0), 0, (size_t)(n * L.supers * kTileRows) * 2);
+        } else {
+            std::memset(&L.scale(kind, r0, 0), 0, (size_t)(n * L.groups * kTileRows) * 2);
+        }
+    }
+    if (L.k) scales_end = (uint8_t *)&L.k_factor(kinds - 1, 0, 0) + L.tiles * L.supers * kTileRows * 2;
+    else scales_end = (uint8_t *)&L.scale(kinds - 1, 0, 0) + L.tiles * L.groups * kTileRows * 2;
+    std::memset(scales_end, 0, (size_t)(L.tile_codes(0) - scales_end));
+    std::memset(L.tile_codes(t0), 0, (size_t)(n * (int64_t)quant_tile_bytes(L.t, (uint64_t)L.cols)));
+}
+
 }  // namespace
 
-void quantize_matrix(DType t, const float *w, int64_t rows, int64_t cols, int n_threads, uint8_t *out) {
+void quantize_matrix(DType t, const float *w, int64_t rows, int64_t cols, int64_t first_row, int64_t n_rows,
+                     int n_threads, uint8_t *out) {
     if (!dtype_is_known((uint32_t)t) || !dtype_is_quantized(t))
         fail(FASTLLM_ERR_INVALID_ARGUMENT, "%s is not a quantized dtype", dtype_name(t));
     if (rows <= 0 || cols <= 0 || cols % dtype_row_multiple(t))
         fail(FASTLLM_ERR_INVALID_ARGUMENT, "%s needs rows of a multiple of %d weights, not [%lld, %lld]", dtype_name(t),
              dtype_row_multiple(t), (long long)rows, (long long)cols);
+    const int64_t end = first_row + n_rows;
+    if (first_row < 0 || n_rows <= 0 || end > rows || first_row % kTileRows || (n_rows % kTileRows && end != rows))
+        fail(FASTLLM_ERR_INVALID_ARGUMENT,
+             "rows %lld to %lld of %lld: the first must be a multiple of %d, and so the count unless they end the matrix",
+             (long long)first_row, (long long)end, (long long)rows, kTileRows);
     Layout L{t, rows, cols, (int64_t)quant_tiles((uint64_t)rows), cols / dtype_group(t),
              (int64_t)quant_super_blocks((uint64_t)cols), dtype_group(t), dtype_bits(t), dtype_has_min(t),
-             dtype_k_scales(t), out};
-    std::memset(out, 0, tensor_bytes(t, (uint64_t)rows, (uint64_t)cols));  // padding rows stay 0
+             dtype_k_scales(t), out, lane_search()};
+    const int64_t t0 = first_row / kTileRows, t1 = (end + kTileRows - 1) / kTileRows;
+    clear_tiles(L, t0, t1);  // codes are ORed in, and a last tile's padding rows stay 0
     // tiles to threads in contiguous ranges (a row's bytes are its own, but its tile's lie together)
-    const int64_t n = std::max<int64_t>(1, std::min<int64_t>(n_threads, L.tiles));
+    const int64_t n = std::max<int64_t>(1, std::min<int64_t>(n_threads, t1 - t0));
     std::vector<RowScratch> scratch((size_t)n);
     for (RowScratch &S : scratch)
         S.d.resize((size_t)L.groups), S.m.resize((size_t)L.groups), S.code.resize((size_t)L.groups),
             S.factor.resize((size_t)L.supers);
     auto work = [&](int64_t k) {
-        for (int64_t tile = L.tiles * k / n; tile < L.tiles * (k + 1) / n; tile++)
-            for (int64_t r = tile * kTileRows; r < std::min(rows, (tile + 1) * kTileRows); r++)
-                quantize_row(L, w + r * cols, r, scratch[(size_t)k]);
+        for (int64_t tile = t0 + (t1 - t0) * k / n; tile < t0 + (t1 - t0) * (k + 1) / n; tile++)
+            for (int64_t r = tile * kTileRows; r < std::min(end, (tile + 1) * kTileRows); r++)
+                quantize_row(L, w + (r - first_row) * cols, r, scratch[(size_t)k]);
     };
     std::vector<std::thread> threads;
     try {

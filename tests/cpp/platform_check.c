@@ -1,5 +1,7 @@
 /* platform_check.c — what tests/test_platforms.py compares between Linux, Windows (under Wine) and
- * ARM64 (under QEMU): the status of loading MODEL, and with a model, a session state saved to
+ * ARM64 (under QEMU): a hash of the bytes fastllm_quantize gives for one matrix in every quantized
+ * dtype (the converter's search must round alike everywhere), the status of loading MODEL, and
+ * with a model, a session state saved to
  * STATE twice (the second save replaces the first) and restored into a new session, and the greedy
  * continuation from the restored session. Paths are UTF-8: on Windows the arguments are taken
  * from the wide-character command line, as a Windows program must do to see non-ANSI names.
@@ -26,6 +28,32 @@ static char **utf8_argv(int *argc) {
 }
 #endif
 
+/* FNV-1a of fastllm_quantize's bytes for a 20 x 384 matrix in each quantized dtype, in turn: a
+ * row of zeros, the others (u - 1/2) 2^-(r % 7) for u from a 32-bit LCG (exact in float32;
+ * test_platforms.py makes the same matrix). */
+static unsigned long long quantize_hash(void) {
+    static const char *dtypes[] = {"q8", "q4", "q4_g64", "q4_g128", "q4m", "q6", "q4k", "q6k", "q3k", "q5k"};
+    enum { ROWS = 20, COLS = 384 };
+    static float w[ROWS * COLS];
+    unsigned int x = 12345u;
+    unsigned long long h = 0xcbf29ce484222325ull;
+    for (int i = 0; i < ROWS * COLS; i++) {
+        x = x * 1664525u + 1013904223u;
+        w[i] = i / COLS == 3 ? 0.0f : ((float)(x >> 8) / 16777216.0f - 0.5f) / (float)(1 << (i / COLS % 7));
+    }
+    for (size_t d = 0; d < sizeof dtypes / sizeof *dtypes; d++) {
+        size_t n = fastllm_quantized_size(dtypes[d], ROWS, COLS);
+        unsigned char *out = malloc(n ? n : 1);
+        if (!n || !out || fastllm_quantize(dtypes[d], w, ROWS, COLS, 0, ROWS, 0, out, n) != FASTLLM_OK) {
+            free(out);
+            return 0;
+        }
+        for (size_t i = 0; i < n; i++) h = (h ^ out[i]) * 0x100000001b3ull;
+        free(out);
+    }
+    return h;
+}
+
 static int print_piece(const char *text, size_t len, void *user_data) {
     (void)user_data;
     fwrite(text, 1, len, stdout);
@@ -41,6 +69,7 @@ int main(int argc, char **argv) {
         return 2;
     }
     printf("isa: %s\n", fastllm_isa());
+    printf("quantize: %016llx\n", quantize_hash());
     fastllm_model *model = NULL;
     fastllm_session *a = NULL, *b = NULL;
     fastllm_model_params mp = fastllm_model_default_params();

@@ -97,7 +97,7 @@ namespace FastLLM
         public const string Library = "fastllm";
 
         /// <summary>FASTLLM_ABI_VERSION of the header this file mirrors.</summary>
-        public const int AbiVersion = 12;
+        public const int AbiVersion = 13;
 
         public const int ThinkingUnset = -1;
         public const int ThinkingOff = 0;

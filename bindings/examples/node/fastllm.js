@@ -19,7 +19,7 @@ const koffi = require('koffi');
 
 // FASTLLM_ABI_VERSION of the include/fastllm.h this file mirrors. Keep the structs and prototypes
 // below in step with the header, and change this number with them.
-const ABI_VERSION = 12;
+const ABI_VERSION = 13;
 
 // ---------------------------------------------------------------------------------------------
 // The library: FASTLLM_LIBRARY, else a source checkout's build/, else the system loader's search.

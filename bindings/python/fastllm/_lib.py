@@ -12,7 +12,7 @@ from ctypes import (CFUNCTYPE, POINTER, Structure, c_char, c_char_p, c_double, c
                     c_uint32, c_uint64, c_void_p)
 from pathlib import Path
 
-FASTLLM_ABI_VERSION = 12
+FASTLLM_ABI_VERSION = 13
 
 # fastllm_status
 OK = 0

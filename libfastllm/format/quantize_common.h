@@ -1,0 +1,32 @@
+// quantize_common.h — what quantize.cpp and each width of quantize_lanes.h share: numpy's
+// rounding steps in scalar form.
+#pragma once
+
+#include <limits>
+
+#include "base/half.h"
+
+namespace fastllm::quant {
+
+constexpr int kMaxGroup = 128;  // the largest group (q4_g128); numpy's sums of up to 128 take one block
+constexpr float kInf = std::numeric_limits<float>::infinity();
+
+// np.linspace(start, stop, num)[i].
+inline double linspace(double start, double stop, int num, int i) {
+    if (i == num - 1) return stop;
+    const double step = (stop - start) / (num - 1);
+    return (double)i * step + start;
+}
+
+// A float rounded to f16 and back, as numpy's astype(np.float16).astype(np.float32).
+inline float to_f16(float v) { return f16_to_f32(f32_to_f16(v)); }
+
+// The symmetric search over groups in lanes (quantize_lanes.h) at one width.
+struct LaneSearch {
+    int lanes;
+    void (*search)(const float *xt, int G, int neg, int pos, float *out_d);
+};
+// Its AVX2 build (quantize_avx2.cpp); search is nullptr where that is not built (not x86-64).
+extern const LaneSearch kAvx2Search;
+
+}  // namespace fastllm::quant
