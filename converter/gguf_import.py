@@ -709,6 +709,8 @@ def add_tensors(writer, g: GgufModel, family, hp: common.HParams, dtype: str) ->
                 arrays.append(rows_of(a))
                 if grid is not None:
                     grids.append(grid.map_rows(rows_of))
+            if not exact and len(arrays) > 1 and spec.matrix and target in quantize.QUANT:
+                return quantize.RowBlocks(arrays)  # quantized where they lie, not copied together
             a = arrays[0] if len(arrays) == 1 else np.concatenate(arrays, axis=0)
             if exact:
                 return quantize.OnGrid(a, quantize.Grid.stack(grids))
