@@ -2,13 +2,15 @@
 // fastllm_quantize; its numpy search is the reference twin). Both must give the same bytes, so this
 // follows numpy's arithmetic step for step: float32 products and quotients, float64 quotients where
 // numpy divides a float32 array by a float64 scalar (a linspace step), and every sum over a group in
-// numpy's pairwise order (8 running sums, then added in pairs, then to numpy's initial 0). The file
-// is built with -ffp-contract=off: a fused multiply-add would round differently.
+// numpy's pairwise order (8 running sums, then added in pairs, then to numpy's initial 0). The files
+// are built with -ffp-contract=off: a fused multiply-add would round differently. The symmetric
+// formats' search (quantize_lanes.h) multiplies by a reciprocal only where that provably rounds as
+// numpy's float64 division does.
 #include "format/quantize.h"
 
 #include <algorithm>
-#include <cstdlib>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <limits>
 #include <thread>
@@ -236,7 +238,7 @@ void quantize_row(const Layout &L, const float *x, int64_t r, RowScratch &S) {
     const Symmetric sym = symmetric_range(L.bits);
     if (!L.k && !L.has_min) {
         const int W = L.search.lanes;
-        float xt[kMaxGroup * 8], dl[8];
+        float xt[kMaxGroup * quant::kMaxLanes], dl[quant::kMaxLanes];
         for (int64_t g0 = 0; g0 < L.groups; g0 += W) {  // a last batch's missing lanes repeat its first group
             const int n = (int)std::min<int64_t>(W, L.groups - g0);
             for (int l = 0; l < W; l++)

@@ -9,6 +9,7 @@
 namespace fastllm::quant {
 
 constexpr int kMaxGroup = 128;  // the largest group (q4_g128); numpy's sums of up to 128 take one block
+constexpr int kMaxLanes = 8;    // the widest LaneSearch (AVX2)
 constexpr float kInf = std::numeric_limits<float>::infinity();
 
 // np.linspace(start, stop, num)[i].
