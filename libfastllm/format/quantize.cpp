@@ -42,6 +42,12 @@ inline float np_sum(const float *a, int n) {
         for (int j = 0; j < 8; j++) r[j] += a[i + j];
     return 0.0f + (((r[0] + r[1]) + (r[2] + r[3])) + ((r[4] + r[5]) + (r[6] + r[7])));
 }
+// np_sum of the products a * b (numpy's (a * b).sum(axis)).
+inline float np_dot(const float *a, const float *b, int n) {
+    float t[kMaxGroup];
+    for (int i = 0; i < n; i++) t[i] = a[i] * b[i];
+    return np_sum(t, n);
+}
 
 // np.clip(np.rint(v), lo, hi) for finite v and integer bounds (clipping first gives the same); NaN
 // gives lo. Adding and subtracting 1.5 * 2^23 rounds to an integer, ties to even, as rint does
@@ -86,10 +92,7 @@ void search_q4m(const float *x, int G, float *out_d, float *out_m) {
             for (int i = 0; i < G; i++) t[i] = x[i] - lo;
             codes(t, G, d, 0.0f, 15.0f, q);
             const float sq = np_sum(q, G);
-            for (int i = 0; i < G; i++) t[i] = q[i] * q[i];
-            const float sqq = np_sum(t, G);
-            for (int i = 0; i < G; i++) t[i] = q[i] * x[i];
-            const float sqw = np_sum(t, G);
+            const float sqq = np_dot(q, q, G), sqw = np_dot(q, x, G);
             const float det = n * sqq - sq * sq;
             if (det > 0) d = (n * sqw - sq * sw) / det;
             const float m = (sw - d * sq) / n;
@@ -111,14 +114,11 @@ void search_q4m(const float *x, int G, float *out_d, float *out_m) {
 void search_k(const float *x, int bits, bool has_min, float *out_d, float *out_m) {
     constexpr int G = 32;
     float w[G], q[G], wq[G], t[G];
-    for (int i = 0; i < G; i++) t[i] = x[i] * x[i];
-    const float rms = std::sqrt(np_sum(t, G) / G);
+    const float rms = std::sqrt(np_dot(x, x, G) / G);
     for (int i = 0; i < G; i++) w[i] = std::fabs(x[i]) + rms;
     const float sw = np_sum(w, G);
     for (int i = 0; i < G; i++) t[i] = w[i] * x[i];
-    const float swx = np_sum(t, G);
-    for (int i = 0; i < G; i++) t[i] = w[i] * x[i] * x[i];
-    const float swxx = np_sum(t, G);
+    const float swx = np_sum(t, G), swxx = np_dot(t, x, G);  // (w * g * g) is (w * g) * g
     const int n_max = (1 << bits) - 1;
     if (has_min) {
         float mn = x[0], hi = x[0], shifted[G];
@@ -131,10 +131,7 @@ void search_k(const float *x, int bits, bool has_min, float *out_d, float *out_m
             codes(shifted, G, d0, 0.0f, (float)n_max, q);
             for (int i = 0; i < G; i++) wq[i] = w[i] * q[i];
             const float swq = np_sum(wq, G);
-            for (int i = 0; i < G; i++) t[i] = wq[i] * q[i];
-            const float swqq = np_sum(t, G);
-            for (int i = 0; i < G; i++) t[i] = wq[i] * x[i];
-            const float swqx = np_sum(t, G);
+            const float swqq = np_dot(wq, q, G), swqx = np_dot(wq, x, G);
             const float det = sw * swqq - swq * swq;
             float d = det > 0 ? (sw * swqx - swq * swx) / det : d0;
             float m = sw > 0 ? (swx - d * swq) / sw : lo;
@@ -157,10 +154,7 @@ void search_k(const float *x, int bits, bool has_min, float *out_d, float *out_m
         const double d0 = (double)amax / (-lo_code + linspace(-1.0, 1.0, 21, s));
         codes(x, G, d0, (float)lo_code, (float)(-lo_code - 1), q);
         for (int i = 0; i < G; i++) wq[i] = w[i] * q[i];
-        for (int i = 0; i < G; i++) t[i] = wq[i] * q[i];
-        const float swqq = np_sum(t, G);
-        for (int i = 0; i < G; i++) t[i] = wq[i] * x[i];
-        const float swqx = np_sum(t, G);
+        const float swqq = np_dot(wq, q, G), swqx = np_dot(wq, x, G);
         const double d = swqq > 0 ? (double)(swqx / swqq) : d0;
         const double err = (double)swxx - 2 * d * (double)swqx + d * d * (double)swqq;
         if (err < best_err && d > 0) best_err = err, best_d = d;
