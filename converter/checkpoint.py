@@ -75,6 +75,8 @@ class _SafetensorsFile:
             return self._f.get_tensor(name)
         kind, shape, begin, end = info
         np_type, torch_type = _VIEWS[kind]
+        if begin % np.dtype(np_type).itemsize:  # a tensor after one of an odd size: aligned by a copy
+            return self._f.get_tensor(name)
         if self._map is None:
             self._map = np.memmap(self.path, dtype=np.uint8, mode="c")
         t = torch.from_numpy(self._map[begin:end].view(np_type).reshape(shape))
