@@ -779,8 +779,9 @@ FASTLLM_API fastllm_status fastllm_session_load_state_file(fastllm_session *sess
  * bytes), so that a matrix made of parts (fused q, k and v) needs no copy: first_row must be a
  * multiple of 16, and n_rows too unless the rows end the matrix. Runs on n_threads threads (0: one
  * per core). An unknown or unquantized dtype, cols not a multiple of the dtype's row multiple (32,
- * or 64 and the group for 4/3/5/6-bit codes), rows out of those bounds or out of another size is
- * FASTLLM_ERR_INVALID_ARGUMENT; fastllm_quantized_size returns 0 for the first two. */
+ * or 64 and the group for 4/3/5/6-bit codes), more than 2^48 weights, rows out of those bounds or
+ * out of another size is FASTLLM_ERR_INVALID_ARGUMENT; fastllm_quantized_size returns 0 for the
+ * first three. */
 FASTLLM_API size_t fastllm_quantized_size(const char *dtype, int64_t rows, int64_t cols);
 FASTLLM_API fastllm_status fastllm_quantize(const char *dtype, const float *weights, int64_t rows, int64_t cols,
                                             int64_t first_row, int64_t n_rows, int32_t n_threads, void *out,

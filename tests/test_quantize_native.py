@@ -124,6 +124,7 @@ def test_bad_arguments(lib):
     assert lib.fastllm_quantized_size(None, 4, 64) == 0
     assert lib.fastllm_quantized_size(b"q4", 4, 96) == 0 and "multiple of 64" in lib.fastllm_last_error().decode()
     assert lib.fastllm_quantized_size(b"q8", -1, 64) == 0
+    assert lib.fastllm_quantized_size(b"q8", 2**40, 2**20) == 0  # 2^60 weights: the size would overflow
     status, _, msg = run(lib, "q8", w, size=10)
     assert status == 1 and "out holds 10 bytes" in msg
     status = lib.fastllm_quantize(b"int4", w.ctypes.data, 4, 64, 0, 4, 0, w.ctypes.data, 64)

@@ -948,12 +948,13 @@ fastllm_status fastllm_session_cancel(fastllm_session *session) {
 }  // extern "C"
 
 namespace {
-// A quantized dtype by its .flm name, and the shape's bytes; false (and the message set) otherwise.
+// A quantized dtype by its .flm name, for a shape it can store (whose byte count cannot overflow);
+// false (and the message set) otherwise.
 bool quantized_dtype(const char *name, int64_t rows, int64_t cols, fastllm::DType *t) {
     for (const fastllm::DTypeTraits &d : fastllm::kDTypes)
         if (name && d.quantized && std::strcmp(d.name, name) == 0) {
             *t = d.type;
-            if (rows > 0 && cols > 0 && cols % d.row_multiple == 0) return true;
+            if (rows > 0 && cols > 0 && cols % d.row_multiple == 0 && rows <= ((int64_t)1 << 48) / cols) return true;
             set_error(FASTLLM_ERR_INVALID_ARGUMENT, std::string(name) + " needs rows of a multiple of " +
                                                         std::to_string(d.row_multiple) + " weights, not [" +
                                                         std::to_string(rows) + ", " + std::to_string(cols) + "]");
