@@ -78,6 +78,16 @@ inline int argmax_abs(const float *x, int n) {
     return at;
 }
 
+// A symmetric format's code range [-neg, pos] and the zero its codes are stored around (q8 leaves
+// the code 0 unused, so that -w is as exact as w).
+struct Symmetric {
+    int neg, pos, zero;
+};
+inline Symmetric symmetric_range(int bits) {
+    if (bits == 8) return {127, 127, 128};
+    return {1 << (bits - 1), (1 << (bits - 1)) - 1, 1 << (bits - 1)};
+}
+
 // _search_q4m: the f16 scale and minimum (as floats) of least squared error, codes in [0, 15].
 void search_q4m(const float *x, int G, float *out_d, float *out_m) {
     float lo0 = x[0], hi0 = x[0], q[kMaxGroup], t[kMaxGroup];
@@ -146,13 +156,13 @@ void search_k(const float *x, int bits, bool has_min, float *out_d, float *out_m
         return;
     }
     // symmetric (q6k): numpy's scales here are float64 (amax over a float64 step), and so is the error
-    const int lo_code = -(1 << (bits - 1));
+    const Symmetric sym = symmetric_range(bits);
     float amax = 0.0f;
     for (int i = 0; i < G; i++) amax = std::max(amax, std::fabs(x[i]));
     double best_err = kInf, best_d = 0.0;
     for (int s = 0; s < 21; s++) {
-        const double d0 = (double)amax / (-lo_code + linspace(-1.0, 1.0, 21, s));
-        codes(x, G, d0, (float)lo_code, (float)(-lo_code - 1), q);
+        const double d0 = (double)amax / (sym.neg + linspace(-1.0, 1.0, 21, s));
+        codes(x, G, d0, (float)-sym.neg, (float)sym.pos, q);
         for (int i = 0; i < G; i++) wq[i] = w[i] * q[i];
         const float swqq = np_dot(wq, q, G), swqx = np_dot(wq, x, G);
         const double d = swqq > 0 ? (double)(swqx / swqq) : d0;
@@ -199,16 +209,6 @@ struct Layout {
         return f[(kind * tiles + r / kTileRows) * supers * kTileRows + s * kTileRows + r % kTileRows];
     }
 };
-
-// A symmetric format's code range [-neg, pos] and the zero its codes are stored around (q8 leaves
-// the code 0 unused, so that -w is as exact as w).
-struct Symmetric {
-    int neg, pos, zero;
-};
-inline Symmetric symmetric_range(int bits) {
-    if (bits == 8) return {127, 127, 128};
-    return {1 << (bits - 1), (1 << (bits - 1)) - 1, 1 << (bits - 1)};
-}
 
 // A thread's room for one row's scales, made before the threads start (so none of them allocates).
 struct RowScratch {
