@@ -417,8 +417,9 @@ void attention(const KernelTable &k, const float *q, const AttentionRun *runs, i
     };
     const Blocks prompt = blocks_of(std::min(group, kBlockQueries));
     const Blocks decode = blocks_of(std::min((group + cut - 1) / cut, kBlockQueries));
+    auto blocks_for = [&](const AttentionRun &r) -> const Blocks & { return r.T < kAttentionBlockRows ? decode : prompt; };
     auto tasks_of = [&](const AttentionRun &r) {
-        const Blocks &b = r.T < kAttentionBlockRows ? decode : prompt;
+        const Blocks &b = blocks_for(r);
         return direct(r) ? (int64_t)r.T * sh.n_heads : (r.T + b.rows - 1) / b.rows * b.per_rows;
     };
     int64_t total = 0;
@@ -435,7 +436,7 @@ void attention(const KernelTable &k, const float *q, const AttentionRun *runs, i
                 attend_direct(k, q, run, layer, sh, (int)(local / sh.n_heads), (int)(local % sh.n_heads), out, mem);
                 continue;
             }
-            const Blocks &b = run.T < kAttentionBlockRows ? decode : prompt;
+            const Blocks &b = blocks_for(run);
             const int64_t n_blocks = (run.T + b.rows - 1) / b.rows;
             const int blk = (int)(n_blocks - 1 - local / b.per_rows);  // the last rows (the most keys) first
             const int g = (int)(local % b.per_rows / b.head_blocks), h0 = (int)(local % b.head_blocks) * b.hn;
