@@ -7,11 +7,16 @@
 // In lanes every step is one operation on all the groups, and a group's numpy-ordered sums stay in
 // its own lane. One group at a time, the sums across a vector and each candidate's chain of
 // divisions, sums and f16 rounding left the vector units idle (a 512 x 4096 matrix to q8, one
-// thread: 31 ns a weight; in 8 lanes 27, and 17 with the float64 division replaced below).
+// thread: 31 ns a weight; in 8 lanes 27, 17 with the float64 division replaced below, and 10 with
+// the tie test once a chunk, roundps, and each candidate's scales and f16 rounding in lanes too).
 #include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <limits>
+
+#if defined(__AVX__)
+#include <immintrin.h>
+#endif
 
 #include "format/quantize_common.h"
 
@@ -21,12 +26,37 @@ constexpr int kLanes = FASTLLM_QUANT_LANES;
 static_assert(kLanes <= kMaxLanes && kLanes % 2 == 0, "quantize.cpp holds at most kMaxLanes groups a batch");
 typedef float VF __attribute__((vector_size(kLanes * 4)));
 typedef int VI __attribute__((vector_size(kLanes * 4)));
+typedef uint32_t VU __attribute__((vector_size(kLanes * 4)));
 typedef float HF __attribute__((vector_size(kLanes * 2)));   // half the lanes
 typedef double HD __attribute__((vector_size(kLanes * 4)));  // half the lanes, as float64
 
 inline VF load(const float *p) {
     VF v;
     std::memcpy(&v, p, sizeof v);
+    return v;
+}
+template <class To, class From>
+inline To bits(From v) {
+    static_assert(sizeof(To) == sizeof(From));
+    To t;
+    std::memcpy(&t, &v, sizeof t);
+    return t;
+}
+// The two halves of the lanes, and back.
+inline HD low_half(VF v) {
+    HF h;
+    std::memcpy(&h, &v, sizeof h);
+    return __builtin_convertvector(h, HD);
+}
+inline HD high_half(VF v) {
+    HF h;
+    std::memcpy(&h, (const char *)&v + sizeof h, sizeof h);
+    return __builtin_convertvector(h, HD);
+}
+inline VF join(HD lo, HD hi) {
+    const HF l = __builtin_convertvector(lo, HF), h = __builtin_convertvector(hi, HF);
+    VF v;
+    std::memcpy(&v, &l, sizeof l), std::memcpy((char *)&v + sizeof l, &h, sizeof h);
     return v;
 }
 inline VF abs(VF v) { return v < 0 ? -v : v; }
@@ -37,40 +67,81 @@ inline bool any(VI m) {
     for (int i = 0; i < kLanes / 2; i++) o |= w[i];
     return o != 0;
 }
-// round_clip in every lane.
-inline VF round_clip(VF v, float lo, float hi) {
-    const VF l = VF{} + lo, h = VF{} + hi, magic = VF{} + 12582912.0f;
-    v = v > l ? v : l;
-    v = v < h ? v : h;
+// rint in every lane where |v| < 2^22 (larger values are clipped to a code range, and keep their
+// sign and size here), ties to even; roundps where the width has it.
+inline VF rint(VF v) {
+#if defined(__AVX__) && FASTLLM_QUANT_LANES == 8
+    return _mm256_round_ps(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+#else
+    const VF magic = VF{} + 12582912.0f;
     return (v + magic) - magic;
+#endif
+}
+// np.clip(v, lo, hi) of an integer v; NaN gives lo.
+inline VF clip(VF v, float lo, float hi) {
+    const VF l = VF{} + lo, h = VF{} + hi;
+    v = v > l ? v : l;
+    return v < h ? v : h;
 }
 
-// float32(x / d) with the division in float64, as numpy divides a float32 array by float64 scales
-// (d in two halves of lanes). Dividing in float64 costs 2 cycles a value, most of the search;
+// The codes float32(x / d), rounded and clipped, where d is a float64 (numpy divides a float32 array
+// by float64 scales) or a float32. Dividing in float64 costs 2 cycles a value, most of the search;
 // multiplying by r = float32(1 / d) gives a value within 3 2^-24 |v| of the rounded quotient v (r's
-// rounding, the product's, v's own), so where x r lies further than 2^-20 |x r| from every
-// half-integer, both round to the same code (and clipping to integer bounds keeps that). Lanes
-// near a tie, and those in `exact` (r subnormal or infinite), are divided: the extreme weight of a
-// group sits on a tie whenever a candidate's code range is a half-integer (q4: 3 candidates of 11).
-// A scale of inf gives r = 0, which gives 0 (or NaN) as dividing does.
-inline VF quotient(VF x, VF r, VI exact, HD d_lo, HD d_hi) {
-    const VF magic = VF{} + 12582912.0f, v = x * r, f = v - ((v + magic) - magic);
-    const VI near = ((0.5f - abs(f)) <= abs(v) * 0x1p-20f) | exact;
-    if (!any(near)) return v;
-    HF x_lo, x_hi;
-    std::memcpy(&x_lo, &x, sizeof x_lo), std::memcpy(&x_hi, (const char *)&x + sizeof x_lo, sizeof x_hi);
-    const HF q_lo = __builtin_convertvector(__builtin_convertvector(x_lo, HD) / d_lo, HF);
-    const HF q_hi = __builtin_convertvector(__builtin_convertvector(x_hi, HD) / d_hi, HF);
-    VF q;
-    std::memcpy(&q, &q_lo, sizeof q_lo), std::memcpy((char *)&q + sizeof q_lo, &q_hi, sizeof q_hi);
-    return near ? q : v;
+// rounding, the product's, v's own), so where x r lies further than `margin` >= 2^-20 |x r| from every
+// half-integer, both round to the same code (and clipping to integer bounds keeps that). Lanes in
+// `exact` (r subnormal, infinite or NaN) are always divided. The test runs once for a chunk of 8
+// values, which are all divided if any lies near a tie: ties are rare except at a group's extreme
+// weight, which sits on one whenever a candidate's code range is a half-integer (q4: 3 candidates
+// of 11). A test per value cost more than it saved; margin is one bound for the whole group (from
+// its largest |x|) rather than each value's.
+struct Divisor {
+    VF r, margin;
+    VI exact;
+    bool f64;  // d in float64 (d_lo, d_hi: its two halves of lanes) or in float32 (d32)
+    HD d_lo, d_hi;
+    VF d32;
+
+    Divisor(VF r_, VF amax, bool f64_) : r(r_), f64(f64_) {
+        const VF a = abs(r);
+        exact = ((a < std::numeric_limits<float>::min()) | (a > std::numeric_limits<float>::max()) | (a != a)) & (a != 0);
+        exact |= amax != amax;  // (no lane of a NaN group is skipped: its margin is NaN)
+        // 0.5 - margin rounds by at most 2^-26, and |x r| <= amax |r| (1 + 2^-23)
+        margin = 0.5f - (amax * a * 0x1.004p-20f + 0x1p-24f);
+    }
+    VF divide(VF x) const { return f64 ? join(low_half(x) / d_lo, high_half(x) / d_hi) : x / d32; }
+    // q[j]: the codes in [lo, hi] of a chunk of 8 values
+    void codes(const VF *x, float lo, float hi, VF *q) const {
+        VI near = exact;
+        for (int j = 0; j < 8; j++) {
+            const VF v = x[j] * r;
+            q[j] = rint(v);
+            near |= abs(v - q[j]) >= margin;
+        }
+        if (any(near))
+            for (int j = 0; j < 8; j++) q[j] = rint(clip(divide(x[j]), lo, hi));
+        for (int j = 0; j < 8; j++) q[j] = clip(q[j], lo, hi);
+    }
+};
+
+// to_f16 in every lane, without its branches (which mispredicted on the rounding's ties, a tenth of
+// the search): a normal f16 keeps 11 bits of the float's significand, rounded to even on its bits; a
+// subnormal one is a multiple of 2^-24, which adding 0.5 rounds to (as 2^-24 is 0.5's ulp).
+inline VF to_f16(VF v) {
+    const VU u = bits<VU>(v), sign = u & 0x80000000u, ua = u & 0x7fffffffu;
+    const VF a = bits<VF>(ua), normal = bits<VF>((ua + 0xfffu + ((ua >> 13) & 1u)) & ~0x1fffu);
+    VF r = a < 0x1p-14f ? (a + 0.5f) - 0.5f : normal;
+    r = normal > 65504.0f ? VF{} + kInf : r;
+    r = a != a ? bits<VF>(VU{} + 0x7fc00000u) : r;  // f32_to_f16 makes every NaN quiet, payload 0
+    return bits<VF>(bits<VU>(r) | sign);
 }
 
 // np_sum in every lane: acc[j] sums the values j, j + 8, ... (from 0 rather than value j, which
 // changes only the sign of an all-zero sum, and the final 0 + makes that +0 in both).
+// Loops over a group go by chunks of 8 (G is a multiple of 8), so that with j constant the sums stay
+// in registers.
 struct LaneSums {
     VF acc[8] = {};
-    void add(int i, VF v) { acc[i % 8] += v; }
+    void add(int j, VF v) { acc[j] += v; }
     VF total() const { return VF{} + (((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]))); }
 };
 
@@ -84,46 +155,43 @@ inline void search_symmetric(const float *xt, int G, int neg, int pos, float *ou
         extreme = a > amax ? v : extreme;
         amax = a > amax ? a : amax;
     }
-    const float lo = (float)-neg, hi = (float)pos, fmin = std::numeric_limits<float>::min();
-    const float fmax = std::numeric_limits<float>::max();
-    VF errs[11], ds[11];
+    const float lo = (float)-neg, hi = (float)pos;
+    const HD ext_lo = low_half(extreme), ext_hi = high_half(extreme), inf = HD{} + (double)kInf;
+    VF best_err = VF{} + kInf, best_d = VF{};
     for (int s = 0; s < 11; s++) {
         const double den = -neg + linspace(-1.0, 1.5, 11, s) * (neg / 8.0);
-        double d0[kLanes], dd[kLanes];
-        VF r;
-        VI exact;
-        for (int l = 0; l < kLanes; l++) {
-            d0[l] = (double)extreme[l] / den, dd[l] = d0[l] != 0 ? d0[l] : (double)kInf;
-            r[l] = (float)(1.0 / dd[l]);
-            const float a = std::fabs(r[l]);
-            exact[l] = a != 0 && !(a >= fmin && a <= fmax) ? -1 : 0;
-        }
-        HD d_lo, d_hi;
-        std::memcpy(&d_lo, dd, sizeof d_lo), std::memcpy(&d_hi, dd + kLanes / 2, sizeof d_hi);
+        const HD d0_lo = ext_lo / den, d0_hi = ext_hi / den;
+        // r within 2^-24 (1 + 2^-28) of 1 / d0 (den is exact in float32): Divisor's margin holds
+        Divisor by((float)den / extreme, amax, true);
+        by.d_lo = d0_lo != 0 ? d0_lo : inf, by.d_hi = d0_hi != 0 ? d0_hi : inf;
         LaneSums qq, gq;
-        for (int i = 0; i < G; i++) {
-            const VF x = load(xt + i * kLanes), q = round_clip(quotient(x, r, exact, d_lo, d_hi), lo, hi);
-            qq.add(i, q * q);
-            gq.add(i, x * q);
+        for (int i = 0; i < G; i += 8) {
+            VF x[8], q[8];
+            for (int j = 0; j < 8; j++) x[j] = load(xt + (i + j) * kLanes);
+            by.codes(x, lo, hi, q);
+            for (int j = 0; j < 8; j++) qq.add(j, q[j] * q[j]), gq.add(j, x[j] * q[j]);
         }
         const VF sqq = qq.total(), sgq = gq.total();
         // numpy keeps d0 (float64) where qq is 0, which happens only when the group is all zeros (d0 = ±0)
-        VF d;
-        for (int l = 0; l < kLanes; l++) d[l] = to_f16(sqq[l] > 0 ? sgq[l] / sqq[l] : (float)d0[l]);
+        const VF d = to_f16(sqq > 0 ? sgq / sqq : join(d0_lo, d0_hi));
         const VF d2 = d != 0 ? d : VF{} + kInf;
+        Divisor by_d(1.0f / d2, amax, false);
+        by_d.d32 = d2;
         LaneSums err;
-        for (int i = 0; i < G; i++) {
-            const VF x = load(xt + i * kLanes), e = x - d * round_clip(x / d2, lo, hi);
-            err.add(i, e * e);
+        for (int i = 0; i < G; i += 8) {
+            VF x[8], q[8];
+            for (int j = 0; j < 8; j++) x[j] = load(xt + (i + j) * kLanes);
+            by_d.codes(x, lo, hi, q);
+            for (int j = 0; j < 8; j++) {
+                const VF e = x[j] - d * q[j];
+                err.add(j, e * e);
+            }
         }
-        errs[s] = err.total(), ds[s] = d;
+        const VF e = err.total();  // the first candidate of the least error
+        best_d = e < best_err ? d : best_d;
+        best_err = e < best_err ? e : best_err;
     }
-    for (int l = 0; l < kLanes; l++) {
-        float best_err = kInf, best_d = 0.0f;
-        for (int s = 0; s < 11; s++)
-            if (errs[s][l] < best_err) best_err = errs[s][l], best_d = ds[s][l];
-        out_d[l] = best_d;
-    }
+    std::memcpy(out_d, &best_d, sizeof best_d);
 }
 
 }  // namespace fastllm::quant::FASTLLM_QUANT_NAMESPACE

@@ -21,6 +21,10 @@
 #include "text/tokenizer.h"
 #include "refdev/backend_refdev.h"
 #include "backends/backends.h"
+#include "format/quantize_common.h"
+#define FASTLLM_QUANT_LANES 4
+#define FASTLLM_QUANT_NAMESPACE test_lanes
+#include "format/quantize_lanes.h"  // the quantizer's lanes, for their branchless f16 rounding
 
 using namespace fastllm;
 
@@ -640,6 +644,31 @@ static void test_f16_rounding() {
     for (int i = 0; i < 0x7C00; i++)
         if (f32_to_f16(f16_to_f32((uint16_t)i)) != i) bad++;
     CHECK(bad == 0, "f16 round trip mismatches: %d", bad);
+
+    // The quantizer's f16 rounding in lanes gives the scalar's bits: every float with the low 13 bits
+    // near a tie (0xfff, 0x1000, 0x1001, and for subnormal f16 the tie of each shift), and a stride
+    // through all 2^32 (all of them matched once, in 9 s).
+    using namespace fastllm::quant::test_lanes;
+    std::vector<uint32_t> patterns;
+    for (uint32_t hi = 0; hi < (1u << 19); hi++)
+        for (uint32_t lo : {0xfffu, 0x1000u, 0x1001u, 0u}) patterns.push_back(hi << 13 | lo);
+    for (uint32_t e = 100; e < 114; e++)  // subnormal f16: the tie sits at bit 125 - e of the significand
+        for (uint32_t s : {0u, 0x80000000u})
+            for (int64_t k = -1; k <= 1; k++)
+                for (uint32_t m = 0; m < 64; m++)
+                    patterns.push_back(s | e << 23 | (uint32_t)(((m << (126 - e)) + (1u << (125 - e)) + k) & 0x7fffff));
+    for (uint64_t b = 0; b < (1ull << 32); b += 4093) patterns.push_back((uint32_t)b);
+    bad = 0;
+    for (size_t i = 0; i + kLanes <= patterns.size(); i += kLanes) {
+        const VF r = to_f16(bits<VF>(*(const VU *)&patterns[i]));
+        for (int l = 0; l < kLanes; l++) {
+            float v, want, got = r[l];
+            std::memcpy(&v, &patterns[i + l], 4);
+            want = fastllm::quant::to_f16(v);
+            if (std::memcmp(&want, &got, 4)) bad++;
+        }
+    }
+    CHECK(bad == 0, "f16 rounding in lanes: %d of %zu differ", bad, patterns.size());
 }
 
 static void test_sampler() {
