@@ -215,6 +215,7 @@ struct RowScratch {
     std::vector<float> d, m;
     std::vector<uint8_t> code;
     std::vector<uint16_t> factor;
+    std::vector<uint8_t> row_codes;  // the row's stored codes, one per column
 };
 
 // The symmetric search's width: AVX2's 8 lanes where the CPU has it and FASTLLM_ISA does not ask
@@ -233,12 +234,16 @@ void quantize_row(const Layout &L, const float *x, int64_t r, RowScratch &S) {
     if (!L.k && !L.has_min) {
         const int W = L.search.lanes;
         float xt[kMaxGroup * quant::kMaxLanes], dl[quant::kMaxLanes];
+        uint8_t ct[kMaxGroup * quant::kMaxLanes];
         for (int64_t g0 = 0; g0 < L.groups; g0 += W) {  // a last batch's missing lanes repeat its first group
             const int n = (int)std::min<int64_t>(W, L.groups - g0);
             for (int l = 0; l < W; l++)
                 for (int i = 0; i < L.G; i++) xt[i * W + l] = x[(g0 + (l < n ? l : 0)) * L.G + i];
-            L.search.search(xt, L.G, sym.neg, sym.pos, dl);
-            for (int l = 0; l < n; l++) d[g0 + l] = dl[l];
+            L.search.search(xt, L.G, sym.neg, sym.pos, sym.zero, dl, ct);
+            for (int l = 0; l < n; l++) {
+                d[g0 + l] = dl[l];
+                for (int i = 0; i < L.G; i++) S.row_codes[(g0 + l) * L.G + i] = ct[i * W + l];
+            }
         }
     }
     for (int64_t g = 0; g < L.groups; g++) {
@@ -262,20 +267,23 @@ void quantize_row(const Layout &L, const float *x, int64_t r, RowScratch &S) {
             if (L.has_min) L.scale(1, r, g) = f32_to_f16(m[g]);
         }
     }
-    // round_to_grid: codes in [0, 2^bits - 1] above the minimum, or symmetric around the zero
-    uint8_t *tile = L.tile_codes(r / kTileRows);
-    const int i = (int)(r % kTileRows), zero = L.has_min ? 0 : sym.zero;
-    const float lo = L.has_min ? 0.0f : (float)-sym.neg, hi = L.has_min ? (float)((1 << L.bits) - 1) : (float)sym.pos;
-    float t[kMaxGroup], q[kMaxGroup];
-    for (int64_t g = 0; g < L.groups; g++) {
-        const float *xg = x + g * L.G;
-        if (L.has_min) {
-            for (int j = 0; j < L.G; j++) t[j] = xg[j] - m[g];
-            xg = t;
+    // round_to_grid: codes in [0, 2^bits - 1] above the minimum, or symmetric around the zero (the
+    // symmetric search gave its codes)
+    if (L.k || L.has_min) {
+        const int zero = L.has_min ? 0 : sym.zero;
+        const float lo = L.has_min ? 0.0f : (float)-sym.neg, hi = L.has_min ? (float)((1 << L.bits) - 1) : (float)sym.pos;
+        float t[kMaxGroup], q[kMaxGroup];
+        for (int64_t g = 0; g < L.groups; g++) {
+            const float *xg = x + g * L.G;
+            if (L.has_min) {
+                for (int j = 0; j < L.G; j++) t[j] = xg[j] - m[g];
+                xg = t;
+            }
+            codes(xg, L.G, d[g], lo, hi, q);
+            for (int j = 0; j < L.G; j++) S.row_codes[g * L.G + j] = (uint8_t)((int)q[j] + zero);
         }
-        codes(xg, L.G, d[g], lo, hi, q);
-        for (int j = 0; j < L.G; j++) tile_put_code(tile, L.bits, i, g * L.G + j, (int)q[j] + zero);
     }
+    tile_put_row(L.tile_codes(r / kTileRows), L.bits, (int)(r % kTileRows), S.row_codes.data(), L.cols);
 }
 
 // Zeroes what tiles [t0, t1) hold (their scales, minimums or K codes and factors, their codes) and
@@ -322,7 +330,7 @@ void quantize_matrix(DType t, const float *w, int64_t rows, int64_t cols, int64_
     std::vector<RowScratch> scratch((size_t)n);
     for (RowScratch &S : scratch)
         S.d.resize((size_t)L.groups), S.m.resize((size_t)L.groups), S.code.resize((size_t)L.groups),
-            S.factor.resize((size_t)L.supers);
+            S.factor.resize((size_t)L.supers), S.row_codes.resize((size_t)cols);
     auto work = [&](int64_t k) {
         for (int64_t tile = t0 + (t1 - t0) * k / n; tile < t0 + (t1 - t0) * (k + 1) / n; tile++)
             for (int64_t r = tile * kTileRows; r < std::min(end, (tile + 1) * kTileRows); r++)

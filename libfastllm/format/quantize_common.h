@@ -2,6 +2,7 @@
 // rounding steps in scalar form.
 #pragma once
 
+#include <cstdint>
 #include <limits>
 
 #include "base/half.h"
@@ -25,7 +26,7 @@ inline float to_f16(float v) { return f16_to_f32(f32_to_f16(v)); }
 // The symmetric search over groups in lanes (quantize_lanes.h) at one width.
 struct LaneSearch {
     int lanes;
-    void (*search)(const float *xt, int G, int neg, int pos, float *out_d);
+    void (*search)(const float *xt, int G, int neg, int pos, int zero, float *out_d, uint8_t *out_codes);
 };
 // Its AVX2 build (quantize_avx2.cpp); search is nullptr where that is not built (not x86-64).
 extern const LaneSearch kAvx2Search;

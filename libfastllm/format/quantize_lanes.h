@@ -8,15 +8,12 @@
 // its own lane. One group at a time, the sums across a vector and each candidate's chain of
 // divisions, sums and f16 rounding left the vector units idle (a 512 x 4096 matrix to q8, one
 // thread: 31 ns a weight; in 8 lanes 27, 17 with the float64 division replaced below, and 10 with
-// the tie test once a chunk, roundps, and each candidate's scales and f16 rounding in lanes too).
+// the tie test once a chunk, and each candidate's scales and f16 rounding in lanes too).
 #include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <limits>
 
-#if defined(__AVX__)
-#include <immintrin.h>
-#endif
 
 #include "format/quantize_common.h"
 
@@ -68,14 +65,11 @@ inline bool any(VI m) {
     return o != 0;
 }
 // rint in every lane where |v| < 2^22 (larger values are clipped to a code range, and keep their
-// sign and size here), ties to even; roundps where the width has it.
+// sign and size here), ties to even. (roundps was 3-4% slower on AVX2: two uops on the ports the
+// products need.)
 inline VF rint(VF v) {
-#if defined(__AVX__) && FASTLLM_QUANT_LANES == 8
-    return _mm256_round_ps(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-#else
     const VF magic = VF{} + 12582912.0f;
     return (v + magic) - magic;
-#endif
 }
 // np.clip(v, lo, hi) of an integer v; NaN gives lo.
 inline VF clip(VF v, float lo, float hi) {
@@ -89,11 +83,11 @@ inline VF clip(VF v, float lo, float hi) {
 // multiplying by r = float32(1 / d) gives a value within 3 2^-24 |v| of the rounded quotient v (r's
 // rounding, the product's, v's own), so where x r lies further than `margin` >= 2^-20 |x r| from every
 // half-integer, both round to the same code (and clipping to integer bounds keeps that). Lanes in
-// `exact` (r subnormal, infinite or NaN) are always divided. The test runs once for a chunk of 8
-// values, which are all divided if any lies near a tie: ties are rare except at a group's extreme
-// weight, which sits on one whenever a candidate's code range is a half-integer (q4: 3 candidates
-// of 11). A test per value cost more than it saved; margin is one bound for the whole group (from
-// its largest |x|) rather than each value's.
+// `exact` (r subnormal, infinite or NaN) are always divided. The test branches once for a chunk of 8
+// values, and only then for each: ties are rare except at a group's extreme weight, which sits on
+// one whenever a candidate's code range is a half-integer (q4: 3 candidates of 11). A branch per
+// value cost more than it saved; margin is one bound for the whole group (from its largest |x|)
+// rather than each value's.
 struct Divisor {
     VF r, margin;
     VI exact;
@@ -118,7 +112,11 @@ struct Divisor {
             near |= abs(v - q[j]) >= margin;
         }
         if (any(near))
-            for (int j = 0; j < 8; j++) q[j] = rint(clip(divide(x[j]), lo, hi));
+            for (int j = 0; j < 8; j++) {
+                const VF v = x[j] * r;
+                const VI at = (abs(v - rint(v)) >= margin) | exact;
+                if (any(at)) q[j] = at ? rint(clip(divide(x[j]), lo, hi)) : q[j];  // (divided values are clipped first)
+            }
         for (int j = 0; j < 8; j++) q[j] = clip(q[j], lo, hi);
     }
 };
@@ -147,8 +145,8 @@ struct LaneSums {
 
 // _search_symmetric for kLanes groups of G values: xt holds them lane by lane (xt[i * kLanes + l]
 // is value i of group l); out_d gets each group's f16 scale (as float) of least squared error for
-// codes in [-neg, pos].
-inline void search_symmetric(const float *xt, int G, int neg, int pos, float *out_d) {
+// codes in [-neg, pos], and out_codes (lane by lane as xt) the codes on that scale, plus `zero`.
+inline void search_symmetric(const float *xt, int G, int neg, int pos, int zero, float *out_d, uint8_t *out_codes) {
     VF extreme = load(xt), amax = abs(extreme);  // np.abs(g).argmax(): the first of the largest
     for (int i = 1; i < G; i++) {
         const VF v = load(xt + i * kLanes), a = abs(v);
@@ -192,6 +190,18 @@ inline void search_symmetric(const float *xt, int G, int neg, int pos, float *ou
         best_err = e < best_err ? e : best_err;
     }
     std::memcpy(out_d, &best_d, sizeof best_d);
+    const VF d2 = best_d != 0 ? best_d : VF{} + kInf;  // round_to_grid: codes of x / d (0 divides by inf)
+    Divisor by(1.0f / d2, amax, false);
+    by.d32 = d2;
+    for (int i = 0; i < G; i += 8) {
+        VF x[8], q[8];
+        for (int j = 0; j < 8; j++) x[j] = load(xt + (i + j) * kLanes);
+        by.codes(x, lo, hi, q);
+        for (int j = 0; j < 8; j++) {
+            const VI c = __builtin_convertvector(q[j], VI) + zero;
+            for (int l = 0; l < kLanes; l++) out_codes[(i + j) * kLanes + l] = (uint8_t)c[l];
+        }
+    }
 }
 
 }  // namespace fastllm::quant::FASTLLM_QUANT_NAMESPACE

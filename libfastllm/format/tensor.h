@@ -5,6 +5,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 #include <string>
 
 namespace fastllm {
@@ -122,6 +123,38 @@ inline void tile_put_code(uint8_t *codes, int bits, int i, int64_t c, int code) 
     pair[chunk * 64 + at] |= (uint8_t)((code & 15) << (b % 2 == 0 ? 0 : 4));
     if (bits == 5) pair[(8 + chunk / 4) * 64 + at] |= (uint8_t)((code >> 4 & 1) << (b % 2 + 2 * (chunk % 4)));
     if (bits == 6) pair[(8 + chunk / 2) * 64 + at] |= (uint8_t)((code >> 4 & 3) << (2 * (b % 2) + 4 * (chunk % 2)));
+}
+
+// tile_put_code for row i's codes, one per column, with the bits fixed in each loop (one call per
+// weight, its bits tested each time, took a tenth of a q8 conversion).
+template <int Bits>
+inline void tile_put_row_bits(uint8_t *codes, int i, const uint8_t *row, int64_t cols) {
+    if (Bits == 8) {  // 4 columns lie together
+        for (int64_t c = 0; c < cols; c += 4) std::memcpy(codes + ((c / 32) * 8 + (c % 32) / 4) * 64 + i * 4, row + c, 4);
+        return;
+    }
+    if (Bits == 4) {  // a byte holds a column of a pair's first block and the same of its second
+        for (int64_t c0 = 0; c0 < cols; c0 += 64) {
+            const uint8_t *a = row + c0, *b = c0 + 32 < cols ? row + c0 + 32 : nullptr;
+            uint8_t *pair = codes + (c0 / 64) * 512 + i * 4;
+            for (int k = 0; k < 32; k += 4) {
+                uint8_t v[4];
+                for (int m = 0; m < 4; m++) v[m] = (uint8_t)(a[k + m] | (b ? b[k + m] << 4 : 0));
+                std::memcpy(pair + (k / 4) * 64, v, 4);
+            }
+        }
+        return;
+    }
+    for (int64_t c = 0; c < cols; c++) tile_put_code(codes, Bits, i, c, row[c]);
+}
+inline void tile_put_row(uint8_t *codes, int bits, int i, const uint8_t *row, int64_t cols) {
+    switch (bits) {
+    case 8: return tile_put_row_bits<8>(codes, i, row, cols);
+    case 6: return tile_put_row_bits<6>(codes, i, row, cols);
+    case 5: return tile_put_row_bits<5>(codes, i, row, cols);
+    case 4: return tile_put_row_bits<4>(codes, i, row, cols);
+    default: return tile_put_row_bits<3>(codes, i, row, cols);
+    }
 }
 
 struct Tensor {
