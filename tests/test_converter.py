@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 import torch
 
-from converter import checkpoint
+from converter import checkpoint, quantize
 from converter.convert import ConversionError, convert, main
 from converter.flm_reader import bf16_to_f32, load_flm, read_flm
 from converter.flm_writer import FlmWriter
@@ -523,6 +523,35 @@ def test_writer_rejects_wrong_data(tmp_path):
     with pytest.raises(ValueError, match="dtype"):
         w.write()
     assert_nothing_written(tmp_path / "t.flm")
+
+
+def test_writer_producer_failing_midway(tmp_path):
+    """A producer that fails while earlier tensors are still being written (by the writer's
+    thread, from its two buffers) leaves no file; the same writes without it give every tensor's
+    bytes."""
+    rng = np.random.default_rng(0)
+    ws = [rng.standard_normal((32, 64)).astype(np.float32) for _ in range(5)]
+
+    def build(path, fail_at=None):
+        w = FlmWriter(path, dtype_policy=quantize.DtypePolicy("int8"))
+        for i, a in enumerate(ws):
+            def produce(i=i, a=a):
+                if i == fail_at:
+                    raise RuntimeError("producer failed")
+                return a
+            w.add_tensor(f"blk.{i}.ffn_up.weight", "f32", a.shape, produce)
+        return w
+
+    out = tmp_path / "t.flm"
+    with pytest.raises(RuntimeError, match="producer failed"):
+        build(out, fail_at=3).write()
+    assert_nothing_written(out)
+    build(out).write()
+    f = load_flm(out)
+    for i, a in enumerate(ws):
+        t = f.tensors[f"blk.{i}.ffn_up.weight"]
+        assert t.dtype == "q8"
+        assert np.array_equal(np.asarray(t.data).view(np.uint8).ravel(), quantize.quantize(a, "q8").ravel())
 
 
 def _flm_bytes(tmp_path) -> bytes:
