@@ -218,12 +218,14 @@ struct RowScratch {
     std::vector<uint8_t> row_codes;  // the row's stored codes, one per column
 };
 
-// The symmetric search's width: AVX2's 8 lanes where the CPU has it and FASTLLM_ISA does not ask
-// for scalar (as the kernels), else the baseline's 4.
+// The symmetric search's width: the widest the CPU has (AVX-512's 16 lanes, AVX2's 8, else the
+// baseline's 4), lowered as the kernels are by FASTLLM_ISA=avx2 or scalar.
 quant::LaneSearch lane_search() {
     const char *isa = std::getenv("FASTLLM_ISA");
-    if (quant::kAvx2Search.search && platform::cpu_features().avx2 && !(isa && !std::strcmp(isa, "scalar")))
-        return quant::kAvx2Search;
+    const bool scalar = isa && !std::strcmp(isa, "scalar"), avx2 = scalar || (isa && !std::strcmp(isa, "avx2"));
+    const platform::CpuFeatures &cpu = platform::cpu_features();
+    if (quant::kAvx512Search.search && cpu.avx512 && !avx2) return quant::kAvx512Search;
+    if (quant::kAvx2Search.search && cpu.avx2 && !scalar) return quant::kAvx2Search;
     return {quant::base::kLanes, quant::base::search_symmetric};
 }
 

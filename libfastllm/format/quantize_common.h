@@ -10,7 +10,7 @@
 namespace fastllm::quant {
 
 constexpr int kMaxGroup = 128;  // the largest group (q4_g128); numpy's sums of up to 128 take one block
-constexpr int kMaxLanes = 8;    // the widest LaneSearch (AVX2)
+constexpr int kMaxLanes = 16;   // the widest LaneSearch (AVX-512)
 constexpr float kInf = std::numeric_limits<float>::infinity();
 
 // np.linspace(start, stop, num)[i].
@@ -28,7 +28,8 @@ struct LaneSearch {
     int lanes;
     void (*search)(const float *xt, int G, int neg, int pos, int zero, float *out_d, uint8_t *out_codes);
 };
-// Its AVX2 build (quantize_avx2.cpp); search is nullptr where that is not built (not x86-64).
-extern const LaneSearch kAvx2Search;
+// Its AVX2 and AVX-512 builds (quantize_avx2.cpp, quantize_avx512.cpp); search is nullptr where
+// those are not built (not x86-64).
+extern const LaneSearch kAvx2Search, kAvx512Search;
 
 }  // namespace fastllm::quant
