@@ -1,19 +1,18 @@
 // quantize_lanes.h — the symmetric formats' scale search (q8, q6, q4 and its wider groups) over
 // several groups at once, one group per vector lane, in GCC's vector extensions. Included once per
-// width: by quantize.cpp with FASTLLM_QUANT_LANES 4 (the baseline: SSE2 on x86-64, NEON on aarch64)
-// and by quantize_avx2.cpp with 8 (built with -mavx2), each in its own namespace
-// fastllm::quant::FASTLLM_QUANT_NAMESPACE. No include guard, on purpose.
+// width: by quantize.cpp with FASTLLM_QUANT_LANES 4 (the baseline: SSE2 on x86-64, NEON on aarch64),
+// by quantize_avx2.cpp with 8 (built with -mavx2) and by quantize_avx512.cpp with 16, each in its own
+// namespace fastllm::quant::FASTLLM_QUANT_NAMESPACE. No include guard, on purpose.
 //
 // In lanes every step is one operation on all the groups, and a group's numpy-ordered sums stay in
 // its own lane. One group at a time, the sums across a vector and each candidate's chain of
 // divisions, sums and f16 rounding left the vector units idle (a 512 x 4096 matrix to q8, one
-// thread: 31 ns a weight; in 8 lanes 27, 17 with the float64 division replaced below, and 10 with
-// the tie test once a chunk, and each candidate's scales and f16 rounding in lanes too).
+// thread: 31 ns a weight; in 8 lanes 27, 17 with the float64 division replaced below, 10 with the
+// tie test once a chunk and each candidate's scales and f16 rounding in lanes too, and 7.5 in 16).
 #include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <limits>
-
 
 #include "format/quantize_common.h"
 
