@@ -48,6 +48,7 @@ Tokenizer: `tokenizer.ggml.model` "llama" (SentencePiece) becomes our `spm` keys
 from __future__ import annotations
 
 import math
+import warnings
 import re
 from pathlib import Path
 
@@ -261,12 +262,22 @@ class GgufModel:
                                   f"{self.type_name(name)}, which the gguf package cannot "
                                   f"dequantize")
 
-    def dequantize(self, name: str) -> np.ndarray:
-        """The tensor as float32, [out, in]."""
+    def dequantize(self, name: str, out: np.ndarray | None = None) -> np.ndarray:
+        """The tensor as float32, [out, in]. An F16 tensor is widened into `out` (float32, at least
+        the tensor's size) when given: the converter passes the same buffer for every tensor it
+        quantizes at once, where a fresh array per tensor had its pages zeroed by the kernel (a
+        tenth of an int4 conversion from an f16 GGUF, 1.1B shape), and torch widens with F16C
+        where numpy goes value by value."""
         t = self.tensors[name]
         T = self.gguf.GGMLQuantizationType
         try:
-            if t.tensor_type in (T.F32, T.F16, T.F64):
+            if t.tensor_type == T.F16 and out is not None:
+                src = np.asarray(t.data).reshape(-1)
+                arr = out[:src.size]
+                with warnings.catch_warnings():  # the mapping is read-only; torch only reads it
+                    warnings.simplefilter("ignore", UserWarning)
+                    torch.from_numpy(arr).copy_(torch.from_numpy(src))
+            elif t.tensor_type in (T.F32, T.F16, T.F64):
                 arr = np.asarray(t.data).astype(np.float32)
             else:
                 arr = self.gguf.quants.dequantize(t.data, t.tensor_type)
@@ -666,6 +677,14 @@ def add_tensors(writer, g: GgufModel, family, hp: common.HParams, dtype: str) ->
     tied = "output.weight" not in g.tensors
     quantize.tell_policy(writer.dtype_policy, hp.num_layers, tied)
 
+    buffers = {}  # part -> float32 buffer for tensors widened to be quantized (GgufModel.dequantize)
+
+    def widened(part: int, n: int) -> np.ndarray:
+        if part not in buffers or buffers[part].size < n:
+            buffers.pop(part, None)
+            buffers[part] = np.empty(n, dtype=np.float32)
+        return buffers[part]
+
     def check(name: str, shape: tuple) -> None:
         if name not in g.tensors:
             raise ConversionError(f"{g.path}: missing tensor {name}")
@@ -697,9 +716,11 @@ def add_tensors(writer, g: GgufModel, family, hp: common.HParams, dtype: str) ->
 
         def produce():
             arrays, grids = [], []
-            for name, _, heads, r in parts:
+            for i, (name, _, heads, r) in enumerate(parts):
                 if exact:
                     _, grid, a = g.on_grid(name)
+                elif target in quantize.QUANT:  # quantized before the next tensor is made
+                    a, grid = g.dequantize(name, out=widened(i, g.tensors[name].n_elements)), None
                 else:
                     a, grid = g.dequantize(name), None
                 def rows_of(x):  # the row order and range this part takes, for weights and grids alike
