@@ -25,6 +25,7 @@ import torch
 import fastllm
 import gguf
 from conftest import REPO, convert
+from converter import gguf_import
 from converter.errors import ConversionError
 from converter.flm_reader import load_flm
 from gguf_models import Q, write_gguf
@@ -115,6 +116,23 @@ def test_other_dtypes_equal_hf_checkpoint(tmp_path, dtype):
         assert np.array_equal(np.asarray(b.tensors[t].data), np.asarray(a.tensors[t].data)), t
     if dtype in ("f16", "bf16"):
         assert b.tensors["blk.0.attn_qkv.weight"].dtype == dtype
+
+
+def test_f16_widened_into_kept_buffers(tmp_path, monkeypatch):
+    """F16 matrices to be quantized are widened into buffers kept across tensors (one per part of a
+    fused matrix: q, k, v; gate, up): the file equals the one made from a fresh array each."""
+    hf_dir = make_llama(tmp_path, name="hf", seed=5, num_key_value_heads=2)
+    suffixes = ("token_embd", "attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up",
+                "ffn_down", "output")
+    gguf_path = write_gguf(hf_dir, tmp_path / "m.gguf", types={f"{k}.weight": Q.F16 for k in suffixes})
+    convert(gguf_path, tmp_path / "kept.flm", dtype="int4")
+    calls = []
+    fresh = gguf_import.GgufModel.dequantize
+    monkeypatch.setattr(gguf_import.GgufModel, "dequantize",
+                        lambda self, name, out=None: calls.append(out is not None) or fresh(self, name))
+    convert(gguf_path, tmp_path / "fresh.flm", dtype="int4")
+    assert sum(calls) > 9, "the converter passed no buffers"
+    assert (tmp_path / "kept.flm").read_bytes() == (tmp_path / "fresh.flm").read_bytes()
 
 
 # ---- quantized GGUFs: logits against transformers on the same file ---------------------------
