@@ -271,8 +271,8 @@ class GgufModel:
         t = self.tensors[name]
         T = self.gguf.GGMLQuantizationType
         try:
-            if t.tensor_type == T.F16 and out is not None:
-                src = np.asarray(t.data).reshape(-1)
+            if t.tensor_type == T.F16 and out is not None and np.asarray(t.data).dtype == np.float16:
+                src = np.asarray(t.data).reshape(-1)  # (a big-endian file's data takes astype below)
                 arr = out[:src.size]
                 with warnings.catch_warnings():  # the mapping is read-only; torch only reads it
                     warnings.simplefilter("ignore", UserWarning)
