@@ -365,7 +365,7 @@ LIBRARY_ABI = 13  # include/fastllm.h's FASTLLM_ABI_VERSION that fastllm_quantiz
 @lru_cache(maxsize=None)
 def native():
     """libfastllm's fastllm_quantize (ctypes), or None. It gives the same bytes as the numpy search
-    below, its reference twin, much faster (1.1B shape to q4_k_m: 37 s where numpy's took 158 s on
+    below, its reference twin, much faster (1.1B shape to q4_k_m: 28 s where numpy's took 158 s on
     two cores; docs/quantization.md). Looked
     for as the Python package looks for the library: FASTLLM_LIBRARY, this checkout's build/, then
     an installed `fastllm` package's bundled copy. FASTLLM_CONVERTER_NATIVE=0 keeps to numpy."""
