@@ -119,43 +119,17 @@ void search_q4m(const float *x, int G, float *out_d, float *out_m) {
     *out_d = best_d, *out_m = best_m;
 }
 
-// _search_k for one group of 32: the scale (and minimum <= 0 with has_min) of least weighted squared
-// error, weights |x| + the group's RMS, before they become 8-bit codes of their super-block's factor.
-void search_k(const float *x, int bits, bool has_min, float *out_d, float *out_m) {
+// _search_k for one group of 32 of q6k (symmetric; the K formats with a minimum search in lanes:
+// quantize_lanes.h's search_k_min): the scale of least weighted squared error, weights |x| + the
+// group's RMS, before it becomes an 8-bit code of its super-block's factor. numpy's scales here are
+// float64 (amax over a float64 step), and so is the error.
+float search_k_symmetric(const float *x, int bits) {
     constexpr int G = 32;
     float w[G], q[G], wq[G], t[G];
     const float rms = std::sqrt(np_dot(x, x, G) / G);
     for (int i = 0; i < G; i++) w[i] = std::fabs(x[i]) + rms;
-    const float sw = np_sum(w, G);
     for (int i = 0; i < G; i++) t[i] = w[i] * x[i];
-    const float swx = np_sum(t, G), swxx = np_dot(t, x, G);  // (w * g * g) is (w * g) * g
-    const int n_max = (1 << bits) - 1;
-    if (has_min) {
-        float mn = x[0], hi = x[0], shifted[G];
-        for (int i = 1; i < G; i++) mn = x[i] < mn ? x[i] : mn, hi = x[i] > hi ? x[i] : hi;
-        const float lo = mn < 0 ? mn : 0.0f, span = hi - lo;
-        for (int i = 0; i < G; i++) shifted[i] = x[i] - lo;
-        float best_err = kInf, best_d = 0.0f, best_m = 0.0f;
-        for (int s = 0; s < 21; s++) {
-            const float d0 = span > 0 ? (float)((double)span / (n_max + linspace(-1.0, 1.0, 21, s))) : 0.0f;
-            codes(shifted, G, d0, 0.0f, (float)n_max, q);
-            for (int i = 0; i < G; i++) wq[i] = w[i] * q[i];
-            const float swq = np_sum(wq, G);
-            const float swqq = np_dot(wq, q, G), swqx = np_dot(wq, x, G);
-            const float det = sw * swqq - swq * swq;
-            float d = det > 0 ? (sw * swqx - swq * swx) / det : d0;
-            float m = sw > 0 ? (swx - d * swq) / sw : lo;
-            if (m > 0) {  // a minimum above 0 cannot be stored: refit the scale alone
-                m = 0.0f;
-                d = swqq > 0 ? swqx / swqq : d0;
-            }
-            const float err = swxx - 2 * d * swqx - 2 * m * swx + d * d * swqq + 2 * d * m * swq + m * m * sw;
-            if (err < best_err && d > 0) best_err = err, best_d = d, best_m = m;
-        }
-        *out_d = best_d, *out_m = best_m;
-        return;
-    }
-    // symmetric (q6k): numpy's scales here are float64 (amax over a float64 step), and so is the error
+    const float swxx = np_dot(t, x, G);  // (w * g * g) is (w * g) * g
     const Symmetric sym = symmetric_range(bits);
     float amax = 0.0f;
     for (int i = 0; i < G; i++) amax = std::max(amax, std::fabs(x[i]));
@@ -169,7 +143,7 @@ void search_k(const float *x, int bits, bool has_min, float *out_d, float *out_m
         const double err = (double)swxx - 2 * d * (double)swqx + d * d * (double)swqq;
         if (err < best_err && d > 0) best_err = err, best_d = d;
     }
-    *out_d = (float)best_d, *out_m = 0.0f;
+    return (float)best_d;
 }
 
 // _k_codes for one row: per super-block of 8 groups, the value of largest magnitude on code 255.
@@ -226,7 +200,7 @@ quant::LaneSearch lane_search() {
     const platform::CpuFeatures &cpu = platform::cpu_features();
     if (quant::kAvx512Search.search && cpu.avx512 && !avx2) return quant::kAvx512Search;
     if (quant::kAvx2Search.search && cpu.avx2 && !scalar) return quant::kAvx2Search;
-    return {quant::base::kLanes, quant::base::search_symmetric};
+    return {quant::base::kLanes, quant::base::search_symmetric, quant::base::search_k_min};
 }
 
 // One row: its groups' scales searched and stored, its codes written into the row's tile.
@@ -248,10 +222,21 @@ void quantize_row(const Layout &L, const float *x, int64_t r, RowScratch &S) {
             }
         }
     }
+    if (L.k && L.has_min) {  // the same batches of groups, for the K search with a minimum
+        const int W = L.search.lanes;
+        float xt[32 * quant::kMaxLanes], dl[quant::kMaxLanes], ml[quant::kMaxLanes];
+        for (int64_t g0 = 0; g0 < L.groups; g0 += W) {
+            const int n = (int)std::min<int64_t>(W, L.groups - g0);
+            for (int l = 0; l < W; l++)
+                for (int i = 0; i < 32; i++) xt[i * W + l] = x[(g0 + (l < n ? l : 0)) * 32 + i];
+            L.search.search_k_min(xt, (1 << L.bits) - 1, dl, ml);
+            for (int l = 0; l < n; l++) d[g0 + l] = dl[l], m[g0 + l] = ml[l];
+        }
+    }
     for (int64_t g = 0; g < L.groups; g++) {
         const float *xg = x + g * L.G;
-        if (L.k) search_k(xg, L.bits, L.has_min, &d[g], &m[g]);
-        else if (L.has_min) search_q4m(xg, L.G, &d[g], &m[g]);
+        if (L.k && !L.has_min) d[g] = search_k_symmetric(xg, L.bits), m[g] = 0.0f;
+        else if (!L.k && L.has_min) search_q4m(xg, L.G, &d[g], &m[g]);
     }
     if (L.k) {  // the scales (minimums) become codes of f16 factors; the weights are rounded on those
         for (int kind = 0; kind < (L.has_min ? 2 : 1); kind++) {
