@@ -4,8 +4,9 @@
 // numpy divides a float32 array by a float64 scalar (a linspace step), and every sum over a group in
 // numpy's pairwise order (8 running sums, then added in pairs, then to numpy's initial 0). The files
 // are built with -ffp-contract=off: a fused multiply-add would round differently. The symmetric
-// formats' search (quantize_lanes.h) multiplies by a reciprocal only where that provably rounds as
-// numpy's float64 division does.
+// formats' and the K formats' searches run over groups in vector lanes (quantize_lanes.h), and
+// multiply by a reciprocal only where that provably rounds as numpy's division does; q4m's runs here,
+// one group at a time.
 #include "format/quantize.h"
 
 #include <algorithm>
@@ -64,11 +65,6 @@ inline void codes(const float *x, int n, float d, float lo, float hi, float *q) 
     const float dd = d != 0 ? d : kInf;
     for (int i = 0; i < n; i++) q[i] = round_clip(x[i] / dd, lo, hi);
 }
-// The same with a float64 scale (numpy then divides in float64 and rounds the quotient to float32).
-inline void codes(const float *x, int n, double d, float lo, float hi, float *q) {
-    const double dd = d != 0 ? d : (double)kInf;
-    for (int i = 0; i < n; i++) q[i] = round_clip((float)((double)x[i] / dd), lo, hi);
-}
 
 // The first index of the largest |x|, as np.abs(x).argmax().
 inline int argmax_abs(const float *x, int n) {
@@ -117,33 +113,6 @@ void search_q4m(const float *x, int G, float *out_d, float *out_m) {
             if (err < best_err) best_err = err, best_d = d16, best_m = m16;
         }
     *out_d = best_d, *out_m = best_m;
-}
-
-// _search_k for one group of 32 of q6k (symmetric; the K formats with a minimum search in lanes:
-// quantize_lanes.h's search_k_min): the scale of least weighted squared error, weights |x| + the
-// group's RMS, before it becomes an 8-bit code of its super-block's factor. numpy's scales here are
-// float64 (amax over a float64 step), and so is the error.
-float search_k_symmetric(const float *x, int bits) {
-    constexpr int G = 32;
-    float w[G], q[G], wq[G], t[G];
-    const float rms = std::sqrt(np_dot(x, x, G) / G);
-    for (int i = 0; i < G; i++) w[i] = std::fabs(x[i]) + rms;
-    for (int i = 0; i < G; i++) t[i] = w[i] * x[i];
-    const float swxx = np_dot(t, x, G);  // (w * g * g) is (w * g) * g
-    const Symmetric sym = symmetric_range(bits);
-    float amax = 0.0f;
-    for (int i = 0; i < G; i++) amax = std::max(amax, std::fabs(x[i]));
-    double best_err = kInf, best_d = 0.0;
-    for (int s = 0; s < 21; s++) {
-        const double d0 = (double)amax / (sym.neg + linspace(-1.0, 1.0, 21, s));
-        codes(x, G, d0, (float)-sym.neg, (float)sym.pos, q);
-        for (int i = 0; i < G; i++) wq[i] = w[i] * q[i];
-        const float swqq = np_dot(wq, q, G), swqx = np_dot(wq, x, G);
-        const double d = swqq > 0 ? (double)(swqx / swqq) : d0;
-        const double err = (double)swxx - 2 * d * (double)swqx + d * d * (double)swqq;
-        if (err < best_err && d > 0) best_err = err, best_d = d;
-    }
-    return (float)best_d;
 }
 
 // _k_codes for one row: per super-block of 8 groups, the value of largest magnitude on code 255.
@@ -200,7 +169,7 @@ quant::LaneSearch lane_search() {
     const platform::CpuFeatures &cpu = platform::cpu_features();
     if (quant::kAvx512Search.search && cpu.avx512 && !avx2) return quant::kAvx512Search;
     if (quant::kAvx2Search.search && cpu.avx2 && !scalar) return quant::kAvx2Search;
-    return {quant::base::kLanes, quant::base::search_symmetric, quant::base::search_k_min};
+    return {quant::base::kLanes, quant::base::search_symmetric, quant::base::search_k_min, quant::base::search_k_sym};
 }
 
 // One row: its groups' scales searched and stored, its codes written into the row's tile.
@@ -222,21 +191,19 @@ void quantize_row(const Layout &L, const float *x, int64_t r, RowScratch &S) {
             }
         }
     }
-    if (L.k && L.has_min) {  // the same batches of groups, for the K search with a minimum
+    if (L.k) {  // the same batches of groups, for the K searches
         const int W = L.search.lanes;
-        float xt[32 * quant::kMaxLanes], dl[quant::kMaxLanes], ml[quant::kMaxLanes];
+        float xt[32 * quant::kMaxLanes], dl[quant::kMaxLanes], ml[quant::kMaxLanes] = {};
         for (int64_t g0 = 0; g0 < L.groups; g0 += W) {
             const int n = (int)std::min<int64_t>(W, L.groups - g0);
             for (int l = 0; l < W; l++)
                 for (int i = 0; i < 32; i++) xt[i * W + l] = x[(g0 + (l < n ? l : 0)) * 32 + i];
-            L.search.search_k_min(xt, (1 << L.bits) - 1, dl, ml);
+            if (L.has_min) L.search.search_k_min(xt, (1 << L.bits) - 1, dl, ml);
+            else L.search.search_k_sym(xt, sym.neg, sym.pos, dl);
             for (int l = 0; l < n; l++) d[g0 + l] = dl[l], m[g0 + l] = ml[l];
         }
-    }
-    for (int64_t g = 0; g < L.groups; g++) {
-        const float *xg = x + g * L.G;
-        if (L.k && !L.has_min) d[g] = search_k_symmetric(xg, L.bits), m[g] = 0.0f;
-        else if (!L.k && L.has_min) search_q4m(xg, L.G, &d[g], &m[g]);
+    } else if (L.has_min) {
+        for (int64_t g = 0; g < L.groups; g++) search_q4m(x + g * L.G, L.G, &d[g], &m[g]);
     }
     if (L.k) {  // the scales (minimums) become codes of f16 factors; the weights are rounded on those
         for (int kind = 0; kind < (L.has_min ? 2 : 1); kind++) {

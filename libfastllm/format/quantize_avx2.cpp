@@ -9,10 +9,10 @@
 #include "format/quantize_lanes.h"
 
 namespace fastllm::quant {
-const LaneSearch kAvx2Search = {avx2::kLanes, avx2::search_symmetric, avx2::search_k_min};
+const LaneSearch kAvx2Search = {avx2::kLanes, avx2::search_symmetric, avx2::search_k_min, avx2::search_k_sym};
 }  // namespace fastllm::quant
 #else
 namespace fastllm::quant {
-const LaneSearch kAvx2Search = {0, nullptr, nullptr};
+const LaneSearch kAvx2Search = {0, nullptr, nullptr, nullptr};
 }  // namespace fastllm::quant
 #endif

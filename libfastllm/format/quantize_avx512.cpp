@@ -10,10 +10,10 @@
 #include "format/quantize_lanes.h"
 
 namespace fastllm::quant {
-const LaneSearch kAvx512Search = {avx512::kLanes, avx512::search_symmetric, avx512::search_k_min};
+const LaneSearch kAvx512Search = {avx512::kLanes, avx512::search_symmetric, avx512::search_k_min, avx512::search_k_sym};
 }  // namespace fastllm::quant
 #else
 namespace fastllm::quant {
-const LaneSearch kAvx512Search = {0, nullptr, nullptr};
+const LaneSearch kAvx512Search = {0, nullptr, nullptr, nullptr};
 }  // namespace fastllm::quant
 #endif

@@ -28,6 +28,7 @@ struct LaneSearch {
     int lanes;
     void (*search)(const float *xt, int G, int neg, int pos, int zero, float *out_d, uint8_t *out_codes);
     void (*search_k_min)(const float *xt, int n_max, float *out_d, float *out_m);
+    void (*search_k_sym)(const float *xt, int neg, int pos, float *out_d);
 };
 // Its AVX2 and AVX-512 builds (quantize_avx2.cpp, quantize_avx512.cpp); search is nullptr where
 // those are not built (not x86-64).

@@ -206,8 +206,8 @@ inline void search_symmetric(const float *xt, int G, int neg, int pos, int zero,
 // search_k's scale and minimum (q3k, q4k, q5k: has_min) for kLanes groups of 32 (xt lane by lane as
 // for search_symmetric): 21 candidates, each refitted by weighted least squares, the minimum kept
 // <= 0, out_d and out_m the least weighted squared error's: numpy's _search_k with a minimum, step
-// for step (q6k's symmetric one runs a group at a time: quantize.cpp's search_k_symmetric). One group
-// at a time this took 36 ns a q4k weight, in 16 lanes 10 (bench_quantize.py, one thread).
+// for step. One group at a time this took 36 ns a q4k weight, in 16 lanes 10 (bench_quantize.py,
+// one thread).
 inline void search_k_min(const float *xt, int n_max, float *out_d, float *out_m) {
     constexpr int G = 32;
     VF x[G], w[G], shifted[G];
@@ -261,6 +261,54 @@ inline void search_k_min(const float *xt, int n_max, float *out_d, float *out_m)
     }
     std::memcpy(out_d, &best_d, sizeof best_d);
     std::memcpy(out_m, &best_m, sizeof best_m);
+}
+
+// search_k_min's symmetric twin for q6k (codes in [-neg, pos]): numpy's scales and errors here are
+// float64 (the largest |x| over a float64 step), so those run in halves of lanes as float64.
+inline void search_k_sym(const float *xt, int neg, int pos, float *out_d) {
+    constexpr int G = 32;
+    VF x[G], w[G];
+    for (int i = 0; i < G; i++) x[i] = load(xt + i * kLanes);
+    LaneSums xx;
+    for (int i = 0; i < G; i += 8)
+        for (int j = 0; j < 8; j++) xx.add(j, x[i + j] * x[i + j]);
+    VF rms = xx.total() / (float)G, amax = VF{};
+    for (int l = 0; l < kLanes; l++) rms[l] = std::sqrt(rms[l]);
+    for (int i = 0; i < G; i++) w[i] = abs(x[i]) + rms, amax = abs(x[i]) > amax ? abs(x[i]) : amax;
+    LaneSums swxx_;
+    for (int i = 0; i < G; i += 8)
+        for (int j = 0; j < 8; j++) swxx_.add(j, (w[i + j] * x[i + j]) * x[i + j]);
+    const VF swxx = swxx_.total();
+    const HD amax_lo = low_half(amax), amax_hi = high_half(amax), inf = HD{} + (double)kInf;
+    const HD swxx_lo = low_half(swxx), swxx_hi = high_half(swxx);
+    HD best_err[2] = {inf, inf}, best_d[2] = {HD{}, HD{}};
+    for (int s = 0; s < 21; s++) {
+        const double den = neg + linspace(-1.0, 1.0, 21, s);
+        const HD d0[2] = {amax_lo / den, amax_hi / den};
+        // r within 2^-24 (1 + 2^-28) of 1 / d0: Divisor's margin holds
+        Divisor by(join(den / amax_lo, den / amax_hi), amax, true);
+        by.d_lo = d0[0] != 0 ? d0[0] : inf, by.d_hi = d0[1] != 0 ? d0[1] : inf;
+        LaneSums swqq_, swqx_;
+        for (int i = 0; i < G; i += 8) {
+            VF q[8];
+            by.codes(x + i, (float)-neg, (float)pos, q);
+            for (int j = 0; j < 8; j++) {
+                const VF wq = w[i + j] * q[j];
+                swqq_.add(j, wq * q[j]), swqx_.add(j, wq * x[i + j]);
+            }
+        }
+        const VF swqq = swqq_.total(), swqx = swqx_.total(), ratio = swqx / swqq;
+        const HD swqq_h[2] = {low_half(swqq), high_half(swqq)}, swqx_h[2] = {low_half(swqx), high_half(swqx)};
+        const HD ratio_h[2] = {low_half(ratio), high_half(ratio)}, swxx_h[2] = {swxx_lo, swxx_hi};
+        for (int h = 0; h < 2; h++) {
+            const HD d = swqq_h[h] > 0 ? ratio_h[h] : d0[h];
+            const HD err = swxx_h[h] - 2 * d * swqx_h[h] + d * d * swqq_h[h];
+            const auto better = (err < best_err[h]) & (d > 0);
+            best_err[h] = better ? err : best_err[h], best_d[h] = better ? d : best_d[h];
+        }
+    }
+    const VF d = join(best_d[0], best_d[1]);
+    std::memcpy(out_d, &d, sizeof d);
 }
 
 }  // namespace fastllm::quant::FASTLLM_QUANT_NAMESPACE
