@@ -161,8 +161,8 @@ struct RowScratch {
     std::vector<uint8_t> row_codes;  // the row's stored codes, one per column
 };
 
-// The symmetric search's width: the widest the CPU has (AVX-512's 16 lanes, AVX2's 8, else the
-// baseline's 4), lowered as the kernels are by FASTLLM_ISA=avx2 or scalar.
+// The searches' width in lanes: the widest the CPU has (AVX-512's 16, AVX2's 8, else the baseline's
+// 4), lowered as the kernels are by FASTLLM_ISA=avx2 or scalar.
 quant::LaneSearch lane_search() {
     const char *isa = std::getenv("FASTLLM_ISA");
     const bool scalar = isa && !std::strcmp(isa, "scalar"), avx2 = scalar || (isa && !std::strcmp(isa, "avx2"));
@@ -176,33 +176,24 @@ quant::LaneSearch lane_search() {
 void quantize_row(const Layout &L, const float *x, int64_t r, RowScratch &S) {
     float *d = S.d.data(), *m = S.m.data();
     const Symmetric sym = symmetric_range(L.bits);
-    if (!L.k && !L.has_min) {
+    if (L.k || !L.has_min) {  // the searches in lanes: W groups a batch, a last batch's missing lanes repeat its first group
         const int W = L.search.lanes;
-        float xt[kMaxGroup * quant::kMaxLanes], dl[quant::kMaxLanes];
+        float xt[kMaxGroup * quant::kMaxLanes], dl[quant::kMaxLanes], ml[quant::kMaxLanes] = {};
         uint8_t ct[kMaxGroup * quant::kMaxLanes];
-        for (int64_t g0 = 0; g0 < L.groups; g0 += W) {  // a last batch's missing lanes repeat its first group
-            const int n = (int)std::min<int64_t>(W, L.groups - g0);
-            for (int l = 0; l < W; l++)
-                for (int i = 0; i < L.G; i++) xt[i * W + l] = x[(g0 + (l < n ? l : 0)) * L.G + i];
-            L.search.search(xt, L.G, sym.neg, sym.pos, sym.zero, dl, ct);
-            for (int l = 0; l < n; l++) {
-                d[g0 + l] = dl[l];
-                for (int i = 0; i < L.G; i++) S.row_codes[(g0 + l) * L.G + i] = ct[i * W + l];
-            }
-        }
-    }
-    if (L.k) {  // the same batches of groups, for the K searches
-        const int W = L.search.lanes;
-        float xt[32 * quant::kMaxLanes], dl[quant::kMaxLanes], ml[quant::kMaxLanes] = {};
         for (int64_t g0 = 0; g0 < L.groups; g0 += W) {
             const int n = (int)std::min<int64_t>(W, L.groups - g0);
             for (int l = 0; l < W; l++)
-                for (int i = 0; i < 32; i++) xt[i * W + l] = x[(g0 + (l < n ? l : 0)) * 32 + i];
-            if (L.has_min) L.search.search_k_min(xt, (1 << L.bits) - 1, dl, ml);
+                for (int i = 0; i < L.G; i++) xt[i * W + l] = x[(g0 + (l < n ? l : 0)) * L.G + i];
+            if (!L.k) L.search.search(xt, L.G, sym.neg, sym.pos, sym.zero, dl, ct);
+            else if (L.has_min) L.search.search_k_min(xt, (1 << L.bits) - 1, dl, ml);
             else L.search.search_k_sym(xt, sym.neg, sym.pos, dl);
-            for (int l = 0; l < n; l++) d[g0 + l] = dl[l], m[g0 + l] = ml[l];
+            for (int l = 0; l < n; l++) {
+                d[g0 + l] = dl[l], m[g0 + l] = ml[l];
+                if (!L.k)  // the symmetric search gave the codes too
+                    for (int i = 0; i < L.G; i++) S.row_codes[(g0 + l) * L.G + i] = ct[i * W + l];
+            }
         }
-    } else if (L.has_min) {
+    } else {
         for (int64_t g = 0; g < L.groups; g++) search_q4m(x + g * L.G, L.G, &d[g], &m[g]);
     }
     if (L.k) {  // the scales (minimums) become codes of f16 factors; the weights are rounded on those

@@ -1,4 +1,4 @@
-// quantize_avx2.cpp — the symmetric scale search in 8 lanes, built with -mavx2 (and, as every
+// quantize_avx2.cpp — the scale searches in 8 lanes, built with -mavx2 (and, as every
 // quantizer file, without fused multiply-adds) on x86-64; quantize.cpp takes it where the CPU has
 // AVX2. Elsewhere this file builds nothing but the empty entry.
 #include "format/quantize_common.h"

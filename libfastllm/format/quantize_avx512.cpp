@@ -1,4 +1,4 @@
-// quantize_avx512.cpp — the symmetric scale search in 16 lanes, built with AVX-512 (F, BW, VL, DQ;
+// quantize_avx512.cpp — the scale searches in 16 lanes, built with AVX-512 (F, BW, VL, DQ;
 // every CPU that cpu_features() counts as avx512 has them) and, as every quantizer file, without
 // fused multiply-adds, on x86-64; quantize.cpp takes it where the CPU has AVX-512. Elsewhere this
 // file builds nothing but the empty entry.

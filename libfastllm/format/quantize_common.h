@@ -23,15 +23,16 @@ inline double linspace(double start, double stop, int num, int i) {
 // A float rounded to f16 and back, as numpy's astype(np.float16).astype(np.float32).
 inline float to_f16(float v) { return f16_to_f32(f32_to_f16(v)); }
 
-// The symmetric search over groups in lanes (quantize_lanes.h) at one width.
+// The searches over groups in lanes (quantize_lanes.h) at one width: the symmetric formats', and the
+// K formats' with a minimum and without.
 struct LaneSearch {
     int lanes;
     void (*search)(const float *xt, int G, int neg, int pos, int zero, float *out_d, uint8_t *out_codes);
     void (*search_k_min)(const float *xt, int n_max, float *out_d, float *out_m);
     void (*search_k_sym)(const float *xt, int neg, int pos, float *out_d);
 };
-// Its AVX2 and AVX-512 builds (quantize_avx2.cpp, quantize_avx512.cpp); search is nullptr where
-// those are not built (not x86-64).
+// Their AVX2 and AVX-512 builds (quantize_avx2.cpp, quantize_avx512.cpp); the functions are nullptr
+// where those are not built (not x86-64).
 extern const LaneSearch kAvx2Search, kAvx512Search;
 
 }  // namespace fastllm::quant

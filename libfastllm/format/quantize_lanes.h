@@ -1,5 +1,6 @@
-// quantize_lanes.h — the symmetric formats' scale search (q8, q6, q4 and its wider groups) over
-// several groups at once, one group per vector lane, in GCC's vector extensions. Included once per
+// quantize_lanes.h — the scale searches of the symmetric formats (q8, q6, q4 and its wider groups)
+// and of the K formats over several groups at once, one group per vector lane, in GCC's vector
+// extensions. Included once per
 // width: by quantize.cpp with FASTLLM_QUANT_LANES 4 (the baseline: SSE2 on x86-64, NEON on aarch64),
 // by quantize_avx2.cpp with 8 (built with -mavx2) and by quantize_avx512.cpp with 16, each in its own
 // namespace fastllm::quant::FASTLLM_QUANT_NAMESPACE. No include guard, on purpose.
@@ -203,21 +204,33 @@ inline void search_symmetric(const float *xt, int G, int neg, int pos, int zero,
     }
 }
 
+// What both K searches start from, for kLanes groups of 32: the values, and the weights |x| + the
+// group's RMS of numpy's _importance.
+struct KGroups {
+    static constexpr int G = 32;
+    VF x[G], w[G];
+
+    explicit KGroups(const float *xt) {
+        for (int i = 0; i < G; i++) x[i] = load(xt + i * kLanes);
+        LaneSums xx;
+        for (int i = 0; i < G; i += 8)
+            for (int j = 0; j < 8; j++) xx.add(j, x[i + j] * x[i + j]);
+        VF rms = xx.total() / (float)G;
+        for (int l = 0; l < kLanes; l++) rms[l] = std::sqrt(rms[l]);
+        for (int i = 0; i < G; i++) w[i] = abs(x[i]) + rms;
+    }
+};
+
 // search_k's scale and minimum (q3k, q4k, q5k: has_min) for kLanes groups of 32 (xt lane by lane as
 // for search_symmetric): 21 candidates, each refitted by weighted least squares, the minimum kept
 // <= 0, out_d and out_m the least weighted squared error's: numpy's _search_k with a minimum, step
 // for step. One group at a time this took 36 ns a q4k weight, in 16 lanes 10 (bench_quantize.py,
 // one thread).
 inline void search_k_min(const float *xt, int n_max, float *out_d, float *out_m) {
-    constexpr int G = 32;
-    VF x[G], w[G], shifted[G];
-    for (int i = 0; i < G; i++) x[i] = load(xt + i * kLanes);
-    LaneSums xx;
-    for (int i = 0; i < G; i += 8)
-        for (int j = 0; j < 8; j++) xx.add(j, x[i + j] * x[i + j]);
-    VF rms = xx.total() / (float)G;
-    for (int l = 0; l < kLanes; l++) rms[l] = std::sqrt(rms[l]);
-    for (int i = 0; i < G; i++) w[i] = abs(x[i]) + rms;
+    const KGroups k(xt);
+    constexpr int G = KGroups::G;
+    const VF *x = k.x, *w = k.w;
+    VF shifted[G];
     LaneSums sw_, swx_, swxx_;
     for (int i = 0; i < G; i += 8)
         for (int j = 0; j < 8; j++) {
@@ -266,15 +279,11 @@ inline void search_k_min(const float *xt, int n_max, float *out_d, float *out_m)
 // search_k_min's symmetric twin for q6k (codes in [-neg, pos]): numpy's scales and errors here are
 // float64 (the largest |x| over a float64 step), so those run in halves of lanes as float64.
 inline void search_k_sym(const float *xt, int neg, int pos, float *out_d) {
-    constexpr int G = 32;
-    VF x[G], w[G];
-    for (int i = 0; i < G; i++) x[i] = load(xt + i * kLanes);
-    LaneSums xx;
-    for (int i = 0; i < G; i += 8)
-        for (int j = 0; j < 8; j++) xx.add(j, x[i + j] * x[i + j]);
-    VF rms = xx.total() / (float)G, amax = VF{};
-    for (int l = 0; l < kLanes; l++) rms[l] = std::sqrt(rms[l]);
-    for (int i = 0; i < G; i++) w[i] = abs(x[i]) + rms, amax = abs(x[i]) > amax ? abs(x[i]) : amax;
+    const KGroups k(xt);
+    constexpr int G = KGroups::G;
+    const VF *x = k.x, *w = k.w;
+    VF amax = VF{};
+    for (int i = 0; i < G; i++) amax = abs(x[i]) > amax ? abs(x[i]) : amax;
     LaneSums swxx_;
     for (int i = 0; i < G; i += 8)
         for (int j = 0; j < 8; j++) swxx_.add(j, (w[i + j] * x[i + j]) * x[i + j]);
