@@ -32,6 +32,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(REPO / "bench"), str(REPO / "bindings" / "python"), str(REPO)]
+from bench_before_after import cpu_name  # noqa: E402
 from bench_speed import SHAPES, random_checkpoint  # noqa: E402
 
 PAIRS = {"int8": "Q8_0", "int4": "Q4_0", "q4_k_m": "Q4_K_M"}
@@ -81,8 +82,7 @@ def main() -> int:
             times[name].append(timed(cmd, e))
             print(f"round {r + 1}: {name}: {times[name][-1]:.1f} s", flush=True)
     out.unlink(missing_ok=True)
-    cpu = next((l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo") if l.startswith("model name")), "?")
-    print(f"\n{args.shape} shape, {cpu}, {os.cpu_count()} cores; medians of {args.repeat} rounds")
+    print(f"\n{args.shape} shape, {cpu_name()}, {os.cpu_count()} cores; medians of {args.repeat} rounds")
     print("| conversion | seconds | ratio to llama-quantize |\n|---|---|---|")
     for name, t in times.items():
         dtype = name.split()[1].rstrip(",")

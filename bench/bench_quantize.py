@@ -20,7 +20,8 @@ from pathlib import Path
 import numpy as np
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
+sys.path[:0] = [str(REPO / "bench"), str(REPO)]
+from bench_before_after import cpu_name  # noqa: E402
 from converter import quantize  # noqa: E402
 
 
@@ -66,9 +67,7 @@ def main() -> int:
                 if outputs.setdefault(dtype, data) != data:
                     raise SystemExit(f"{dtype}: FASTLLM_ISA={level} gave other bytes")
     os.environ.pop("FASTLLM_ISA", None)
-    cpu = next((l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo") if l.startswith("model name")), "?") \
-        if Path("/proc/cpuinfo").exists() else "?"
-    print(f"{args.rows} x {args.cols}, one thread, {cpu}; medians of {args.rounds} rounds, ns a weight")
+    print(f"{args.rows} x {args.cols}, one thread, {cpu_name()}; medians of {args.rounds} rounds, ns a weight")
     print("| dtype | " + " | ".join(levels) + " |\n|---|" + "---|" * len(levels))
     for dtype in args.dtypes.split(","):
         base = times[(dtype, levels[0])]

@@ -48,8 +48,8 @@ Tokenizer: `tokenizer.ggml.model` "llama" (SentencePiece) becomes our `spm` keys
 from __future__ import annotations
 
 import math
-import warnings
 import re
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -271,14 +271,15 @@ class GgufModel:
         t = self.tensors[name]
         T = self.gguf.GGMLQuantizationType
         try:
-            if t.tensor_type == T.F16 and out is not None and np.asarray(t.data).dtype == np.float16:
-                src = np.asarray(t.data).reshape(-1)  # (a big-endian file's data takes astype below)
+            data = np.asarray(t.data)
+            if t.tensor_type == T.F16 and out is not None and data.dtype == np.float16:
+                src = data.reshape(-1)  # (a big-endian file's data takes astype below)
                 arr = out[:src.size]
                 with warnings.catch_warnings():  # the mapping is read-only; torch only reads it
                     warnings.simplefilter("ignore", UserWarning)
                     torch.from_numpy(arr).copy_(torch.from_numpy(src))
             elif t.tensor_type in (T.F32, T.F16, T.F64):
-                arr = np.asarray(t.data).astype(np.float32)
+                arr = data.astype(np.float32)
             else:
                 arr = self.gguf.quants.dequantize(t.data, t.tensor_type)
             arr = np.ascontiguousarray(arr, dtype=np.float32).reshape(self.shape(name))
