@@ -96,24 +96,29 @@ struct KernelTable {
 
     // A prompt's attention products on a matrix unit (AMX-BF16); nullptr where the ISA has none
     // (the attention then packs panels for gemm_panel). For nq <= kAttnQueries query rows and
-    // n <= kAttnKeys keys, rows of hd floats (hd a multiple of 32), with `ws` (attn_tile_floats)
-    // holding the queries between calls. Each f32 operand is split into two bf16 halves (x = hi +
-    // lo + a rest below 2^-17 |x|; an f16 key or value is hi + lo exactly) and three products are
-    // summed in f32: hi*hi + hi*lo + lo*hi, dropping lo*lo (below 2^-17 of each term).
-    // attn_queries: takes the queries q[i * hd + d] into ws.
-    // attn_scores: s[i * lds + j] = dot(query i, k[j * hd ...]) for i < nq, j < n; s holds 16-row
-    //   and 32-key multiples (rows and keys past nq and n are written, as zero sums or garbage).
-    // attn_values: o[i * hd + d] += sum over j < n of p[i * lds + j] * v[j * hd + d]; p and o hold
-    //   16-row multiples (rows past nq are read and written).
+    // n <= kAttnKeys keys, rows of hd floats (hd a multiple of 32). Each f32 operand is split into
+    // two bf16 halves (x = hi + lo + a rest below 2^-17 |x|; an f16 key or value is hi + lo exactly)
+    // and three products are summed in f32: hi*hi + hi*lo + lo*hi, dropping lo*lo (below 2^-17 of
+    // each term). The operands are converted once into the unit's layouts (attn_tile_halves each),
+    // so that the keys of a step serve every block of queries that reads them:
+    // attn_queries: the queries q[i * hd + d] into qt.
+    // attn_keys / attn_vals: keys / values k[j * hd + d] into kt / vt.
+    // attn_step: one step of the online softmax of query rows i < nq over keys j < n, each row over
+    //   its keys [lo[i], hi[i]), the scores in units of log2 (the queries scaled by log2(e)), soft-
+    //   capped to cap * tanh(s / cap) where cap > 0: with the row's running maximum m[i] and total
+    //   l[i] (both updated), p[i][j] = 2^(score - m[i]), the row's weighted values o[i * hd ...]
+    //   are scaled by 2^(old m[i] - m[i]) and p[i][j] * value j added. o holds 16-row multiples
+    //   (rows past nq are read and written).
     static constexpr int kAttnQueries = 128, kAttnKeys = 128;
-    void (*attn_queries)(const float *q, int nq, int hd, float *ws) = nullptr;
-    void (*attn_scores)(float *ws, int nq, int hd, const float *k, int n, float *s, int lds) = nullptr;
-    void (*attn_values)(float *ws, int nq, int hd, const float *p, int lds, const float *v, int n, float *o) = nullptr;
+    void (*attn_queries)(const float *q, int nq, int hd, uint16_t *qt) = nullptr;
+    void (*attn_keys)(const float *k, int n, int hd, uint16_t *kt) = nullptr;
+    void (*attn_vals)(const float *v, int n, int hd, uint16_t *vt) = nullptr;
+    void (*attn_step)(const uint16_t *qt, int nq, int hd, const uint16_t *kt, const uint16_t *vt, int n, const int *lo,
+                      const int *hi, float cap, float *m, float *l, float *o) = nullptr;
 };
-// The floats of ws for heads of hd values: queries, keys, probabilities and values as bf16 pairs.
-inline size_t attn_tile_floats(int hd) {
-    return (size_t)3 * KernelTable::kAttnQueries * hd + (size_t)KernelTable::kAttnQueries * KernelTable::kAttnKeys;
-}
+// The bf16 halves (uint16_t) of 128 rows (queries, keys or values) of hd values, in the tile
+// products' layouts: twice 128 * hd.
+inline size_t attn_tile_halves(int hd) { return (size_t)2 * KernelTable::kAttnKeys * hd; }
 
 // `plain` with dot_rows_quant of every quantized dtype set to the ISA's kernel for its code width
 // (for_bits(8 / 6 / 4)), so that a new quantized dtype is one row of kDTypes (tensor.h).

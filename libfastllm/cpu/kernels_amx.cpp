@@ -13,10 +13,11 @@
 // (measured here: K = 32 takes the same 4.6 ns as K = 64), and the scaling, on the vector units,
 // takes longer than the product.
 #if (defined(__x86_64__) || defined(_M_X64)) && defined(__linux__) && defined(__AMX_INT8__) && defined(__AMX_TILE__) && \
-    defined(__AMX_BF16__)
+    defined(__AMX_BF16__) && defined(__AVX512BF16__)
 #include <immintrin.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 
 #include "cpu/kernels.h"
@@ -176,19 +177,14 @@ struct BfTileConfig {
 static_assert(sizeof(BfTileConfig) == 64, "LDTILECFG reads 64 bytes");
 constexpr int kQ = KernelTable::kAttnQueries, kKeys = KernelTable::kAttnKeys;
 
-// bf16 bits (rounded to nearest even) of 16 floats, in the low halves of 32-bit lanes.
-inline __m512i bf16_bits(__m512 x) {
-    const __m512i b = _mm512_castps_si512(x);
-    const __m512i odd = _mm512_and_si512(_mm512_srli_epi32(b, 16), _mm512_set1_epi32(1));
-    return _mm512_srli_epi32(_mm512_add_epi32(b, _mm512_add_epi32(odd, _mm512_set1_epi32(0x7fff))), 16);
-}
-inline void split(__m512 x, __m512i &hi, __m512i &lo) {
-    hi = bf16_bits(x);
-    lo = bf16_bits(_mm512_sub_ps(x, _mm512_castsi512_ps(_mm512_slli_epi32(hi, 16))));
-}
-// 32 bf16 of two vectors of lanes (a's 16, then b's), as 16 pairs.
-inline __m512i pack32(__m512i a, __m512i b) {
-    return _mm512_inserti64x4(_mm512_castsi256_si512(_mm512_cvtepi32_epi16(a)), _mm512_cvtepi32_epi16(b), 1);
+// The halves of 32 floats (a's 16, then b's) as 32 bf16 each: hi = bf16(x) rounded to nearest
+// even, lo = bf16(x - hi). VCVTNE2PS2BF16 reads denormal input as zero and flushes denormal
+// output: a lo below 2^-126 (of an x below 2^-118) is lost, nothing an f16 or a probability holds.
+inline void split32(__m512 a, __m512 b, __m512i &hi, __m512i &lo) {
+    hi = (__m512i)_mm512_cvtne2ps_pbh(b, a);
+    const __m512 ha = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm512_castsi512_si256(hi)), 16));
+    const __m512 hb = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm512_extracti64x4_epi64(hi, 1)), 16));
+    lo = (__m512i)_mm512_cvtne2ps_pbh(_mm512_sub_ps(b, hb), _mm512_sub_ps(a, ha));
 }
 // Row-major matrices of bf16 halves, rows past `rows` (up to a multiple of 16) zero: hi[i * cols + c]
 // = hi of x[i * ldx + c] for c < n (zero for n <= c < cols); cols a multiple of 32.
@@ -198,58 +194,58 @@ void split_rows(const float *x, size_t ldx, int rows, int n, int cols, uint16_t 
         for (int c = 0; c < cols; c += 32) {
             const __mmask16 m0 = i < rows ? (__mmask16)(n - c >= 16 ? 0xffff : n - c <= 0 ? 0 : (1u << (n - c)) - 1) : 0;
             const __mmask16 m1 = i < rows ? (__mmask16)(n - c >= 32 ? 0xffff : n - c <= 16 ? 0 : (1u << (n - c - 16)) - 1) : 0;
-            __m512i h0, l0, h1, l1;
-            split(_mm512_maskz_loadu_ps(m0, x + (size_t)i * ldx + c), h0, l0);
-            split(_mm512_maskz_loadu_ps(m1, x + (size_t)i * ldx + c + 16), h1, l1);
-            _mm512_storeu_si512((void *)(hi + (size_t)i * cols + c), pack32(h0, h1));
-            _mm512_storeu_si512((void *)(lo + (size_t)i * cols + c), pack32(l0, l1));
+            __m512i h, l;
+            split32(_mm512_maskz_loadu_ps(m0, x + (size_t)i * ldx + c), _mm512_maskz_loadu_ps(m1, x + (size_t)i * ldx + c + 16), h, l);
+            _mm512_storeu_si512((void *)(hi + (size_t)i * cols + c), h);
+            _mm512_storeu_si512((void *)(lo + (size_t)i * cols + c), l);
         }
 }
 
-// ws: the queries' halves [2][kQ][hd], the keys' tiles, the probabilities' halves [2][kQ][kKeys],
-// the values' tiles.
-inline uint16_t *ws_q(float *ws) { return (uint16_t *)ws; }
-inline uint16_t *ws_k(float *ws, int hd) { return (uint16_t *)ws + 2 * kQ * hd; }
-inline uint16_t *ws_p(float *ws, int hd) { return (uint16_t *)ws + 4 * kQ * hd; }
-inline uint16_t *ws_v(float *ws, int hd) { return (uint16_t *)ws + 4 * kQ * hd + 2 * kQ * kKeys; }
+static_assert(kQ == kKeys, "queries, keys and values take attn_tile_halves each");
 
-void attn_queries(const float *q, int nq, int hd, float *ws) {
-    split_rows(q, (size_t)hd, nq, hd, hd, ws_q(ws), ws_q(ws) + kQ * hd);
+// Rows past nq up to a multiple of 32 zero: attn_step takes queries 32 at a time.
+void attn_queries(const float *q, int nq, int hd, uint16_t *qt) {
+    split_rows(q, (size_t)hd, nq, hd, hd, qt, qt + kQ * hd);
+    const int padded = (nq + 15) / 16 * 16, padded32 = (nq + 31) / 32 * 32;
+    std::memset(qt + (size_t)padded * hd, 0, (size_t)(padded32 - padded) * hd * 2);
+    std::memset(qt + kQ * hd + (size_t)padded * hd, 0, (size_t)(padded32 - padded) * hd * 2);
 }
 
-// One step of depth 32 into sums tiles 0 and 1: A's halves (row stride lda bytes) into tiles 2, 3,
-// the two blocks' B halves (hi, then lo 512 halves on) into 4, 5 and 6, 7, three products each.
+// One step of depth 32 for two blocks of 16 rows, into sums tiles 0 and 1: the first block's A
+// halves (hi, then lo at al) into tiles 2, 3, the second's (lda bytes on) into 4, 5, B's halves
+// (hi, then lo 512 halves on) into 6, 7, three products each. Each B tile serves both blocks of
+// rows: B comes from L2 (a step's keys and values are 64 KiB at head_dim 64), and taken for 16
+// rows at a time it held the products to a third of the unit's rate (Qwen2.5-0.5B pp8192).
 // The tile numbers are spelled into the instructions: literals only.
-inline void bf16_step(const uint16_t *ah, const uint16_t *al, int lda, const uint16_t *b0, const uint16_t *b1) {
+inline void bf16_step2(const uint16_t *ah, const uint16_t *al, int lda, const uint16_t *b) {
+    _tile_loadd(6, b, 64);
     _tile_loadd(2, ah, lda);
+    _tile_loadd(7, b + 512, 64);
     _tile_loadd(3, al, lda);
-    _tile_loadd(4, b0, 64);
-    _tile_loadd(5, b0 + 512, 64);
-    _tile_dpbf16ps(0, 2, 4);
-    _tile_dpbf16ps(0, 2, 5);
-    _tile_dpbf16ps(0, 3, 4);
-    _tile_loadd(6, b1, 64);
-    _tile_loadd(7, b1 + 512, 64);
-    _tile_dpbf16ps(1, 2, 6);
-    _tile_dpbf16ps(1, 2, 7);
-    _tile_dpbf16ps(1, 3, 6);
+    _tile_dpbf16ps(0, 2, 6);
+    _tile_loadd(4, (const char *)ah + 16 * lda, lda);
+    _tile_dpbf16ps(0, 2, 7);
+    _tile_loadd(5, (const char *)al + 16 * lda, lda);
+    _tile_dpbf16ps(1, 4, 6);
+    _tile_dpbf16ps(1, 4, 7);
+    _tile_dpbf16ps(0, 3, 6);
+    _tile_dpbf16ps(1, 5, 6);
 }
 
 // The keys as tile B: for keys [16 kb, 16 kb + 16) and values [32 c, 32 c + 32), 16 rows (pairs of
 // values) of 16 keys, hi then lo, 512 halves each, at ((kb * (hd / 32) + c) * 2 + half) * 512.
-void attn_scores(float *ws, int nq, int hd, const float *k, int n, float *s, int lds) {
-    uint16_t *kt = ws_k(ws, hd);
+void attn_keys(const float *k, int n, int hd, uint16_t *kt) {
     const int chunks = hd / 32, n32 = (n + 31) / 32 * 32;
     for (int kb = 0; kb < n32 / 16; kb++)
         for (int c = 0; c < chunks; c++) {
             __m512 h[16], l[16];  // key j's 16 pairs (as floats, for the transpose)
             for (int j = 0; j < 16; j++) {
                 const int key = kb * 16 + j;
-                __m512i h0, l0, h1, l1;
                 const __mmask16 m = key < n ? 0xffff : 0;
-                split(_mm512_maskz_loadu_ps(m, k + (size_t)key * hd + c * 32), h0, l0);
-                split(_mm512_maskz_loadu_ps(m, k + (size_t)key * hd + c * 32 + 16), h1, l1);
-                h[j] = _mm512_castsi512_ps(pack32(h0, h1)), l[j] = _mm512_castsi512_ps(pack32(l0, l1));
+                __m512i hj, lj;
+                split32(_mm512_maskz_loadu_ps(m, k + (size_t)key * hd + c * 32),
+                        _mm512_maskz_loadu_ps(m, k + (size_t)key * hd + c * 32 + 16), hj, lj);
+                h[j] = _mm512_castsi512_ps(hj), l[j] = _mm512_castsi512_ps(lj);
             }
             transpose16(h), transpose16(l);
             uint16_t *t = kt + (size_t)(kb * chunks + c) * 2 * 512;
@@ -258,56 +254,127 @@ void attn_scores(float *ws, int nq, int hd, const float *k, int n, float *s, int
                 _mm512_storeu_ps(t + 512 + r * 32, l[r]);
             }
         }
-    static const BfTileConfig config;
-    _tile_loadconfig(&config);
-    const uint16_t *qh = ws_q(ws), *ql = qh + kQ * hd;
-    for (int i0 = 0; i0 < nq; i0 += 16)
-        for (int j0 = 0; j0 < n32; j0 += 32) {
-            _tile_zero(0);
-            _tile_zero(1);
-            for (int c = 0; c < chunks; c++) {
-                const uint16_t *t0 = kt + (size_t)((j0 / 16) * chunks + c) * 2 * 512;
-                bf16_step(qh + (size_t)i0 * hd + c * 32, ql + (size_t)i0 * hd + c * 32, hd * 2, t0,
-                          t0 + (size_t)chunks * 2 * 512);
-            }
-            _tile_stored(0, s + (size_t)i0 * lds + j0, lds * 4);
-            _tile_stored(1, s + (size_t)i0 * lds + j0 + 16, lds * 4);
-        }
-    _tile_release();
 }
 
 // The values as tile B: for keys [32 kc, 32 kc + 32) and values [16 db, 16 db + 16), 16 rows (pairs of
 // keys) of 16 values, hi then lo, at ((kc * (hd / 16) + db) * 2 + half) * 512.
-void attn_values(float *ws, int nq, int hd, const float *p, int lds, const float *v, int n, float *o) {
-    uint16_t *vt = ws_v(ws, hd), *ph = ws_p(ws, hd), *pl = ph + kQ * kKeys;
+void attn_vals(const float *v, int n, int hd, uint16_t *vt) {
     const int n32 = (n + 31) / 32 * 32, dblocks = hd / 16;
-    split_rows(p, (size_t)lds, nq, n, n32, ph, pl);
+    // value d of key a, then of key a + 1: halves d and 16 + d of the split
+    alignas(64) static const uint16_t order[32] = {0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5, 21, 6, 22, 7, 23,
+                                                   8, 24, 9, 25, 10, 26, 11, 27, 12, 28, 13, 29, 14, 30, 15, 31};
+    const __m512i pairs = _mm512_load_si512((const void *)order);
     for (int kc = 0; kc < n32 / 32; kc++)
         for (int db = 0; db < dblocks; db++) {
             uint16_t *t = vt + (size_t)(kc * dblocks + db) * 2 * 512;
             for (int r = 0; r < 16; r++) {
                 const int a = kc * 32 + 2 * r;
-                __m512i ha, la, hb, lb;
-                split(_mm512_maskz_loadu_ps(a < n ? 0xffff : 0, v + (size_t)a * hd + db * 16), ha, la);
-                split(_mm512_maskz_loadu_ps(a + 1 < n ? 0xffff : 0, v + (size_t)(a + 1) * hd + db * 16), hb, lb);
-                _mm512_storeu_si512((void *)(t + r * 32), _mm512_or_si512(ha, _mm512_slli_epi32(hb, 16)));
-                _mm512_storeu_si512((void *)(t + 512 + r * 32), _mm512_or_si512(la, _mm512_slli_epi32(lb, 16)));
+                __m512i h, l;
+                split32(_mm512_maskz_loadu_ps(a < n ? 0xffff : 0, v + (size_t)a * hd + db * 16),
+                        _mm512_maskz_loadu_ps(a + 1 < n ? 0xffff : 0, v + (size_t)(a + 1) * hd + db * 16), h, l);
+                _mm512_storeu_si512((void *)(t + r * 32), _mm512_permutexvar_epi16(pairs, h));
+                _mm512_storeu_si512((void *)(t + 512 + r * 32), _mm512_permutexvar_epi16(pairs, l));
             }
         }
+}
+
+// 2^x for finite x: 2^k * a polynomial of degree 5 in r = x - k, |r| <= 1/2 (fitted to 2^r,
+// relative error 2.3e-7 in f32: the probabilities are carried to 2^-17 as bf16 halves).
+inline __m512 exp2_16(__m512 x) {
+    const __m512 k = _mm512_roundscale_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    const __m512 r = _mm512_sub_ps(x, k);
+    __m512 p = _mm512_set1_ps(0.001327647129073739f);
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(0.009675540961325169f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(0.05550713092088699f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(0.24022120237350464f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(0.6931469440460205f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0000001192092896f));
+    return _mm512_scalef_ps(p, k);
+}
+
+// Lanes [lo, hi) of the 16 from j0.
+inline __mmask16 lanes(int j0, int lo, int hi) {
+    auto below = [](int k) { return k <= 0 ? 0u : k >= 16 ? 0xffffu : (1u << k) - 1; };
+    return (__mmask16)(below(hi - j0) & ~below(lo - j0));
+}
+
+// One step of a block of queries against n keys, 32 query rows at a time, so that their scores
+// and probabilities stay in L1 from the products that make them to those that read them (a step's
+// whole block of probabilities, 64 KiB, went to L2 and back: stores of them took a tenth of the
+// softmax): the scores; per row, the maximum, 2^ of the scores less it, their sum, and those
+// probabilities' halves, in place of the scores; the row's weighted values rescaled; the
+// probabilities times the values.
+void attn_step(const uint16_t *qt, int nq, int hd, const uint16_t *kt, const uint16_t *vt, int n, const int *lo,
+               const int *hi, float cap, float *m, float *l, float *o) {
+    constexpr int kRows = 32;
+    const int chunks = hd / 32, n32 = (n + 31) / 32 * 32, dblocks = hd / 16;
+    const uint16_t *qh = qt, *ql = qh + kQ * hd;
+    // scores, rows of n32; then each chunk of 32 a row's probabilities' halves, hi then lo
+    alignas(64) float s[kRows * kKeys];
+    alignas(64) float alpha[kRows];
+    float sums[kRows];
     static const BfTileConfig config;
     _tile_loadconfig(&config);
-    for (int i0 = 0; i0 < nq; i0 += 16)
-        for (int d0 = 0; d0 < hd; d0 += 32) {
-            float *oi = o + (size_t)i0 * hd + d0;
+    for (int i0 = 0; i0 < nq; i0 += kRows) {
+        for (int kb = 0; kb < n32 / 16; kb++) {  // the scores
+            _tile_zero(0);
+            _tile_zero(1);
+            for (int c = 0; c < chunks; c++)
+                bf16_step2(qh + (size_t)i0 * hd + c * 32, ql + (size_t)i0 * hd + c * 32, hd * 2,
+                           kt + (size_t)(kb * chunks + c) * 2 * 512);
+            _tile_stored(0, s + kb * 16, n32 * 4);
+            _tile_stored(1, s + 16 * n32 + kb * 16, n32 * 4);
+        }
+        for (int r = 0; r < kRows; r++) {
+            const int i = i0 + r, a = i < nq ? lo[i] : 0, b = i < nq ? hi[i] : 0;
+            float *si = s + (size_t)r * n32;
+            if (cap > 0)
+                for (int j = a; j < b; j++) si[j] = cap * std::tanh(si[j] * (1.0f / cap));
+            __m512 mx = _mm512_set1_ps(-INFINITY);
+            for (int j0 = a / 16 * 16; j0 < b; j0 += 16) {
+                const __mmask16 k = lanes(j0, a, b);
+                mx = _mm512_mask_max_ps(mx, k, mx, _mm512_maskz_loadu_ps(k, si + j0));
+            }
+            // 2^-126 for the first keys (m = -inf): exp2_16 takes finite input, and 1e-38 of a
+            // total and sums still 0 is 0; a row without keys here keeps its state (2^0)
+            const float m_old = a < b ? m[i] : 0.0f, m_new = a < b ? std::max(m_old, _mm512_reduce_max_ps(mx)) : 0.0f;
+            alpha[r] = a < b ? std::max(m_old - m_new, -126.0f) : 0.0f;
+            if (a < b) m[i] = m_new;
+            const __m512 shift = _mm512_set1_ps(m_new);
+            __m512 sum0 = _mm512_setzero_ps(), sum1 = _mm512_setzero_ps();
+            for (int j0 = 0; j0 < n32; j0 += 32) {
+                const __mmask16 k0 = lanes(j0, a, b), k1 = lanes(j0 + 16, a, b);
+                const __m512 e0 = _mm512_maskz_mov_ps(k0, exp2_16(_mm512_sub_ps(_mm512_maskz_loadu_ps(k0, si + j0), shift)));
+                const __m512 e1 = _mm512_maskz_mov_ps(k1, exp2_16(_mm512_sub_ps(_mm512_maskz_loadu_ps(k1, si + j0 + 16), shift)));
+                sum0 = _mm512_add_ps(sum0, e0), sum1 = _mm512_add_ps(sum1, e1);
+                __m512i h, lw;
+                split32(e0, e1, h, lw);
+                _mm512_store_si512((void *)(si + j0), h);
+                _mm512_store_si512((void *)(si + j0 + 16), lw);
+            }
+            sums[r] = _mm512_reduce_add_ps(_mm512_add_ps(sum0, sum1));
+        }
+        // the rescale factors in whole vectors, so that a row's does not depend on its place
+        for (int r = 0; r < kRows; r += 16) _mm512_store_ps(alpha + r, exp2_16(_mm512_load_ps(alpha + r)));
+        for (int r = 0; r < kRows && i0 + r < nq; r++) {
+            l[i0 + r] = l[i0 + r] * alpha[r] + sums[r];
+            if (alpha[r] == 1.0f) continue;
+            const __m512 f = _mm512_set1_ps(alpha[r]);
+            float *orow = o + (size_t)(i0 + r) * hd;
+            for (int d = 0; d < hd; d += 16) _mm512_storeu_ps(orow + d, _mm512_mul_ps(f, _mm512_loadu_ps(orow + d)));
+        }
+        for (int db = 0; db < dblocks; db++) {  // the weighted values, 16 of a head's at a time
+            float *oi = o + (size_t)i0 * hd + db * 16;
             _tile_loadd(0, oi, hd * 4);
-            _tile_loadd(1, oi + 16, hd * 4);
+            _tile_loadd(1, oi + 16 * hd, hd * 4);
             for (int kc = 0; kc < n32 / 32; kc++) {
-                const uint16_t *t0 = vt + (size_t)(kc * dblocks + d0 / 16) * 2 * 512;
-                bf16_step(ph + (size_t)i0 * n32 + kc * 32, pl + (size_t)i0 * n32 + kc * 32, n32 * 2, t0, t0 + 2 * 512);
+                const uint16_t *p = (const uint16_t *)(s + kc * 32);
+                bf16_step2(p, p + 32, n32 * 4, vt + (size_t)(kc * dblocks + db) * 2 * 512);
             }
             _tile_stored(0, oi, hd * 4);
-            _tile_stored(1, oi + 16, hd * 4);
+            _tile_stored(1, oi + 16 * hd, hd * 4);
         }
+    }
     _tile_release();
 }
 
@@ -322,7 +389,10 @@ const KernelTable *amx_kernels() {
         static KernelTable t = with_quant_kernels(*avx512, quant_for_bits);
         t.isa = Isa::Amx;
         t.acts_by_block = true;
-        if (platform::cpu_features().amx_bf16) t.attn_queries = attn_queries, t.attn_scores = attn_scores, t.attn_values = attn_values;
+        if (platform::cpu_features().amx_bf16) {
+            t.attn_queries = attn_queries, t.attn_keys = attn_keys, t.attn_vals = attn_vals;
+            t.attn_step = attn_step;
+        }
         return &t;
     }();
     return table;

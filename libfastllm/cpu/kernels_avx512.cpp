@@ -84,23 +84,6 @@ void kv_accum_q8(const float *a, int n, const void *rows, size_t stride, int off
 }
 
 
-// exp as in kernels_avx2.cpp (2^k * Taylor series of exp(r) to r^7); vscalefps applies 2^k and
-// handles overflow to inf and underflow to 0 itself.
-inline __m512 exp16(__m512 x) {
-    const __m512 k = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504f)), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    __m512 r = _mm512_fnmadd_ps(k, _mm512_set1_ps(0.693145752f), x);
-    r = _mm512_fnmadd_ps(k, _mm512_set1_ps(1.42860677e-6f), r);
-    __m512 p = _mm512_set1_ps(1.0f / 5040);
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 720));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 120));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 24));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 6));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(0.5f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
-    return _mm512_scalef_ps(p, k);
-}
-
 void swiglu(const float *gate_up, int n, float *out) {
     int i = 0;
     for (; i + 16 <= n; i += 16) {

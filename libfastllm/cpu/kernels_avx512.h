@@ -1,6 +1,6 @@
 // kernels_avx512.h — what the AVX-512 table (kernels_avx512.cpp) and the AMX one (kernels_amx.cpp,
 // compiled with AVX-512 and AMX) share: reading a quantized tile's codes and factors 16 rows wide,
-// and a 16 x 16 transpose.
+// a 16 x 16 transpose, and exp.
 // Included by those two files only; everything here has internal linkage, so that the linker
 // cannot pick one file's copy of a helper for the other's table.
 #pragma once
@@ -11,6 +11,23 @@
 
 namespace fastllm {
 namespace {
+
+// exp as in kernels_avx2.cpp (2^k * Taylor series of exp(r) to r^7); vscalefps applies 2^k and
+// handles overflow to inf and underflow to 0 itself.
+inline __m512 exp16(__m512 x) {
+    const __m512 k = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504f)), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m512 r = _mm512_fnmadd_ps(k, _mm512_set1_ps(0.693145752f), x);
+    r = _mm512_fnmadd_ps(k, _mm512_set1_ps(1.42860677e-6f), r);
+    __m512 p = _mm512_set1_ps(1.0f / 5040);
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 720));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 120));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 24));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 6));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(0.5f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
+    return _mm512_scalef_ps(p, k);
+}
 
 // Each byte's bit `from` moved to bit `to` (the caller masks the rest off).
 inline __m512i bits_to(__m512i v, int from, int to) {

@@ -212,13 +212,33 @@ constexpr int kBlockQueries = 128;
 static_assert(kBlockQueries == KernelTable::kAttnQueries && kBlockKeys == KernelTable::kAttnKeys,
               "a block is what the tile products take");
 
-size_t block_floats(int hd, int64_t kv_dim) {
+// A task takes several blocks of a prompt's rows (of one KV head), so that the keys and values of
+// a step are converted and packed once for all of them (they were converted once per block: a
+// fifth of a pp8192's time, Qwen2.5-0.5B). Each block keeps its queries, sums and softmax state
+// across the steps: up to this many bytes of them per thread.
+constexpr size_t kGroupStateBytes = 512 << 10;
+
+size_t round16(size_t n) { return (n + 15) / 16 * 16; }  // a region of whole cache lines
+
+// A block's state: its queries (f32, or their tile halves), its weighted values, maxima and totals.
+size_t block_state_floats(int hd) {
+    const size_t Q = kBlockQueries;
+    return round16(Q * hd) * 2 + round16(Q) * 2;
+}
+int max_group(int hd) { return (int)std::clamp<size_t>(kGroupStateBytes / (4 * block_state_floats(hd)), 1, 16); }
+
+// A step's memory: scores, rescale factors and sums, the keys' and values' heads as f32, a whole
+// q8 row, then the panels' (key panels, value panels, one block's weighted values) or the tile
+// products' (key and value tiles).
+size_t step_floats(int hd, int64_t kv_dim) {
     const size_t Q = kBlockQueries, B = kBlockKeys, C = KernelTable::kGemmCols;
-    // queries and their sums; scores; maxima, totals, a step's rescale factors and sums; the keys'
-    // and values' heads as f32; a whole q8 row; then the panels' (one step's sums, the key panels,
-    // a value panel) or the tile products' memory
-    return 2 * Q * hd + Q * B + 4 * Q + 2 * B * hd + (size_t)kv_dim +
-           std::max(Q * hd + (size_t)hd * B + B * C, attn_tile_floats(hd));
+    const size_t panels = round16((size_t)hd * B) + round16(B * ((hd + C - 1) / C * C)) + round16(Q * hd);
+    const size_t tiles = 2 * round16(attn_tile_halves(hd) / 2);
+    return round16(Q * B) + 2 * round16(Q) + 2 * round16(B * hd) + round16((size_t)kv_dim) + std::max(panels, tiles);
+}
+
+size_t block_floats(int hd, int64_t kv_dim) {
+    return step_floats(hd, kv_dim) + (size_t)max_group(hd) * block_state_floats(hd);
 }
 
 // Values [off, off + dim) of a KV row as f32 (tmp: room for a whole row, for a q8 head that does
@@ -236,100 +256,151 @@ void load_head(const KernelTable &k, KvType t, const char *row, int off, int dim
     }
 }
 
-// Rows [r0, r1) of a run, heads [h0, h0 + hn) of KV head g's group: queries i = (row - r0) * hn + h - h0.
-void attend_block(const KernelTable &k, const float *q, const AttentionRun &run, int layer, const AttentionShape &sh,
-                  int g, int h0, int hn, int r0, int r1, float *out, float *mem) {
+// Which rows of a run a task takes: blocks first, first + stride, ... (n of them) of `rows` rows
+// each, heads [h0, h0 + hn) of KV head g's group; block b's queries i = (row - its first row) * hn
+// + h - h0.
+struct BlockGroup {
+    int g, h0, hn, rows, first, stride, n;
+};
+
+void attend_blocks(const KernelTable &k, const float *q, const AttentionRun &run, int layer, const AttentionShape &sh,
+                   const BlockGroup &bg, float *out, float *mem) {
     constexpr int Q = kBlockQueries, B = kBlockKeys, C = KernelTable::kGemmCols;
-    const int hd = sh.head_dim, group = sh.n_heads / sh.n_kv_heads, nq = (r1 - r0) * hn;
+    const int hd = sh.head_dim, group = sh.n_heads / sh.n_kv_heads, hn = bg.hn;
     const KvCache &cache = *run.cache;
-    const int kv_dim = cache.kv_dim(), off = g * hd;
-    float *Qs = mem, *O = Qs + (size_t)Q * hd, *S = O + (size_t)Q * hd, *m = S + Q * B, *l = m + Q, *alpha = l + Q,
-          *sums = alpha + Q, *Kt = sums + Q,
-          *Vt = Kt + (size_t)B * hd, *tmp = Vt + (size_t)B * hd, *Ot = tmp + kv_dim, *Kp = Ot + (size_t)Q * hd,
-          *Vp = Kp + (size_t)hd * B, *ws = Ot;
+    const int kv_dim = cache.kv_dim(), off = bg.g * hd;
+    float *S = mem, *alpha = S + round16(Q * B), *sums = alpha + round16(Q), *Kt = sums + round16(Q),
+          *Vt = Kt + round16((size_t)B * hd), *tmp = Vt + round16((size_t)B * hd), *prep = tmp + round16((size_t)kv_dim);
+    // panels: the keys' (hd x B), the values' (B x C per C of a head's values), a block's weighted values
+    float *Kp = prep, *Vp = Kp + round16((size_t)hd * B), *Ot = Vp + round16(B * ((size_t)(hd + C - 1) / C * C));
+    // tiles: the keys' and the values' halves
+    uint16_t *kt = (uint16_t *)prep, *vt = kt + 2 * round16(attn_tile_halves(hd) / 2);
+    float *states = mem + step_floats(hd, kv_dim);
+    struct Block {
+        int r0, r1, nq;
+        float *Qs, *O, *m, *l;
+    };
+    Block blocks[16];
     // The products on the matrix unit where the ISA has one (AMX: bf16 halves, three products each),
     // for a prompt's rows: a decoding row's few queries (padded to 16) do not repay the keys'
     // conversion to tiles (Qwen2.5-0.5B tg64 4096 deep 0.92x), and a decoding row must not take
     // other products when it comes with others (a speculative step's rows, T < 16).
-    const bool tiles = k.attn_scores && hd % 32 == 0 && run.T >= kAttentionBlockRows;
-    for (int i = 0; i < nq; i++) {
-        const int row = run.first_row + r0 + i / hn, h = g * group + h0 + i % hn;
-        const float *src = q + ((size_t)row * sh.n_heads + h) * hd;
-        for (int d = 0; d < hd; d++) Qs[(size_t)i * hd + d] = src[d] * sh.scale;
-    }
-    std::fill(O, O + (size_t)nq * hd, 0.0f);
-    if (tiles) k.attn_queries(Qs, nq, hd, ws);
-    std::fill(m, m + nq, -INFINITY);
-    std::fill(l, l + nq, 0.0f);
+    const bool tiles = k.attn_step && hd % 32 == 0 && run.T >= kAttentionBlockRows;
+    // The tiles' softmax takes scores in units of log2 (attn_step): the queries carry log2(e),
+    // and a soft cap c, c * log2(e) (c' tanh(s' / c') is c tanh(s / c) * log2(e) for s' = s log2(e)).
+    const float scale = tiles ? sh.scale * 1.44269504f : sh.scale, cap = tiles ? sh.softcap * 1.44269504f : sh.softcap;
     auto key_end = [&](int r) { return run.pos0 + (sh.causal ? r + 1 : run.T); };
     auto key_begin = [&](int r) { return sh.window > 0 ? std::max(0, key_end(r) - sh.window) : 0; };
-    const int last = key_end(r1 - 1);
-    for (int p = key_begin(r0), n; p < last; p += n) {
-        n = std::min(B, last - p);
-        for (int j = 0; j < n; j++) {
+    int first_key = INT32_MAX, last_key = 0;
+    for (int b = 0; b < bg.n; b++) {
+        Block &blk = blocks[b];
+        blk.r0 = (bg.first + b * bg.stride) * bg.rows, blk.r1 = std::min(run.T, blk.r0 + bg.rows);
+        blk.nq = (blk.r1 - blk.r0) * hn;
+        float *st = states + (size_t)b * block_state_floats(hd);
+        blk.Qs = st, blk.O = st + round16((size_t)Q * hd), blk.m = blk.O + round16((size_t)Q * hd), blk.l = blk.m + round16(Q);
+        // the scaled queries; the tiles' halves of them are made from a copy in the block's sums
+        float *Qf = tiles ? blk.O : blk.Qs;
+        for (int i = 0; i < blk.nq; i++) {
+            const int row = run.first_row + blk.r0 + i / hn, h = bg.g * group + bg.h0 + i % hn;
+            const float *src = q + ((size_t)row * sh.n_heads + h) * hd;
+            for (int d = 0; d < hd; d++) Qf[(size_t)i * hd + d] = src[d] * scale;
+        }
+        if (tiles) k.attn_queries(Qf, blk.nq, hd, (uint16_t *)blk.Qs);
+        std::fill(blk.O, blk.O + (size_t)blk.nq * hd, 0.0f);
+        std::fill(blk.m, blk.m + blk.nq, -INFINITY);
+        std::fill(blk.l, blk.l + blk.nq, 0.0f);
+        first_key = std::min(first_key, key_begin(blk.r0)), last_key = std::max(last_key, key_end(blk.r1 - 1));
+    }
+    // Steps of B keys from multiples of B, key p + j in row j: a query's steps, and so the order of
+    // its sums, do not depend on the block or task it went in. Keys before the task's first (out of
+    // a window, perhaps no longer in the cache) are zero rows, outside every query's range.
+    for (int p = first_key / B * B, n; p < last_key; p += n) {
+        n = std::min(B, last_key - p);
+        const int skip = std::max(0, first_key - p);
+        std::fill(Kt, Kt + (size_t)skip * hd, 0.0f);
+        std::fill(Vt, Vt + (size_t)skip * hd, 0.0f);
+        for (int j = skip; j < n; j++) {
             load_head(k, cache.type_k(), cache.k_row(layer, p + j), off, hd, kv_dim, Kt + (size_t)j * hd, tmp);
             load_head(k, cache.type_v(), cache.v_row(layer, p + j), off, hd, kv_dim, Vt + (size_t)j * hd, tmp);
         }
-        if (tiles) k.attn_scores(ws, nq, hd, Kt, n, S, B);
-        for (int c = 0; !tiles && c < n; c += C) {  // scores of every query against these keys, a panel at a time
-            float *panel = Kp + (size_t)c * hd;
-            k.gemm_pack[(int)DType::F32](Kt + (size_t)c * hd, (size_t)hd * 4, std::min(C, n - c), hd, panel);
-            k.gemm_panel(panel, hd, Qs, (size_t)hd, nq, S + c, B, std::min(C, n - c));
+        if (tiles) {
+            k.attn_keys(Kt, n, hd, kt);
+            k.attn_vals(Vt, n, hd, vt);
+        } else {
+            for (int c = 0; c < n; c += C)  // key panels
+                k.gemm_pack[(int)DType::F32](Kt + (size_t)c * hd, (size_t)hd * 4, std::min(C, n - c), hd, Kp + (size_t)c * hd);
+            for (int d0 = 0; d0 < hd; d0 += C) {  // value panels, C of a head's values each
+                const int dc = std::min(C, hd - d0);
+                float *vp = Vp + (size_t)(d0 / C) * B * C;
+                // A whole panel's width copies with a constant size: vector moves, where the variable
+                // size became `rep movsq` per key (4% of a pp8192's time, Qwen2.5-0.5B).
+                if (dc == C)
+                    for (int j = 0; j < n; j++) std::memcpy(vp + (size_t)j * C, Vt + (size_t)j * hd + d0, sizeof(float) * C);
+                else
+                    for (int j = 0; j < n; j++) {
+                        std::memcpy(vp + (size_t)j * C, Vt + (size_t)j * hd + d0, (size_t)dc * 4);
+                        std::fill(vp + (size_t)j * C + dc, vp + (size_t)(j + 1) * C, 0.0f);
+                    }
+            }
         }
-        for (int i = 0; i < nq; i++) {
-            const int r = r0 + i / hn;
-            const int lo = std::max(p, key_begin(r)) - p, hi = std::min(p + n, key_end(r)) - p;
-            float *s = S + (size_t)i * B;
-            alpha[i] = 0.0f, sums[i] = 0.0f;  // exp(0): unchanged
-            if (lo >= hi) {  // none of these keys is this query's: it adds nothing
-                std::fill(s, s + n, 0.0f);
+        for (int b = 0; b < bg.n; b++) {
+            const Block &blk = blocks[b];
+            if (p >= key_end(blk.r1 - 1) || p + n <= key_begin(blk.r0)) continue;  // none of its keys
+            const int nq = blk.nq;
+            if (tiles) {
+                int lo[Q], hi[Q];
+                for (int i = 0; i < nq; i++) {
+                    const int r = blk.r0 + i / hn;
+                    lo[i] = std::max(p, key_begin(r)) - p, hi[i] = std::max(lo[i], std::min(p + n, key_end(r)) - p);
+                }
+                k.attn_step((const uint16_t *)blk.Qs, nq, hd, kt, vt, n, lo, hi, cap, blk.m, blk.l, blk.O);
                 continue;
             }
-            if (sh.softcap > 0) softcap(s + lo, (size_t)(hi - lo), sh.softcap);
-            const float m_new = std::max(m[i], k.reduce_max(s + lo, hi - lo));
-            // exp(-87) for the first keys (m = -inf): the table's exp takes finite input, and 1e-38
-            // of a total and sums still 0 is 0
-            alpha[i] = std::max(m[i] - m_new, -87.0f);
-            sums[i] = k.exp_shift_sum(s + lo, hi - lo, m_new);
-            std::fill(s, s + lo, 0.0f);
-            std::fill(s + hi, s + n, 0.0f);
-            m[i] = m_new;
-        }
-        // The rescale factors, all the queries' at once, padded to whole vectors: a vector exp and
-        // its scalar tail round differently, so a query's factor must not depend on its place in
-        // the block (a decoding row alone and in a speculative step's three would differ).
-        const int padded = (nq + 15) / 16 * 16;
-        std::fill(alpha + nq, alpha + padded, 0.0f);
-        k.exp_shift_sum(alpha, padded, 0.0f);
-        for (int i = 0; i < nq; i++) {
-            l[i] = l[i] * alpha[i] + sums[i];
-            if (alpha[i] != 1.0f)
-                for (int d = 0; d < hd; d++) O[(size_t)i * hd + d] *= alpha[i];
-        }
-        if (tiles) {
-            k.attn_values(ws, nq, hd, S, B, Vt, n, O);
-            continue;
-        }
-        for (int d0 = 0; d0 < hd; d0 += C) {  // the weighted values, 32 of a head's values at a time
-            const int dc = std::min(C, hd - d0);
-            // A whole panel's width copies with a constant size: vector moves, where the variable
-            // size became `rep movsq` per key (4% of a pp8192's time, Qwen2.5-0.5B).
-            if (dc == C)
-                for (int j = 0; j < n; j++) std::memcpy(Vp + (size_t)j * C, Vt + (size_t)j * hd + d0, sizeof(float) * C);
-            else
-                for (int j = 0; j < n; j++) {
-                    std::memcpy(Vp + (size_t)j * C, Vt + (size_t)j * hd + d0, (size_t)dc * 4);
-                    std::fill(Vp + (size_t)j * C + dc, Vp + (size_t)(j + 1) * C, 0.0f);
+            for (int c = 0; c < n; c += C)  // scores of every query against these keys, a panel at a time
+                k.gemm_panel(Kp + (size_t)c * hd, hd, blk.Qs, (size_t)hd, nq, S + c, B, std::min(C, n - c));
+            for (int i = 0; i < nq; i++) {
+                const int r = blk.r0 + i / hn;
+                const int lo = std::max(p, key_begin(r)) - p, hi = std::min(p + n, key_end(r)) - p;
+                float *s = S + (size_t)i * B;
+                alpha[i] = 0.0f, sums[i] = 0.0f;  // exp(0): unchanged
+                if (lo >= hi) {  // none of these keys is this query's: it adds nothing
+                    std::fill(s, s + n, 0.0f);
+                    continue;
                 }
-            k.gemm_panel(Vp, n, S, B, nq, Ot + d0, (size_t)hd, dc);
+                if (sh.softcap > 0) softcap(s + lo, (size_t)(hi - lo), sh.softcap);
+                const float m_new = std::max(blk.m[i], k.reduce_max(s + lo, hi - lo));
+                // exp(-87) for the first keys (m = -inf): the table's exp takes finite input, and 1e-38
+                // of a total and sums still 0 is 0
+                alpha[i] = std::max(blk.m[i] - m_new, -87.0f);
+                sums[i] = k.exp_shift_sum(s + lo, hi - lo, m_new);
+                std::fill(s, s + lo, 0.0f);
+                std::fill(s + hi, s + n, 0.0f);
+                blk.m[i] = m_new;
+            }
+            // The rescale factors, all the queries' at once, padded to whole vectors: a vector exp and
+            // its scalar tail round differently, so a query's factor must not depend on its place in
+            // the block (a decoding row alone and in a speculative step's three would differ).
+            const int padded = (nq + 15) / 16 * 16;
+            std::fill(alpha + nq, alpha + padded, 0.0f);
+            k.exp_shift_sum(alpha, padded, 0.0f);
+            for (int i = 0; i < nq; i++) {
+                blk.l[i] = blk.l[i] * alpha[i] + sums[i];
+                if (alpha[i] != 1.0f)
+                    for (int d = 0; d < hd; d++) blk.O[(size_t)i * hd + d] *= alpha[i];
+            }
+            for (int d0 = 0; d0 < hd; d0 += C)  // the weighted values, C of a head's values at a time
+                k.gemm_panel(Vp + (size_t)(d0 / C) * B * C, n, S, B, nq, Ot + d0, (size_t)hd, std::min(C, hd - d0));
+            for (size_t e = 0; e < (size_t)nq * hd; e++) blk.O[e] += Ot[e];
         }
-        for (size_t e = 0; e < (size_t)nq * hd; e++) O[e] += Ot[e];
     }
-    for (int i = 0; i < nq; i++) {
-        const int row = run.first_row + r0 + i / hn, h = g * group + h0 + i % hn;
-        const float inv = 1.0f / l[i];
-        float *o = out + ((size_t)row * sh.n_heads + h) * hd;
-        for (int d = 0; d < hd; d++) o[d] = O[(size_t)i * hd + d] * inv;
+    for (int b = 0; b < bg.n; b++) {
+        const Block &blk = blocks[b];
+        for (int i = 0; i < blk.nq; i++) {
+            const int row = run.first_row + blk.r0 + i / hn, h = bg.g * group + bg.h0 + i % hn;
+            const float inv = 1.0f / blk.l[i];
+            float *o = out + ((size_t)row * sh.n_heads + h) * hd;
+            for (int d = 0; d < hd; d++) o[d] = blk.O[(size_t)i * hd + d] * inv;
+        }
     }
 }
 
@@ -418,9 +489,19 @@ void attention(const KernelTable &k, const float *q, const AttentionRun *runs, i
     const Blocks prompt = blocks_of(std::min(group, kBlockQueries));
     const Blocks decode = blocks_of(std::min((group + cut - 1) / cut, kBlockQueries));
     auto blocks_for = [&](const AttentionRun &r) -> const Blocks & { return r.T < kAttentionBlockRows ? decode : prompt; };
-    auto tasks_of = [&](const AttentionRun &r) {
+    // A prompt's blocks of rows go in groups (attend_blocks), each group every n_groups-th block
+    // (so that the groups take about as many keys each), as many groups as it takes to give each
+    // thread two tasks, and no group more blocks than max_group.
+    const int most = max_group(sh.head_dim);
+    auto n_groups = [&](const AttentionRun &r) -> int64_t {
         const Blocks &b = blocks_for(r);
-        return direct(r) ? (int64_t)r.T * sh.n_heads : (r.T + b.rows - 1) / b.rows * b.per_rows;
+        const int64_t n_blocks = (r.T + b.rows - 1) / b.rows;
+        if (r.T < kAttentionBlockRows) return n_blocks;
+        const int64_t fill = (2 * pool.n_threads() + b.per_rows - 1) / b.per_rows;
+        return std::max((n_blocks + most - 1) / most, std::min(n_blocks, fill));
+    };
+    auto tasks_of = [&](const AttentionRun &r) {
+        return direct(r) ? (int64_t)r.T * sh.n_heads : n_groups(r) * blocks_for(r).per_rows;
     };
     int64_t total = 0;
     for (int i = 0; i < n_runs; i++) total += tasks_of(runs[i]);
@@ -437,13 +518,14 @@ void attention(const KernelTable &k, const float *q, const AttentionRun *runs, i
                 continue;
             }
             const Blocks &b = blocks_for(run);
-            const int64_t n_blocks = (run.T + b.rows - 1) / b.rows;
-            const int blk = (int)(n_blocks - 1 - local / b.per_rows);  // the last rows (the most keys) first
+            const int64_t n_blocks = (run.T + b.rows - 1) / b.rows, groups = n_groups(run);
+            const int j = (int)(groups - 1 - local / b.per_rows);  // the last rows (the most keys) first
             const int g = (int)(local % b.per_rows / b.head_blocks), h0 = (int)(local % b.head_blocks) * b.hn;
-            attend_block(k, q, run, layer, sh, g, h0, std::min(b.hn, group - h0), blk * b.rows,
-                         std::min(run.T, (blk + 1) * b.rows), out, mem);
+            const BlockGroup bg{g, h0, std::min(b.hn, group - h0), b.rows, j, (int)groups,
+                                (int)((n_blocks - j + groups - 1) / groups)};
+            attend_blocks(k, q, run, layer, sh, bg, out, mem);
         }
-    });
+    }, 1);  // one task at a time: a prompt's tasks are few, long, and uneven
 }
 
 }  // namespace ops

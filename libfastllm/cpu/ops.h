@@ -68,9 +68,8 @@ AttentionScratch make_attention_scratch(float *memory, int head_dim, int64_t kv_
 // any KvType, read in place) for the rows of runs[0..n_runs) (sorted by first_row; each run's
 // cache already holds its positions up to pos0 + T - 1); q and out are [rows, n_heads*head_dim].
 // A run of at least kAttentionBlockRows rows (a prompt) goes in blocks: a few rows of one KV head's
-// queries against 128 keys at a time, the keys and values converted once per block and the
-// softmax kept online (running maximum and sum), so each key is read once per block of rows and
-// KV head, not once per row and query head. Shorter runs (decoding) go so too when a KV head has
+// queries against 128 keys at a time, the softmax kept online (running maximum and sum), a task
+// taking several blocks so that each step's keys and values are converted once for all of them. Shorter runs (decoding) go so too when a KV head has
 // enough query heads; otherwise they take a task per (row, head), reading the cache in place.
 constexpr int kAttentionBlockRows = 16;
 void attention(const KernelTable &k, const float *q, const AttentionRun *runs, int n_runs, int layer,

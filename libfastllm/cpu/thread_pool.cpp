@@ -48,7 +48,7 @@ void ThreadPool::claim(uint64_t job, int thread) {
     }
 }
 
-void ThreadPool::run(int64_t n, Call call, void *ctx) {
+void ThreadPool::run(int64_t n, Call call, void *ctx, int64_t chunk) {
     if (workers_.empty() || n <= 1) {
         if (n > 0) call(ctx, 0, n, 0);
         return;
@@ -56,7 +56,7 @@ void ThreadPool::run(int64_t n, Call call, void *ctx) {
     const uint64_t job = ((claim_.load() >> kIndexBits) + 1) & (~uint64_t(0) >> kIndexBits);
     call_ = call, ctx_ = ctx;
     n_.store(n, std::memory_order_relaxed);
-    chunk_.store(std::max<int64_t>(1, n / (n_threads() * kChunksPerThread)), std::memory_order_relaxed);
+    chunk_.store(chunk > 0 ? chunk : std::max<int64_t>(1, n / (n_threads() * kChunksPerThread)), std::memory_order_relaxed);
     claim_.store(job << kIndexBits);  // publishes the job (seq_cst, like everything below)
     generation_.fetch_add(1);
     if (sleepers_.load() > 0) {

@@ -25,15 +25,16 @@ public:
     // Calls fn(begin, end, thread_index) over chunks that cover [0, n) exactly once (thread 0 is the
     // caller); returns when every chunk is done. Threads claim chunks as they come, so a worker that
     // is slow to wake (another program has its core) leaves its share to the others instead of
-    // holding up the job.
+    // holding up the job. A chunk is a few items (light, even ones: rows of a product); `chunk`
+    // sets it, 1 for items that are heavy and uneven.
     template <typename F>
-    void parallel_for(int64_t n, F &&fn) {
-        run(n, [](void *ctx, int64_t b, int64_t e, int t) { (*static_cast<F *>(ctx))(b, e, t); }, &fn);
+    void parallel_for(int64_t n, F &&fn, int64_t chunk = 0) {
+        run(n, [](void *ctx, int64_t b, int64_t e, int t) { (*static_cast<F *>(ctx))(b, e, t); }, &fn, chunk);
     }
 
 private:
     using Call = void (*)(void *ctx, int64_t begin, int64_t end, int thread);
-    void run(int64_t n, Call call, void *ctx);
+    void run(int64_t n, Call call, void *ctx, int64_t chunk);
     void work(int thread);
     void claim(uint64_t job, int thread);
 

@@ -36,7 +36,10 @@ CpuFeatures detect() {
     const bool amx_cpu = __get_cpuid_count(7, 0, &a, &b, &c, &d) && (d >> 24 & 1) && (d >> 25 & 1);
 #if defined(__linux__)
     f.amx = f.avx512 && amx_cpu && syscall(SYS_arch_prctl, 0x1023, 18) == 0;
-    f.amx_bf16 = f.amx && (d >> 22 & 1);  // CPUID leaf 7, EDX bit 22
+    // AMX-BF16 (leaf 7, EDX bit 22) and AVX512-BF16 (leaf 7 subleaf 1, EAX bit 5), which splits
+    // f32 operands into the bf16 halves the tiles take
+    const bool amx_bf16 = d >> 22 & 1;
+    f.amx_bf16 = f.amx && amx_bf16 && __get_cpuid_count(7, 1, &a, &b, &c, &d) && (a >> 5 & 1);
 #else
     (void)amx_cpu;
 #endif

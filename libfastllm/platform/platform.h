@@ -44,7 +44,7 @@ void *library_symbol(void *library, const char *name);
 // ARMv8.2's SDOT/UDOT. Asked once per process (platform/cpu_features.cpp).
 struct CpuFeatures {
     bool avx2 = false, avx512 = false, amx = false, neon = false, neon_dotprod = false;
-    bool amx_bf16 = false;  // amx, and AMX-BF16 (every AMX CPU so far): the attention's products
+    bool amx_bf16 = false;  // amx, AMX-BF16 and AVX512-BF16 (every AMX CPU so far): the attention's products
 };
 const CpuFeatures &cpu_features();
 

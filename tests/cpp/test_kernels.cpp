@@ -297,8 +297,8 @@ static void test_attention(const KernelTable &k) {
                                          {n_heads, n_kv, hd, 0.25f, 0.0f, 0, false}};  // an encoder's
         // The tile products (AMX, a head of a multiple of 32 values, the blocked rows) carry each f32
         // operand as two bf16 halves, 16 of its 24 bits, and drop lo * lo: about 2^-17 of each term,
-        // 1.9e-5 here at worst (against 2^-11 for an f16 cache's rounding of every key and value).
-        const bool tiles = k.attn_scores && hd % 32 == 0;
+        // 2.1e-5 here at worst (against 2^-11 for an f16 cache's rounding of every key and value).
+        const bool tiles = k.attn_step && hd % 32 == 0;
         const double bound = tiles ? 5e-5 : 1e-5;
         for (KvType tk : {KvType::F32, KvType::F16, KvType::Q8})
             for (KvType tv : {KvType::F32, KvType::F16, KvType::Q8}) {
@@ -358,7 +358,7 @@ static void test_attention(const KernelTable &k) {
         ops::attention(k, q.data(), &run, 1, 0, sh, out.data(), scratch, g_pool);
         ref::attention(q.data(), T, pos0, cache, 0, sh, outr.data());
         const double e = rel_err(out.data(), outr.data(), out.size());
-        CHECK(e < (k.attn_scores ? 5e-5 : 1e-5), "attention %s, %d heads a KV head, rows %d: rel err %g", isa_name(k.isa),
+        CHECK(e < (k.attn_step ? 5e-5 : 1e-5), "attention %s, %d heads a KV head, rows %d: rel err %g", isa_name(k.isa),
               n_heads / n_kv, T, e);
     }
     // Decoding rows with 8 heads a KV head: on 8 threads their groups are cut into blocks of fewer
@@ -381,6 +381,32 @@ static void test_attention(const KernelTable &k) {
         CHECK(e < 1e-5, "attention %s, 8 heads a KV head on 8 threads, rows %d: rel err %g", isa_name(k.isa), T, e);
         CHECK(std::memcmp(out2.data(), out8.data(), out2.size() * sizeof(float)) == 0,
               "attention %s, 8 heads a KV head, rows %d: 2 and 8 threads differ", isa_name(k.isa), T);
+    }
+    // A prompt's blocks of rows go in groups per task, as many groups as the threads want: 1, 2 and
+    // 8 threads group them differently (1 and 2 blocks a task at 8 threads, up to max_group on 1),
+    // which must not change a bit; with a window the steps of keys start inside a block's range.
+    static ThreadPool pool1(1);
+    for (int window : {0, 300})
+    for (int hd : {64, 80}) {
+        const int n_heads = 14, n_kv = 2, T = 400, pos0 = 260, kv_dim = n_kv * hd;
+        std::vector<float> q = randn((size_t)T * n_heads * hd), kc = randn((size_t)(pos0 + T) * kv_dim),
+                           vc = randn((size_t)(pos0 + T) * kv_dim);
+        std::vector<float> out1((size_t)T * n_heads * hd), out2(out1.size()), out8(out1.size()), outr(out1.size());
+        std::vector<float> mem(ops::attention_scratch_floats(8, hd, kv_dim));
+        const ops::AttentionScratch scratch = ops::make_attention_scratch(mem.data(), hd, kv_dim);
+        const KvCache cache = make_cache(k, KvType::F16, KvType::F16, pos0 + T, kv_dim, kc, vc);
+        const AttentionShape sh{n_heads, n_kv, hd, 0.125f, 0.0f, window};
+        const AttentionRun run{0, T, pos0, &cache};
+        ops::attention(k, q.data(), &run, 1, 0, sh, out1.data(), scratch, pool1);
+        ops::attention(k, q.data(), &run, 1, 0, sh, out2.data(), scratch, g_pool);
+        ops::attention(k, q.data(), &run, 1, 0, sh, out8.data(), scratch, pool8);
+        ref::attention(q.data(), T, pos0, cache, 0, sh, outr.data());
+        const double e = rel_err(out2.data(), outr.data(), out2.size());
+        CHECK(e < (k.attn_step && hd % 32 == 0 ? 5e-5 : 1e-5), "attention %s, prompt of %d after %d, head %d window %d: rel err %g",
+              isa_name(k.isa), T, pos0, hd, window, e);
+        CHECK(std::memcmp(out1.data(), out2.data(), out1.size() * sizeof(float)) == 0 &&
+                  std::memcmp(out1.data(), out8.data(), out1.size() * sizeof(float)) == 0,
+              "attention %s, prompt of %d, head %d window %d: 1, 2 and 8 threads differ", isa_name(k.isa), T, hd, window);
     }
 }
 
