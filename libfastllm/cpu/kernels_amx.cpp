@@ -298,6 +298,43 @@ inline __mmask16 lanes(int j0, int lo, int hi) {
     return (__mmask16)(below(hi - j0) & ~below(lo - j0));
 }
 
+// A row of scores [0, n32) to its probabilities' halves in place (each 32: hi, then lo), those of
+// keys outside [a, b) zero; returns the new maximum (m_old for a row without keys) and the sum.
+// kFull (every key the row's, the common case) takes no masks: their scalar arithmetic competed
+// with the vector work for the same ports.
+template <bool kFull>
+inline float softmax_row(float *si, int n32, int a, int b, float m_old, float &sum) {
+    __m512 mx = _mm512_set1_ps(-INFINITY);
+    if (kFull)
+        for (int j0 = 0; j0 < n32; j0 += 16) mx = _mm512_max_ps(mx, _mm512_load_ps(si + j0));
+    else
+        for (int j0 = a / 16 * 16; j0 < b; j0 += 16) {
+            const __mmask16 k = lanes(j0, a, b);
+            mx = _mm512_mask_max_ps(mx, k, mx, _mm512_maskz_loadu_ps(k, si + j0));
+        }
+    const float m_new = a < b ? std::max(m_old, _mm512_reduce_max_ps(mx)) : m_old;
+    const __m512 shift = _mm512_set1_ps(a < b ? m_new : 0.0f);
+    __m512 sum0 = _mm512_setzero_ps(), sum1 = _mm512_setzero_ps();
+    for (int j0 = 0; j0 < n32; j0 += 32) {
+        __m512 e0, e1;
+        if (kFull) {
+            e0 = exp2_16(_mm512_sub_ps(_mm512_load_ps(si + j0), shift));
+            e1 = exp2_16(_mm512_sub_ps(_mm512_load_ps(si + j0 + 16), shift));
+        } else {
+            const __mmask16 k0 = lanes(j0, a, b), k1 = lanes(j0 + 16, a, b);
+            e0 = _mm512_maskz_mov_ps(k0, exp2_16(_mm512_sub_ps(_mm512_maskz_loadu_ps(k0, si + j0), shift)));
+            e1 = _mm512_maskz_mov_ps(k1, exp2_16(_mm512_sub_ps(_mm512_maskz_loadu_ps(k1, si + j0 + 16), shift)));
+        }
+        sum0 = _mm512_add_ps(sum0, e0), sum1 = _mm512_add_ps(sum1, e1);
+        __m512i h, lw;
+        split32(e0, e1, h, lw);
+        _mm512_store_si512((void *)(si + j0), h);
+        _mm512_store_si512((void *)(si + j0 + 16), lw);
+    }
+    sum = _mm512_reduce_add_ps(_mm512_add_ps(sum0, sum1));
+    return m_new;
+}
+
 // One step of a block of queries against n keys, 32 query rows at a time, so that their scores
 // and probabilities stay in L1 from the products that make them to those that read them (a step's
 // whole block of probabilities, 64 KiB, went to L2 and back: stores of them took a tenth of the
@@ -330,29 +367,13 @@ void attn_step(const uint16_t *qt, int nq, int hd, const uint16_t *kt, const uin
             float *si = s + (size_t)r * n32;
             if (cap > 0)
                 for (int j = a; j < b; j++) si[j] = cap * std::tanh(si[j] * (1.0f / cap));
-            __m512 mx = _mm512_set1_ps(-INFINITY);
-            for (int j0 = a / 16 * 16; j0 < b; j0 += 16) {
-                const __mmask16 k = lanes(j0, a, b);
-                mx = _mm512_mask_max_ps(mx, k, mx, _mm512_maskz_loadu_ps(k, si + j0));
-            }
             // 2^-126 for the first keys (m = -inf): exp2_16 takes finite input, and 1e-38 of a
             // total and sums still 0 is 0; a row without keys here keeps its state (2^0)
-            const float m_old = a < b ? m[i] : 0.0f, m_new = a < b ? std::max(m_old, _mm512_reduce_max_ps(mx)) : 0.0f;
+            const float m_old = a < b ? m[i] : 0.0f;
+            const float m_new = a == 0 && b == n32 ? softmax_row<true>(si, n32, 0, n32, m_old, sums[r])
+                                                   : softmax_row<false>(si, n32, a, b, m_old, sums[r]);
             alpha[r] = a < b ? std::max(m_old - m_new, -126.0f) : 0.0f;
             if (a < b) m[i] = m_new;
-            const __m512 shift = _mm512_set1_ps(m_new);
-            __m512 sum0 = _mm512_setzero_ps(), sum1 = _mm512_setzero_ps();
-            for (int j0 = 0; j0 < n32; j0 += 32) {
-                const __mmask16 k0 = lanes(j0, a, b), k1 = lanes(j0 + 16, a, b);
-                const __m512 e0 = _mm512_maskz_mov_ps(k0, exp2_16(_mm512_sub_ps(_mm512_maskz_loadu_ps(k0, si + j0), shift)));
-                const __m512 e1 = _mm512_maskz_mov_ps(k1, exp2_16(_mm512_sub_ps(_mm512_maskz_loadu_ps(k1, si + j0 + 16), shift)));
-                sum0 = _mm512_add_ps(sum0, e0), sum1 = _mm512_add_ps(sum1, e1);
-                __m512i h, lw;
-                split32(e0, e1, h, lw);
-                _mm512_store_si512((void *)(si + j0), h);
-                _mm512_store_si512((void *)(si + j0 + 16), lw);
-            }
-            sums[r] = _mm512_reduce_add_ps(_mm512_add_ps(sum0, sum1));
         }
         // the rescale factors in whole vectors, so that a row's does not depend on its place
         for (int r = 0; r < kRows; r += 16) _mm512_store_ps(alpha + r, exp2_16(_mm512_load_ps(alpha + r)));
