@@ -340,29 +340,62 @@ inline float softmax_row(float *si, int n32, int a, int b, float m_old, float &s
 // whole block of probabilities, 64 KiB, went to L2 and back: stores of them took a tenth of the
 // softmax): the scores; per row, the maximum, 2^ of the scores less it, their sum, and those
 // probabilities' halves, in place of the scores; the row's weighted values rescaled; the
-// probabilities times the values.
+// probabilities times the values. The tile unit's work is issued between the rows of the softmax
+// of the rows before, a tile of outputs at a time (the previous 32 rows' weighted values, the next
+// 32 rows' scores), so that it computes while the vector units take the exponentials: one after
+// the other, Qwen2.5-0.5B's heads took 0.80-0.89 ns a query and key, against 0.23 for the scores
+// alone and 0.30 for the softmax alone.
 void attn_step(const uint16_t *qt, int nq, int hd, const uint16_t *kt, const uint16_t *vt, int n, const int *lo,
                const int *hi, float cap, float *m, float *l, float *o) {
     constexpr int kRows = 32;
-    const int chunks = hd / 32, n32 = (n + 31) / 32 * 32, dblocks = hd / 16;
+    const int chunks = hd / 32, n32 = (n + 31) / 32 * 32, dblocks = hd / 16, key_tiles = n32 / 16;
     const uint16_t *qh = qt, *ql = qh + kQ * hd;
-    // scores, rows of n32; then each chunk of 32 a row's probabilities' halves, hi then lo
-    alignas(64) float s[kRows * kKeys];
+    // three blocks of rows' scores (the softmax's, the next rows' being made, the last rows' read
+    // by their weighted values), rows of n32; in place of each chunk of 32 of a row's scores, then,
+    // its probabilities' halves, hi then lo
+    alignas(64) float sbuf[3][kRows * kKeys];
     alignas(64) float alpha[kRows];
     float sums[kRows];
+    // the scores of rows [i0, i0 + 32) and keys [16 kb, 16 kb + 16)
+    auto scores = [&](int i0, int kb, float *s) {
+        _tile_zero(0);
+        _tile_zero(1);
+        for (int c = 0; c < chunks; c++)
+            bf16_step2(qh + (size_t)i0 * hd + c * 32, ql + (size_t)i0 * hd + c * 32, hd * 2,
+                       kt + (size_t)(kb * chunks + c) * 2 * 512);
+        _tile_stored(0, s + kb * 16, n32 * 4);
+        _tile_stored(1, s + 16 * n32 + kb * 16, n32 * 4);
+    };
+    // the weighted values of rows [i0, i0 + 32), values [16 db, 16 db + 16)
+    auto values = [&](int i0, int db, const float *p) {
+        float *oi = o + (size_t)i0 * hd + db * 16;
+        _tile_loadd(0, oi, hd * 4);
+        _tile_loadd(1, oi + 16 * hd, hd * 4);
+        for (int kc = 0; kc < n32 / 32; kc++) {
+            const uint16_t *pc = (const uint16_t *)(p + kc * 32);
+            bf16_step2(pc, pc + 32, n32 * 4, vt + (size_t)(kc * dblocks + db) * 2 * 512);
+        }
+        _tile_stored(0, oi, hd * 4);
+        _tile_stored(1, oi + 16 * hd, hd * 4);
+    };
     static const BfTileConfig config;
     _tile_loadconfig(&config);
-    for (int i0 = 0; i0 < nq; i0 += kRows) {
-        for (int kb = 0; kb < n32 / 16; kb++) {  // the scores
-            _tile_zero(0);
-            _tile_zero(1);
-            for (int c = 0; c < chunks; c++)
-                bf16_step2(qh + (size_t)i0 * hd + c * 32, ql + (size_t)i0 * hd + c * 32, hd * 2,
-                           kt + (size_t)(kb * chunks + c) * 2 * 512);
-            _tile_stored(0, s + kb * 16, n32 * 4);
-            _tile_stored(1, s + 16 * n32 + kb * 16, n32 * 4);
-        }
+    for (int kb = 0; kb < key_tiles; kb++) scores(0, kb, sbuf[0]);
+    const int groups = (nq + kRows - 1) / kRows;
+    for (int g = 0; g < groups; g++) {
+        const int i0 = g * kRows;
+        float *s = sbuf[g % 3], *next = sbuf[(g + 1) % 3], *last = sbuf[(g + 2) % 3];
+        // the tile unit's work for these rows' softmax: rounds [0, v) of the last rows' values,
+        // then [v, v + k) of the next rows' scores
+        const int v = g > 0 ? dblocks : 0, k = g + 1 < groups ? key_tiles : 0;
+        int issued = 0;
+        auto issue = [&](int upto) {
+            for (; issued < upto; issued++)
+                if (issued < v) values(i0 - kRows, issued, last);
+                else scores(i0 + kRows, issued - v, next);
+        };
         for (int r = 0; r < kRows; r++) {
+            issue((r + 1) * (v + k) / kRows);
             const int i = i0 + r, a = i < nq ? lo[i] : 0, b = i < nq ? hi[i] : 0;
             float *si = s + (size_t)r * n32;
             if (cap > 0)
@@ -375,6 +408,7 @@ void attn_step(const uint16_t *qt, int nq, int hd, const uint16_t *kt, const uin
             alpha[r] = a < b ? std::max(m_old - m_new, -126.0f) : 0.0f;
             if (a < b) m[i] = m_new;
         }
+        issue(v + k);
         // the rescale factors in whole vectors, so that a row's does not depend on its place
         for (int r = 0; r < kRows; r += 16) _mm512_store_ps(alpha + r, exp2_16(_mm512_load_ps(alpha + r)));
         for (int r = 0; r < kRows && i0 + r < nq; r++) {
@@ -384,18 +418,8 @@ void attn_step(const uint16_t *qt, int nq, int hd, const uint16_t *kt, const uin
             float *orow = o + (size_t)(i0 + r) * hd;
             for (int d = 0; d < hd; d += 16) _mm512_storeu_ps(orow + d, _mm512_mul_ps(f, _mm512_loadu_ps(orow + d)));
         }
-        for (int db = 0; db < dblocks; db++) {  // the weighted values, 16 of a head's at a time
-            float *oi = o + (size_t)i0 * hd + db * 16;
-            _tile_loadd(0, oi, hd * 4);
-            _tile_loadd(1, oi + 16 * hd, hd * 4);
-            for (int kc = 0; kc < n32 / 32; kc++) {
-                const uint16_t *p = (const uint16_t *)(s + kc * 32);
-                bf16_step2(p, p + 32, n32 * 4, vt + (size_t)(kc * dblocks + db) * 2 * 512);
-            }
-            _tile_stored(0, oi, hd * 4);
-            _tile_stored(1, oi + 16 * hd, hd * 4);
-        }
     }
+    for (int db = 0; db < dblocks; db++) values((groups - 1) * kRows, db, sbuf[(groups - 1) % 3]);
     _tile_release();
 }
 
