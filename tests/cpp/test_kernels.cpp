@@ -382,31 +382,30 @@ static void test_attention(const KernelTable &k) {
         CHECK(std::memcmp(out2.data(), out8.data(), out2.size() * sizeof(float)) == 0,
               "attention %s, 8 heads a KV head, rows %d: 2 and 8 threads differ", isa_name(k.isa), T);
     }
-    // A prompt's blocks of rows go in groups per task, as many groups as the threads want: 1, 2 and
-    // 8 threads group them differently (1 and 2 blocks a task at 8 threads, up to max_group on 1),
-    // which must not change a bit; with a window the steps of keys start inside a block's range.
+    // A prompt's blocks of rows go in groups per task, as many groups as the threads want: on 1
+    // thread 9 blocks of 18 rows go in 2 groups, on 8 threads in 8, which must not change a bit;
+    // with a window the steps of keys start inside a block's range. Head sizes of 2 and 4 tile
+    // chunks, and one the tiles do not take (80).
     static ThreadPool pool1(1);
-    for (int window : {0, 300})
-    for (int hd : {64, 80}) {
-        const int n_heads = 14, n_kv = 2, T = 400, pos0 = 260, kv_dim = n_kv * hd;
+    for (int window : {0, 100})
+    for (int hd : {64, 80, 128}) {
+        const int n_heads = 14, n_kv = 2, T = 160, pos0 = 130, kv_dim = n_kv * hd;
         std::vector<float> q = randn((size_t)T * n_heads * hd), kc = randn((size_t)(pos0 + T) * kv_dim),
                            vc = randn((size_t)(pos0 + T) * kv_dim);
-        std::vector<float> out1((size_t)T * n_heads * hd), out2(out1.size()), out8(out1.size()), outr(out1.size());
+        std::vector<float> out1((size_t)T * n_heads * hd), out8(out1.size()), outr(out1.size());
         std::vector<float> mem(ops::attention_scratch_floats(8, hd, kv_dim));
         const ops::AttentionScratch scratch = ops::make_attention_scratch(mem.data(), hd, kv_dim);
         const KvCache cache = make_cache(k, KvType::F16, KvType::F16, pos0 + T, kv_dim, kc, vc);
         const AttentionShape sh{n_heads, n_kv, hd, 0.125f, 0.0f, window};
         const AttentionRun run{0, T, pos0, &cache};
         ops::attention(k, q.data(), &run, 1, 0, sh, out1.data(), scratch, pool1);
-        ops::attention(k, q.data(), &run, 1, 0, sh, out2.data(), scratch, g_pool);
         ops::attention(k, q.data(), &run, 1, 0, sh, out8.data(), scratch, pool8);
         ref::attention(q.data(), T, pos0, cache, 0, sh, outr.data());
-        const double e = rel_err(out2.data(), outr.data(), out2.size());
+        const double e = rel_err(out1.data(), outr.data(), out1.size());
         CHECK(e < (k.attn_step && hd % 32 == 0 ? 5e-5 : 1e-5), "attention %s, prompt of %d after %d, head %d window %d: rel err %g",
               isa_name(k.isa), T, pos0, hd, window, e);
-        CHECK(std::memcmp(out1.data(), out2.data(), out1.size() * sizeof(float)) == 0 &&
-                  std::memcmp(out1.data(), out8.data(), out1.size() * sizeof(float)) == 0,
-              "attention %s, prompt of %d, head %d window %d: 1, 2 and 8 threads differ", isa_name(k.isa), T, hd, window);
+        CHECK(std::memcmp(out1.data(), out8.data(), out1.size() * sizeof(float)) == 0,
+              "attention %s, prompt of %d, head %d window %d: 1 and 8 threads differ", isa_name(k.isa), T, hd, window);
     }
 }
 
