@@ -203,9 +203,9 @@ namespace {
 // Keys per step of the blocked path: 4 panels. With one panel (32 keys) the per-query softmax
 // bookkeeping took as long as the products (Qwen2.5-0.5B's heads, 2048 rows).
 constexpr int kBlockKeys = 4 * KernelTable::kGemmCols;
-// Query vectors (rows x a KV head's heads) per task. Each task converts and packs its keys and
-// values again, so more queries share that work: 128 against 64, Qwen2.5-0.5B int8 (AMX Xeon, 2
-// threads) pp8192 1.085x, pp2048 1.04x; 256 gave 1.05x more at 8192 but needs 0.7 MiB of scratch
+// Query vectors (rows x a KV head's heads) per block. When each block converted and packed its
+// keys and values itself, more queries shared that work: 128 against 64, Qwen2.5-0.5B int8 (AMX
+// Xeon, 2 threads) pp8192 1.085x, pp2048 1.04x; 256 gave 1.05x more at 8192 but needs 0.7 MiB of scratch
 // per thread at head_dim 128, past many CPUs' L2 (128: 0.47 MiB; 0.27 MiB at head_dim 64).
 constexpr int kBlockQueries = 128;
 
@@ -216,7 +216,9 @@ static_assert(kBlockQueries == KernelTable::kAttnQueries && kBlockKeys == Kernel
 // a step are converted and packed once for all of them (they were converted once per block: a
 // fifth of a pp8192's time, Qwen2.5-0.5B). Each block keeps its queries, sums and softmax state
 // across the steps: up to this many bytes of them per thread.
-constexpr size_t kGroupStateBytes = 512 << 10;
+// 512 KiB against 256 KiB (7 blocks a task against 3 at head_dim 64): 1.06x the attention alone
+// (bench_attention, Qwen2.5-0.5B heads, 2 threads); 1 MiB gave 1.04x more, past many CPUs' L2.
+constexpr size_t kGroupStateBytes = 512 << 10, kMaxGroup = 16;
 
 size_t round16(size_t n) { return (n + 15) / 16 * 16; }  // a region of whole cache lines
 
@@ -225,7 +227,7 @@ size_t block_state_floats(int hd) {
     const size_t Q = kBlockQueries;
     return round16(Q * hd) * 2 + round16(Q) * 2;
 }
-int max_group(int hd) { return (int)std::clamp<size_t>(kGroupStateBytes / (4 * block_state_floats(hd)), 1, 16); }
+int max_group(int hd) { return (int)std::clamp<size_t>(kGroupStateBytes / (4 * block_state_floats(hd)), 1, kMaxGroup); }
 
 // A step's memory: scores, rescale factors and sums, the keys' and values' heads as f32, a whole
 // q8 row, then the panels' (key panels, value panels, one block's weighted values) or the tile
@@ -280,7 +282,7 @@ void attend_blocks(const KernelTable &k, const float *q, const AttentionRun &run
         int r0, r1, nq;
         float *Qs, *O, *m, *l;
     };
-    Block blocks[16];
+    Block blocks[kMaxGroup];
     // The products on the matrix unit where the ISA has one (AMX: bf16 halves, three products each),
     // for a prompt's rows: a decoding row's few queries (padded to 16) do not repay the keys'
     // conversion to tiles (Qwen2.5-0.5B tg64 4096 deep 0.92x), and a decoding row must not take
@@ -298,7 +300,8 @@ void attend_blocks(const KernelTable &k, const float *q, const AttentionRun &run
         blk.nq = (blk.r1 - blk.r0) * hn;
         float *st = states + (size_t)b * block_state_floats(hd);
         blk.Qs = st, blk.O = st + round16((size_t)Q * hd), blk.m = blk.O + round16((size_t)Q * hd), blk.l = blk.m + round16(Q);
-        // the scaled queries; the tiles' halves of them are made from a copy in the block's sums
+        // the scaled queries; their tiles' halves are made from a copy in the memory of the block's
+        // weighted values (zeroed next)
         float *Qf = tiles ? blk.O : blk.Qs;
         for (int i = 0; i < blk.nq; i++) {
             const int row = run.first_row + blk.r0 + i / hn, h = bg.g * group + bg.h0 + i % hn;
@@ -519,7 +522,7 @@ void attention(const KernelTable &k, const float *q, const AttentionRun *runs, i
             }
             const Blocks &b = blocks_for(run);
             const int64_t n_blocks = (run.T + b.rows - 1) / b.rows, groups = n_groups(run);
-            const int j = (int)(groups - 1 - local / b.per_rows);  // the last rows (the most keys) first
+            const int j = (int)(groups - 1 - local / b.per_rows);  // the group of the last block (the most keys) first
             const int g = (int)(local % b.per_rows / b.head_blocks), h0 = (int)(local % b.head_blocks) * b.hn;
             const BlockGroup bg{g, h0, std::min(b.hn, group - h0), b.rows, j, (int)groups,
                                 (int)((n_blocks - j + groups - 1) / groups)};
