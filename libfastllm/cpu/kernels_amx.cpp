@@ -300,8 +300,7 @@ inline __mmask16 lanes(int j0, int lo, int hi) {
 
 // A row of scores [0, n32) to its probabilities' halves in place (each 32: hi, then lo), those of
 // keys outside [a, b) zero; returns the new maximum (m_old for a row without keys) and the sum.
-// kFull (every key the row's, the common case) takes no masks: their scalar arithmetic competed
-// with the vector work for the same ports.
+// kFull (every key the row's, the common case) takes no masks (0.93 -> 0.89 ns a query and key).
 template <bool kFull>
 inline float softmax_row(float *si, int n32, int a, int b, float m_old, float &sum) {
     __m512 mx = _mm512_set1_ps(-INFINITY);
@@ -342,9 +341,10 @@ inline float softmax_row(float *si, int n32, int a, int b, float m_old, float &s
 // probabilities' halves, in place of the scores; the row's weighted values rescaled; the
 // probabilities times the values. The tile unit's work is issued between the rows of the softmax
 // of the rows before, a tile of outputs at a time (the previous 32 rows' weighted values, the next
-// 32 rows' scores), so that it computes while the vector units take the exponentials: one after
-// the other, Qwen2.5-0.5B's heads took 0.80-0.89 ns a query and key, against 0.23 for the scores
-// alone and 0.30 for the softmax alone.
+// 32 rows' scores), so that it computes while the vector units take the exponentials: Qwen2.5-0.5B's
+// heads (one thread, a block of 126 queries against 128 keys) took 0.80-0.89 ns a query and key one
+// after the other, 0.70-0.75 so, against 0.43 for the tiles' work alone and 0.36 for the softmax
+// alone: the two overlap little.
 void attn_step(const uint16_t *qt, int nq, int hd, const uint16_t *kt, const uint16_t *vt, int n, const int *lo,
                const int *hi, float cap, float *m, float *l, float *o) {
     constexpr int kRows = 32;
