@@ -342,7 +342,10 @@ void attend_blocks(const KernelTable &k, const float *q, const AttentionRun &run
             return kp;
         };
         auto value_panel = [&](int d0) {
-            float *vp = Vp + (size_t)(d0 / C) * B * C;
+            // kept for the group's other blocks; a group of one (a decoding row) packs each into the
+            // same memory, which stays in L1 (its attention 8192 deep 0.338 -> 0.331 ms, 0.329 the
+            // day before)
+            float *vp = Vp + (size_t)(bg.n > 1 ? d0 / C : 0) * B * C;
             if (d0 < values_packed) return vp;
             const int dc = std::min(C, hd - d0);
             // A whole panel's width copies with a constant size: vector moves, where the variable
