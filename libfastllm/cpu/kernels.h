@@ -101,14 +101,14 @@ struct KernelTable {
     // and three products are summed in f32: hi*hi + hi*lo + lo*hi, dropping lo*lo (below 2^-17 of
     // each term). The operands are converted once into the unit's layouts (attn_tile_halves each),
     // so that the keys of a step serve every block of queries that reads them:
-    // attn_queries: the queries q[i * hd + d] into qt.
+    // attn_queries: the queries q[i * hd + d] into qt (rows past nq, to a multiple of 32, zero).
     // attn_keys / attn_vals: keys / values k[j * hd + d] into kt / vt.
     // attn_step: one step of the online softmax of query rows i < nq over keys j < n, each row over
     //   its keys [lo[i], hi[i]), the scores in units of log2 (the queries scaled by log2(e)), soft-
     //   capped to cap * tanh(s / cap) where cap > 0: with the row's running maximum m[i] and total
     //   l[i] (both updated), p[i][j] = 2^(score - m[i]), the row's weighted values o[i * hd ...]
-    //   are scaled by 2^(old m[i] - m[i]) and p[i][j] * value j added. o holds 16-row multiples
-    //   (rows past nq are read and written).
+    //   are scaled by 2^(old m[i] - m[i]) and p[i][j] * value j added, 32 rows at a time: o holds
+    //   32-row multiples (rows past nq are read and written).
     static constexpr int kAttnQueries = 128, kAttnKeys = 128;
     void (*attn_queries)(const float *q, int nq, int hd, uint16_t *qt) = nullptr;
     void (*attn_keys)(const float *k, int n, int hd, uint16_t *kt) = nullptr;
