@@ -186,29 +186,20 @@ inline void split32(__m512 a, __m512 b, __m512i &hi, __m512i &lo) {
     const __m512 hb = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm512_extracti64x4_epi64(hi, 1)), 16));
     lo = (__m512i)_mm512_cvtne2ps_pbh(_mm512_sub_ps(b, hb), _mm512_sub_ps(a, ha));
 }
-// Row-major matrices of bf16 halves, rows past `rows` (up to a multiple of 16) zero: hi[i * cols + c]
-// = hi of x[i * ldx + c] for c < n (zero for n <= c < cols); cols a multiple of 32.
-void split_rows(const float *x, size_t ldx, int rows, int n, int cols, uint16_t *hi, uint16_t *lo) {
-    const int padded = (rows + 15) / 16 * 16;
-    for (int i = 0; i < padded; i++)
-        for (int c = 0; c < cols; c += 32) {
-            const __mmask16 m0 = i < rows ? (__mmask16)(n - c >= 16 ? 0xffff : n - c <= 0 ? 0 : (1u << (n - c)) - 1) : 0;
-            const __mmask16 m1 = i < rows ? (__mmask16)(n - c >= 32 ? 0xffff : n - c <= 16 ? 0 : (1u << (n - c - 16)) - 1) : 0;
-            __m512i h, l;
-            split32(_mm512_maskz_loadu_ps(m0, x + (size_t)i * ldx + c), _mm512_maskz_loadu_ps(m1, x + (size_t)i * ldx + c + 16), h, l);
-            _mm512_storeu_si512((void *)(hi + (size_t)i * cols + c), h);
-            _mm512_storeu_si512((void *)(lo + (size_t)i * cols + c), l);
-        }
-}
-
 static_assert(kQ == kKeys, "queries, keys and values take attn_tile_halves each");
 
-// Rows past nq up to a multiple of 32 zero: attn_step takes queries 32 at a time.
+// The queries' halves, row-major (hi, then lo kQ * hd halves on), rows past nq up to a multiple of
+// 32 zero: attn_step takes queries 32 at a time.
 void attn_queries(const float *q, int nq, int hd, uint16_t *qt) {
-    split_rows(q, (size_t)hd, nq, hd, hd, qt, qt + kQ * hd);
-    const int padded = (nq + 15) / 16 * 16, padded32 = (nq + 31) / 32 * 32;
-    std::memset(qt + (size_t)padded * hd, 0, (size_t)(padded32 - padded) * hd * 2);
-    std::memset(qt + kQ * hd + (size_t)padded * hd, 0, (size_t)(padded32 - padded) * hd * 2);
+    const int padded = (nq + 31) / 32 * 32;
+    for (int i = 0; i < padded; i++)
+        for (int c = 0; c < hd; c += 32) {
+            const __mmask16 m = i < nq ? 0xffff : 0;
+            __m512i h, l;
+            split32(_mm512_maskz_loadu_ps(m, q + (size_t)i * hd + c), _mm512_maskz_loadu_ps(m, q + (size_t)i * hd + c + 16), h, l);
+            _mm512_storeu_si512((void *)(qt + (size_t)i * hd + c), h);
+            _mm512_storeu_si512((void *)(qt + kQ * hd + (size_t)i * hd + c), l);
+        }
 }
 
 // One step of depth 32 for two blocks of 16 rows, into sums tiles 0 and 1: the first block's A
