@@ -409,9 +409,11 @@ inline void decode_pair(const uint8_t *cb, int j, __m256i &lo, __m256i &hi) {
 // formats) or against ones, so that a K format's f16 factors apply once per super-block of 8 blocks
 // and the others' f16 scales once per group: a block costs a conversion and an FMA per 8 rows and
 // token (a K format's minimum term one more). Against a half at a time with every block's scale
-// applied in f32 (AVX2 EPYC, random TinyLlama-1.1B shapes): one token streaming from memory on 2
-// threads, q4k 20 -> 28.5 GB/s; from cache on one thread q4 1.21x, q8 1.19x, q4_g128 1.13x, q4k and
-// q6k about 1.0x; 24 tokens q4k 1.14x, q6k 1.09x, q4 1.06x, q8 0.98x.
+// applied in f32 (AVX2 EPYC, random TinyLlama-1.1B shapes; a harness alternating both kernels):
+// one token streaming from memory on 2 threads, q4k 20 -> 28.5 GB/s; from cache on one thread q4
+// 1.21x, q8 1.19x, q4_g128 1.13x, q4k and q6k about 1.0x; 24 tokens q4k 1.14x, q6k 1.09x, q4 1.06x,
+// q8 0.98x. End to end (bench_before_after.py): q4_k_m tg64 1.35x, pp128 1.25x; int4 1.37x, 1.13x.
+// bench/bench_quant_decode.cpp measures decoding's rate against a plain read of the same bytes.
 // stream: the weights come from memory (kStreamTokens tokens or fewer), and are prefetched by the
 // pass over the first half (a second half's pass finds them in cache).
 template <int kBits, bool kKScales, int NT, int H>
