@@ -447,7 +447,7 @@ void tile_dot(const QuantTile &w, int half0, int n, const QuantActs &x0, float *
         q[t] = a.q, d[t] = a.d, ds[t] = a.ds;
     }
     // A K format's minimum term: the minimum's codes times the activations' sums (without a minimum,
-    // the scale's codes, times -zero when the group ends).
+    // the scale's codes, times -zero when the super-block ends).
     const uint8_t *mcode = w.k_min_code ? w.k_min_code : w.k_scale_code;
     // acc: the output; sacc, macc: a K format's super-block's scale and minimum terms, before its
     // f16 factors.
