@@ -10,7 +10,6 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
-#include <fstream>
 #include <random>
 #include <string>
 #include <vector>
@@ -19,15 +18,9 @@
 #include "cpu/kernels.h"
 #include "cpu/ops.h"
 #include "cpu/thread_pool.h"
+#include "cpu_name.h"
 
 using namespace fastllm;
-
-static std::string cpu_name() {
-    std::ifstream f("/proc/cpuinfo");
-    for (std::string line; std::getline(f, line);)
-        if (line.rfind("model name", 0) == 0) return line.substr(line.find(':') + 2);
-    return "unknown CPU";
-}
 
 int main(int argc, char **argv) {
     auto arg = [&](int i, int def) { return argc > i ? std::atoi(argv[i]) : def; };

@@ -11,7 +11,6 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
-#include <fstream>
 #include <random>
 #include <sstream>
 #include <string>
@@ -20,15 +19,9 @@
 #include "cpu/kernels.h"
 #include "cpu/ops.h"
 #include "cpu/thread_pool.h"
+#include "cpu_name.h"
 
 using namespace fastllm;
-
-static std::string cpu_name() {
-    std::ifstream f("/proc/cpuinfo");
-    for (std::string line; std::getline(f, line);)
-        if (line.rfind("model name", 0) == 0) return line.substr(line.find(':') + 2);
-    return "unknown CPU";
-}
 
 // A quantized matrix of random codes; its f16 scales (or a K format's f16 factors) set to finite
 // values near 2^-8, its 8-bit K scale codes left random.
