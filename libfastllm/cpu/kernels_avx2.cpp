@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <vector>
 
 #include "cpu/kernels.h"
 
@@ -416,8 +417,12 @@ inline void decode_pair(const uint8_t *cb, int j, __m256i &lo, __m256i &hi) {
 // bench/bench_quant_decode.cpp measures decoding's rate against a plain read of the same bytes.
 // stream: the weights come from memory (kStreamTokens tokens or fewer), and are prefetched by the
 // pass over the first half (a second half's pass finds them in cache).
-template <int kBits, bool kKScales, int NT, int H>
-void tile_dot(const QuantTile &w, int half0, int n, const QuantActs &x0, float *y, size_t ldy, int n_rows, bool stream) {
+// pre: a prompt's half whose codes unpack_half decoded once for all its passes (pre), instead of
+// decoding them again in every pass of NT tokens.
+template <int kBits, bool kKScales, int NT, int H, bool kPre = false>
+void tile_dot(const QuantTile &w, int half0, int n, const QuantActs &x0, float *y, size_t ldy, int n_rows, bool stream,
+              const uint8_t *pre = nullptr) {
+    static_assert(!kPre || H == 1, "one half is decoded ahead");
     constexpr int kChunks = kBits <= 4 ? 8 : kBits == 5 ? 4 : kBits == 6 ? 2 : 1;
     constexpr int kPer = kBits == 8 ? 1 : 2;  // blocks a chunk holds: q3-q6 chunks carry a pair
     const int n_blocks = n / kActBlock, r0 = half0 * 8;
@@ -483,7 +488,12 @@ void tile_dot(const QuantTile &w, int half0, int n, const QuantActs &x0, float *
                     for (int h = 0; h < H; h++) lo16[t][h] = hi16[t][h] = _mm256_setzero_si256();
                 for (int j = j0; j < j0 + kChunks; j++) {
                     __m256i lo[H], hi[H];
-                    for (int h = 0; h < H; h++) decode_pair<kBits>(cb + (half0 + h) * 32, j, lo[h], hi[h]);
+                    if constexpr (kPre) {
+                        lo[0] = _mm256_load_si256((const __m256i *)(pre + ((size_t)(b / 2) * 8 + j) * 64));
+                        hi[0] = _mm256_load_si256((const __m256i *)(pre + ((size_t)(b / 2) * 8 + j) * 64 + 32));
+                    } else {
+                        for (int h = 0; h < H; h++) decode_pair<kBits>(cb + (half0 + h) * 32, j, lo[h], hi[h]);
+                    }
                     for (int t = 0; t < NT; t++) {
                         const __m256i xl = bcast(q[t] + b * kActBlock + 4 * j), xh = bcast(q[t] + (b + 1) * kActBlock + 4 * j);
                         for (int h = 0; h < H; h++) {
@@ -552,24 +562,65 @@ void tile_dot(const QuantTile &w, int half0, int n, const QuantActs &x0, float *
         }
 }
 
+// One half's codes of a tile (3, 5, 6 bits), decoded by decode_pair into bytes: for each pair of
+// blocks and chunk j, the first block's 32 bytes, then the second's.
+template <int kBits>
+void unpack_half(const QuantTile &w, int half, int n, uint8_t *out, bool stream) {
+    for (int b = 0; b < n / kActBlock; b += 2) {
+        const uint8_t *cb = w.codes + (size_t)(b / 2) * 128 * kBits;
+        if (stream) prefetch_ahead(cb, 128 * kBits);
+        for (int j = 0; j < 8; j++, out += 64) {
+            __m256i lo, hi;
+            decode_pair<kBits>(cb + half * 32, j, lo, hi);
+            _mm256_store_si256((__m256i *)out, lo);
+            _mm256_store_si256((__m256i *)(out + 32), hi);
+        }
+    }
+}
+
+// The passes over one half of a tile for a prompt's tokens, NT at a time.
+template <int kBits, bool kKScales, int NT, bool kPre>
+void half_passes(const QuantTile &w, int half, int n, const QuantActs &x, int n_tok, float *yh, size_t ldy, int n_rows,
+                 bool stream, const uint8_t *pre) {
+    int t = 0;
+    for (; t + NT <= n_tok; t += NT)
+        tile_dot<kBits, kKScales, NT, 1, kPre>(w, half, n, token_acts(x, n, t), yh + t * ldy, ldy, n_rows, stream, pre);
+    const QuantActs rest = token_acts(x, n, t);
+    switch (n_tok - t) {
+    case 3: tile_dot<kBits, kKScales, 3, 1, kPre>(w, half, n, rest, yh + t * ldy, ldy, n_rows, stream, pre); break;
+    case 2: tile_dot<kBits, kKScales, 2, 1, kPre>(w, half, n, rest, yh + t * ldy, ldy, n_rows, stream, pre); break;
+    case 1: tile_dot<kBits, kKScales, 1, 1, kPre>(w, half, n, rest, yh + t * ldy, ldy, n_rows, stream, pre); break;
+    default: break;
+    }
+}
+
 // kKScales: w.k_scale is set (a K format), decided once per tile.
 template <int kBits, bool kKScales>
 void dot_rows_quant(const QuantTile &w, int rows, int n, const QuantActs &x, int n_tok, float *y, size_t ldy) {
     if (n_tok == 1) return tile_dot<kBits, kKScales, 1, 2>(w, 0, n, x, y, ldy, rows, true);
     constexpr int NT = kBits == 8 ? 4 : 3;  // what 16 ymm registers hold
+    // 3-, 5- and 6-bit codes cost about as many instructions to decode as the products of 3 tokens
+    // take: a prompt decodes each half once into bytes (8 KiB a half at K = 2048, read back from L1)
+    // for all its passes. The bytes are the thread's own (the kernels get no scratch).
+    constexpr bool kDecodeOnce = kBits == 3 || kBits == 5 || kBits == 6;
+    const bool pre = kDecodeOnce && n_tok > NT;
+    static thread_local std::vector<uint8_t> decoded_bytes;
+    uint8_t *decoded = nullptr;
+    if (pre) {
+        if (decoded_bytes.size() < (size_t)n * 8 + 32) decoded_bytes.resize((size_t)n * 8 + 32);
+        decoded = decoded_bytes.data() + (32 - (uintptr_t)decoded_bytes.data() % 32) % 32;
+    }
     for (int half = 0; half * 8 < rows; half++) {
         const int n_rows = std::min(8, rows - half * 8);
-        float *yh = y + half * 8;
-        int t = 0;
         const bool stream = half == 0 && n_tok <= kStreamTokens;
-        for (; t + NT <= n_tok; t += NT) tile_dot<kBits, kKScales, NT, 1>(w, half, n, token_acts(x, n, t), yh + t * ldy, ldy, n_rows, stream);
-        const QuantActs rest = token_acts(x, n, t);
-        switch (n_tok - t) {
-        case 3: tile_dot<kBits, kKScales, 3, 1>(w, half, n, rest, yh + t * ldy, ldy, n_rows, stream); break;
-        case 2: tile_dot<kBits, kKScales, 2, 1>(w, half, n, rest, yh + t * ldy, ldy, n_rows, stream); break;
-        case 1: tile_dot<kBits, kKScales, 1, 1>(w, half, n, rest, yh + t * ldy, ldy, n_rows, stream); break;
-        default: break;
+        if constexpr (kDecodeOnce) {
+            if (pre) {
+                unpack_half<kBits>(w, half, n, decoded, stream);
+                half_passes<kBits, kKScales, NT, true>(w, half, n, x, n_tok, y + half * 8, ldy, n_rows, false, decoded);
+                continue;
+            }
         }
+        half_passes<kBits, kKScales, NT, false>(w, half, n, x, n_tok, y + half * 8, ldy, n_rows, stream, nullptr);
     }
 }
 
