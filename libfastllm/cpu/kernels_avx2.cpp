@@ -417,8 +417,8 @@ inline void decode_pair(const uint8_t *cb, int j, __m256i &lo, __m256i &hi) {
 // bench/bench_quant_decode.cpp measures decoding's rate against a plain read of the same bytes.
 // stream: the weights come from memory (kStreamTokens tokens or fewer), and are prefetched by the
 // pass over the first half (a second half's pass finds them in cache).
-// pre: a prompt's half whose codes unpack_half decoded once for all its passes (pre), instead of
-// decoding them again in every pass of NT tokens.
+// kPre: the half's codes are read from pre, where unpack_half decoded them once for all of a
+// prompt's passes, instead of being decoded again in every pass of NT tokens.
 template <int kBits, bool kKScales, int NT, int H, bool kPre = false>
 void tile_dot(const QuantTile &w, int half0, int n, const QuantActs &x0, float *y, size_t ldy, int n_rows, bool stream,
               const uint8_t *pre = nullptr) {
