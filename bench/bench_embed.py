@@ -33,15 +33,10 @@ REPO = Path(__file__).resolve().parent.parent
 SHARED = Path(os.environ.get("FASTLLM_SHARED", REPO.parent / "shared"))
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "bindings" / "python"))
+sys.path.insert(0, str(REPO / "bench"))
+from bench_before_after import cpu_name  # noqa: E402
 if (REPO / "build" / "libfastllm.so").exists():
     os.environ.setdefault("FASTLLM_LIBRARY", str(REPO / "build" / "libfastllm.so"))
-
-
-def cpu_name() -> str:
-    for line in Path("/proc/cpuinfo").read_text().splitlines():
-        if line.startswith("model name"):
-            return line.split(":", 1)[1].strip()
-    return "unknown CPU"
 
 
 def sentences(n: int, seed: int = 0) -> list:

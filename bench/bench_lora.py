@@ -31,7 +31,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(REPO / "bench"), str(REPO / "bindings" / "python"), str(REPO)]
-from bench_embed import cpu_name  # noqa: E402
+from bench_before_after import cpu_name  # noqa: E402
 from bench_speed import SHAPES, random_checkpoint  # noqa: E402
 
 import fastllm  # noqa: E402
