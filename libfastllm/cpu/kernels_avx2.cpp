@@ -562,6 +562,14 @@ void tile_dot(const QuantTile &w, int half0, int n, const QuantActs &x0, float *
         }
 }
 
+// The thread's bytes for a half's decoded codes (n x 8 bytes, 32-byte aligned), one buffer for every
+// code width: the kernels get no scratch, and a thread runs one tile at a time.
+inline uint8_t *decoded_codes(int n) {
+    static thread_local std::vector<uint8_t> bytes;
+    if (bytes.size() < (size_t)n * 8 + 32) bytes.resize((size_t)n * 8 + 32);
+    return bytes.data() + (32 - (uintptr_t)bytes.data() % 32) % 32;
+}
+
 // One half's codes of a tile (3, 5, 6 bits), decoded by decode_pair into bytes: for each pair of
 // blocks and chunk j, the first block's 32 bytes, then the second's.
 template <int kBits>
@@ -602,20 +610,14 @@ void dot_rows_quant(const QuantTile &w, int rows, int n, const QuantActs &x, int
     // 3-, 5- and 6-bit codes cost about as many instructions to decode as the products of 3 tokens
     // take: a prompt decodes each half once into bytes (8 KiB a half at K = 2048, read back from L1)
     // for all its passes (AVX2 EPYC, 110M shape: q5_k_m pp128 1.31x, q3_k_m 1.36x; 4-bit codes,
-    // two instructions to decode, no faster). The bytes are the thread's own (kernels get no scratch).
+    // two instructions to decode, no faster).
     constexpr bool kDecodeOnce = kBits == 3 || kBits == 5 || kBits == 6;
-    const bool pre = kDecodeOnce && n_tok > NT;
-    static thread_local std::vector<uint8_t> decoded_bytes;
-    uint8_t *decoded = nullptr;
-    if (pre) {
-        if (decoded_bytes.size() < (size_t)n * 8 + 32) decoded_bytes.resize((size_t)n * 8 + 32);
-        decoded = decoded_bytes.data() + (32 - (uintptr_t)decoded_bytes.data() % 32) % 32;
-    }
+    uint8_t *decoded = kDecodeOnce && n_tok > NT ? decoded_codes(n) : nullptr;
     for (int half = 0; half * 8 < rows; half++) {
         const int n_rows = std::min(8, rows - half * 8);
         const bool stream = half == 0 && n_tok <= kStreamTokens;
         if constexpr (kDecodeOnce) {
-            if (pre) {
+            if (decoded) {
                 unpack_half<kBits>(w, half, n, decoded, stream);
                 half_passes<kBits, kKScales, NT, true>(w, half, n, x, n_tok, y + half * 8, ldy, n_rows, false, decoded);
                 continue;
