@@ -3,7 +3,7 @@
 //   fastllm-server MODEL.flm [--host 127.0.0.1] [--port 8080] [--threads N] [--max-sessions N]
 //                  [--max-queue N] [--n-ctx N] [--api-key KEY] [--model-name NAME]
 //                  [--draft-model PATH] [--speculative off|lookup|draft] [--n-draft N] [--prefill-chunk N]
-//                  [--lora NAME=ADAPTER.flm[:SCALE]]...
+//                  [--lora NAME=ADAPTER.flm[:SCALE]]... [--parent-pid PID]
 //
 // main wires the pieces together: the model (engine), the batching scheduler, the HTTP routes,
 // and the signal handling for a graceful shutdown on SIGINT / SIGTERM.
@@ -43,6 +43,21 @@ extern "C" void on_signal(int sig) {
     const char c = (char)sig;
     ssize_t r = write(g_signal_pipe[1], &c, 1);
     (void)r;
+}
+
+// What wakes main when --parent-pid's process has ended (no signal has this number).
+constexpr int kParentEnded = -1;
+
+// --parent-pid: polls, on one thread, whether the parent is still the one given. A process whose
+// parent ends gets a new one (init or a subreaper), so getppid is all it takes, on every POSIX
+// system. The supervisor cannot ask the kernel for a death signal itself: that takes code between
+// fork and exec (Python's preexec_fn), and forking a process that runs gRPC (a Ray worker) without
+// exec-ing at once can abort the child in gRPC's fork handlers.
+void watch_parent(long parent_pid) {
+    std::thread([parent_pid] {
+        while (getppid() == (pid_t)parent_pid) std::this_thread::sleep_for(std::chrono::milliseconds(200));
+        on_signal(kParentEnded);
+    }).detach();
 }
 
 const char *const kUsage =
@@ -95,6 +110,7 @@ struct Options {
     int n_draft = 5;
     int prefill_chunk = 256;
     bool embeddings = false;
+    long parent_pid = 0;
     struct Lora {
         std::string name, path;
         float scale = 1.0f;
@@ -191,6 +207,7 @@ Options parse_options(int argc, char **argv) {
         else if (a == "--n-draft") o.n_draft = (int)parse_int(a, v, 1, 16);
         else if (a == "--prefill-chunk") o.prefill_chunk = (int)parse_int(a, v, 0, 1 << 20);
         else if (a == "--lora") o.lora.push_back(parse_lora(value));
+        else if (a == "--parent-pid") o.parent_pid = parse_int(a, v, 1, 1L << 30);
         else usage_error("unknown option " + a);
     }
     if (o.model_path.empty()) usage_error("no model given");
@@ -221,6 +238,7 @@ int main(int argc, char **argv) {
     sigaction(SIGINT, &sa, nullptr);
     sigaction(SIGTERM, &sa, nullptr);
     signal(SIGPIPE, SIG_IGN);  // a client that went away is noticed by a failed write instead
+    if (opt.parent_pid) watch_parent(opt.parent_pid);
 
     std::string error;
     std::unique_ptr<Engine> engine = Engine::load(opt.model_path, opt.threads, opt.device, opt.gpu_layers, error);
@@ -366,8 +384,9 @@ int main(int argc, char **argv) {
     char sig = 0;
     while (read(g_signal_pipe[0], &sig, 1) < 0 && errno == EINTR) {
     }
-    std::fprintf(stderr, "fastllm-server: %s, shutting down\n",
-                 listen_failed ? "the listener stopped" : (sig == SIGINT ? "SIGINT" : "SIGTERM"));
+    std::string why = listen_failed ? "the listener stopped" : sig == SIGINT ? "SIGINT" : "SIGTERM";
+    if (sig == (char)kParentEnded) why = "its parent process (pid " + std::to_string(opt.parent_pid) + ") ended";
+    std::fprintf(stderr, "fastllm-server: %s, shutting down\n", why.c_str());
     stopping = true;
     scheduler.shutdown();  // ends every request: waiting handlers answer, streams close with an error event
     routes.wait_for_streams(std::chrono::seconds(2));  // ... which they write before the server stops

@@ -560,11 +560,45 @@ def test_sigint_idle_exits_0(stories_flm):
     assert s.stop(signal.SIGINT) == 0
 
 
+def test_parent_pid_stops_the_server_when_its_parent_is_killed(tmp_path, stories_flm):
+    # The parent starts the server with --parent-pid and is then killed with SIGKILL: the server,
+    # now an orphan, shuts down by itself (fastllm.ray_app starts a replica's server this way).
+    parent = subprocess.Popen([sys.executable, "-c", f"""
+import os, subprocess, sys, time
+p = subprocess.Popen([{str(SERVER)!r}, {str(stories_flm)!r}, "--port", "0", "--threads", "1",
+                      "--parent-pid", str(os.getpid())], stdout=subprocess.PIPE, stderr=open({str(tmp_path / "err")!r}, "w"), text=True)
+print(p.pid, p.stdout.readline(), flush=True)
+time.sleep(600)
+"""], stdout=subprocess.PIPE, text=True)
+    pid, line = parent.stdout.readline().split(" ", 1)
+    assert "serving" in line
+    server_stat = Path(f"/proc/{pid}/stat")
+    assert server_stat.exists()
+    parent.kill()
+    parent.wait()
+    deadline = time.time() + 10
+    while server_stat.exists() and time.time() < deadline:  # reaped by its new parent once it exits
+        time.sleep(0.05)
+    if server_stat.exists():
+        os.kill(int(pid), signal.SIGKILL)
+        pytest.fail("the server outlived its parent by 10 s")
+    assert f"its parent process (pid {parent.pid}) ended, shutting down" in (tmp_path / "err").read_text()
+
+
+def test_parent_pid_not_the_parent_stops_the_server_at_once(stories_flm):
+    s = Server(stories_flm, "--parent-pid", 1)  # the parent ended before the server looked: not pid 1
+    assert s.proc.wait(timeout=10) == 0
+    assert "its parent process (pid 1) ended, shutting down" in s.proc.stderr.read()
+    s.stop()
+
+
 def test_bad_command_lines(tmp_path, stories_flm):
     r = subprocess.run([str(SERVER)], capture_output=True, text=True, timeout=30)
     assert r.returncode == 2 and "no model given" in r.stderr
     r = subprocess.run([str(SERVER), str(stories_flm), "--max-sessions", "0"], capture_output=True, text=True, timeout=30)
     assert r.returncode == 2 and "--max-sessions" in r.stderr
+    r = subprocess.run([str(SERVER), str(stories_flm), "--parent-pid", "0"], capture_output=True, text=True, timeout=30)
+    assert r.returncode == 2 and "--parent-pid needs an integer" in r.stderr
     r = subprocess.run([str(SERVER), str(tmp_path / "missing.flm")], capture_output=True, text=True, timeout=30)
     assert r.returncode == 1 and "cannot load" in r.stderr
 

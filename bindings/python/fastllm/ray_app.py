@@ -9,11 +9,9 @@ the OpenAI routes, their validation and errors are the server's own.
 """
 from __future__ import annotations
 
-import ctypes
 import json
 import os
 import re
-import signal
 import subprocess
 import sys
 import threading
@@ -72,17 +70,6 @@ def route_key(path: str, body: bytes, n_chars: int) -> str | None:
     return "".join(text)[:n_chars]
 
 
-_libc = ctypes.CDLL(None, use_errno=True)
-PR_SET_PDEATHSIG = 1
-
-
-def _die_with_parent():
-    # Runs in the child between fork and exec: only the prctl call, resolved beforehand. The signal
-    # comes when the thread that started the child ends; Serve runs a replica's code on one thread
-    # for the replica's life, so that is when the replica's process ends, even by SIGKILL.
-    _libc.prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
-
-
 @serve.deployment
 class FastllmReplica:
     """One fastllm-server on a free loopback port. server_args: its options (fastllm.ray_serve
@@ -97,8 +84,11 @@ class FastllmReplica:
         env.pop("FASTLLM_API_KEY", None)
         if api_key:
             env["FASTLLM_API_KEY"] = api_key
-        self.proc = subprocess.Popen([binary, model, "--host", "127.0.0.1", "--port", "0", *server_args],
-                                     stdout=subprocess.PIPE, text=True, env=env, preexec_fn=_die_with_parent)
+        # --parent-pid: the server goes with this process, even when it is killed. (No preexec_fn: a
+        # Ray worker runs gRPC, and a child forked from it that runs Python before exec can abort in
+        # gRPC's fork handlers; without one, Popen starts the server by vfork + exec.)
+        self.proc = subprocess.Popen([binary, model, "--host", "127.0.0.1", "--port", "0", "--parent-pid",
+                                      str(os.getpid()), *server_args], stdout=subprocess.PIPE, text=True, env=env)
         line = self.proc.stdout.readline()  # "fastllm-server: serving ... on http://127.0.0.1:PORT ..."
         self.proc.stdout.close()
         m = re.search(r"http://127\.0\.0\.1:(\d+)", line)
