@@ -88,6 +88,14 @@ inline VF clip(VF v, float lo, float hi) {
 // one whenever a candidate's code range is a half-integer (q4: 3 candidates of 11). A branch per
 // value cost more than it saved; margin is one bound for the whole group (from its largest |x|)
 // rather than each value's.
+// A float32 d divides (one instruction, exact by definition) where that measured faster than the
+// product and its tie test: in 8 lanes (AMD EPYC Zen 3, 2026-12-06, `bench_quantize.py --isa best`,
+// 3 alternating rounds against the product: q8 9.2-9.7 ns a weight against 11.0-15.4, q4 11.3-14.2
+// against 13.0-16.8, q4k 11.2-13.7 against 14.8-19.6) and in 4 (`--isa scalar`: q8 20-21 against
+// 27-32, q4k 21-27 against 39-40). 16 lanes keep the product: an AVX-512 divider takes a vector of
+// 16 at about half the rate of 8, unmeasured here (no AVX-512 on that machine).
+constexpr bool kDivideF32 = kLanes <= 8;
+
 struct Divisor {
     VF r, margin;
     VI exact;
@@ -105,6 +113,10 @@ struct Divisor {
     VF divide(VF x) const { return f64 ? join(low_half(x) / d_lo, high_half(x) / d_hi) : x / d32; }
     // q[j]: the codes in [lo, hi] of a chunk of 8 values
     void codes(const VF *x, float lo, float hi, VF *q) const {
+        if (kDivideF32 && !f64) {  // numpy's own float32 quotient: nothing to test
+            for (int j = 0; j < 8; j++) q[j] = rint(clip(x[j] / d32, lo, hi));
+            return;
+        }
         VI near = exact;
         for (int j = 0; j < 8; j++) {
             const VF v = x[j] * r;
