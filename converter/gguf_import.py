@@ -59,6 +59,7 @@ from . import bpe_tokenizer, hf_tokenizer, quantize
 from .errors import ConversionError
 from .families import FAMILIES, common
 from .flm_writer import FlmWriter
+from .gguf_file import GgufFile, GgufFormatError
 
 # general.architecture -> the family it converts as: the family of that name (Mistral's files
 # say llama), else the one whose files have it (chatglm: glm)
@@ -141,7 +142,7 @@ def is_gguf(path) -> bool:
 # ---- reading the file -------------------------------------------------------------------------
 
 class GgufModel:
-    """A GGUF file opened with gguf.GGUFReader: typed metadata access and tensors by name."""
+    """A GGUF file (gguf_file.GgufFile): typed metadata access and tensors by name."""
 
     def __init__(self, path):
         self.path = Path(path)
@@ -160,19 +161,16 @@ class GgufModel:
         if magic != GGUF_MAGIC:
             raise ConversionError(f"{self.path}: not a GGUF file (magic {magic!r})")
         try:
-            self.reader = gguf.GGUFReader(str(self.path), "r")
-        except Exception as e:  # the reader raises ValueError, struct errors, IndexError, ...
+            f = GgufFile(self.path, gguf)
+        except GgufFormatError as e:
             raise ConversionError(f"{self.path}: cannot read GGUF file: {e}") from None
-        self.fields = self.reader.fields
+        self.fields = f.fields
         self.tensors = {}
-        for t in self.reader.tensors:
+        for t in f.tensors:
             if t.name in self.tensors:
                 raise ConversionError(f"{self.path}: duplicate tensor {t.name}")
             self.tensors[t.name] = t
-        self.version = self.get_int("GGUF.version")
-        if self.version not in (2, 3):
-            raise ConversionError(f"{self.path}: GGUF version {self.version} is not supported "
-                                  f"(2 and 3 are)")
+        self.version = f.version
         self.arch = self.get_str("general.architecture")
 
     # metadata
@@ -249,7 +247,7 @@ class GgufModel:
     # tensors
     def shape(self, name: str) -> tuple:
         """Outermost first (as torch), i.e. GGUF's ne reversed: a matrix is [out, in]."""
-        return tuple(int(d) for d in reversed(self.tensors[name].shape.tolist()))
+        return tuple(int(d) for d in reversed(self.tensors[name].shape))
 
     def type_name(self, name: str) -> str:
         t = self.tensors[name].tensor_type

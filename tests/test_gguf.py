@@ -26,6 +26,7 @@ import fastllm
 import gguf
 from conftest import REPO, convert
 from converter import gguf_import
+from converter.gguf_file import GgufFile
 from converter.errors import ConversionError
 from converter.flm_reader import load_flm
 from gguf_models import Q, write_gguf
@@ -178,6 +179,57 @@ def test_logits_match_transformers_on_same_gguf(tmp_path, mix):
     assert rel_diff(ours, expected) < F32_BOUND, mix
 
 
+def assert_reads_as_gguf_reader(path):
+    """converter/gguf_file.py against the gguf package's GGUFReader: every key's value and types,
+    every tensor's type, shape, size and data (dtype, shape, bytes)."""
+    ref, ours = gguf.GGUFReader(str(path)), GgufFile(path, gguf)
+    keys = [k for k in ref.fields if not k.startswith("GGUF.")]  # (the reader's own header fields)
+    assert list(ours.fields) == keys
+    for k in keys:
+        assert ours.fields[k].contents() == ref.fields[k].contents(), k
+        assert ours.fields[k].types == ref.fields[k].types, k
+    assert [t.name for t in ours.tensors] == [t.name for t in ref.tensors]
+    for a, b in zip(ref.tensors, ours.tensors):
+        assert (b.tensor_type, b.shape, b.n_elements, b.n_bytes) == (a.tensor_type, tuple(a.shape.tolist()),
+                                                                       a.n_elements, a.n_bytes), a.name
+        assert b.data.dtype == a.data.dtype and b.data.shape == a.data.shape, a.name
+        assert np.array_equal(np.asarray(b.data).view(np.uint8), np.asarray(a.data).view(np.uint8)), a.name
+    return ours
+
+
+@pytest.mark.parametrize("mix", sorted(MIXES))
+def test_gguf_file_reads_as_gguf_reader(tmp_path, mix):
+    cfg, types = MIXES[mix]
+    hf_dir = make_llama(tmp_path, name="hf", seed=11, **cfg)
+    assert_reads_as_gguf_reader(write_gguf(hf_dir, tmp_path / f"{mix}.gguf", types=types, seed=5))
+
+
+@pytest.mark.parametrize("endian", ["LITTLE", "BIG"])
+def test_gguf_file_reads_every_value_type(tmp_path, endian):
+    path = tmp_path / "values.gguf"
+    w = gguf.GGUFWriter(str(path), "llama", endianess=gguf.GGUFEndian[endian])
+    w.add_array("a.strings", ["x", "", "yz\u00e9"])
+    w.add_array("a.floats", [1.5, -2.0])
+    w.add_array("a.bools", [True, False])
+    w.add_array("a.ints", [-1, 2**31 - 1])
+    for add, value in [(w.add_bool, True), (w.add_float32, 1e-5), (w.add_float64, 0.1), (w.add_uint8, 255),
+                       (w.add_int8, -128), (w.add_uint16, 65535), (w.add_int16, -2), (w.add_uint32, 2**32 - 1),
+                       (w.add_int32, -5), (w.add_uint64, 2**40), (w.add_int64, -2**40), (w.add_string, "s")]:
+        add(f"v.{add.__name__}", value)
+    w.add_tensor("t32", np.arange(6, dtype=np.float32).reshape(2, 3))
+    w.add_tensor("t16", np.arange(64, dtype=np.float16).reshape(2, 32))
+    w.write_header_to_file(), w.write_kv_data_to_file(), w.write_tensors_to_file(), w.close()
+    ours = assert_reads_as_gguf_reader(path)
+    assert ours.fields["a.strings"].contents() == ["x", "", "yz\u00e9"]
+    assert ours.fields["v.add_int64"].contents() == -2**40
+    assert np.array_equal(ours.tensors[1].data, np.arange(64, dtype=np.float16).reshape(2, 32))
+
+
+def test_smollm2_gguf_reads_as_gguf_reader(smollm_gguf):
+    """The real file llama.cpp's converter made (a 49,152-token byte-level BPE vocabulary)."""
+    assert len(assert_reads_as_gguf_reader(smollm_gguf).fields["tokenizer.ggml.merges"].contents()) > 40000
+
+
 # ---- errors -----------------------------------------------------------------------------------
 
 @pytest.fixture(scope="module")
@@ -209,7 +261,14 @@ def test_undequantizable_tensor_type(tiny_hf, tmp_path):
     _assert_nothing_written(out)
 
 
-def test_not_a_gguf(tmp_path):
+def test_not_a_gguf(tiny_hf, tmp_path):
+    good = write_gguf(tiny_hf, tmp_path / "good.gguf").read_bytes()
+    for cut, message in [(len(good) - 1, r"cannot read GGUF file: tensor '[\w.]+': its data \(\d+ bytes at \d+\) "
+                                         r"lie past the end of the file"),
+                         (200, "cannot read GGUF file: truncated: ")]:
+        (tmp_path / "cut.gguf").write_bytes(good[:cut])
+        with pytest.raises(ConversionError, match=message):
+            convert(tmp_path / "cut.gguf", tmp_path / "out.flm")
     bad = tmp_path / "x.gguf"
     bad.write_bytes(b"not a gguf file at all")
     with pytest.raises(ConversionError, match="not a GGUF file"):
