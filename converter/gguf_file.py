@@ -18,6 +18,7 @@ import numpy as np
 GGUF_MAGIC = b"GGUF"
 DEFAULT_ALIGNMENT = 32
 MAX_DIMS = 8  # ggml has 4; a table entry with more is damage, not a model
+MAX_NESTING = 8  # arrays of arrays: no model has any; a deep chain of them is damage
 
 # GGUF value types: the scalars as (struct code, numpy dtype code), and the two composite ones
 _SCALARS = {0: ("B", "u1"), 1: ("b", "i1"), 2: ("H", "u2"), 3: ("h", "i2"), 4: ("I", "u4"), 5: ("i", "i4"),
@@ -98,7 +99,7 @@ class GgufFile:
                 raise GgufFormatError(f"tensor {name!r} has {n_dims} dimensions")
             dims = tuple(self._scalar(10) for _ in range(n_dims))
             infos.append((name, dims, self._scalar(4), self._scalar(10)))
-        align = self.fields["general.alignment"].contents() if "general.alignment" in self.fields else DEFAULT_ALIGNMENT
+        align = self.fields["general.alignment"]._value if "general.alignment" in self.fields else DEFAULT_ALIGNMENT
         if not isinstance(align, int) or isinstance(align, bool) or align <= 0 or align & (align - 1):
             raise GgufFormatError(f"general.alignment {align!r} is not a power of two")
         self.data_offset = -(-self._pos // align) * align
@@ -141,7 +142,7 @@ class GgufFile:
     def _string(self) -> bytes:
         return bytes(self._take(self._scalar(10)))
 
-    def _value(self, t: int, types: list):
+    def _value(self, t: int, types: list, depth: int = 0):
         types.append(t)
         if t in _SCALARS:
             return self._scalar(t)
@@ -162,7 +163,9 @@ class GgufFile:
             return [self._string() for _ in range(n)]
         if item != ARRAY:
             raise GgufFormatError(f"unknown array element type {item} at {self._pos - 12}")
+        if depth >= MAX_NESTING:
+            raise GgufFormatError(f"arrays nested deeper than {MAX_NESTING} at {self._pos}")
         sub: list = []  # the first element's types after its ARRAY, as GGUFReader lists them
-        out = [self._value(item, sub if i == 0 else []) for i in range(n)]
+        out = [self._value(item, sub if i == 0 else [], depth + 1) for i in range(n)]
         types += sub[1:]
         return out

@@ -59,7 +59,7 @@ from . import bpe_tokenizer, hf_tokenizer, quantize
 from .errors import ConversionError
 from .families import FAMILIES, common
 from .flm_writer import FlmWriter
-from .gguf_file import GgufFile, GgufFormatError
+from .gguf_file import GgufFile
 
 # general.architecture -> the family it converts as: the family of that name (Mistral's files
 # say llama), else the one whose files have it (chatglm: glm)
@@ -162,7 +162,7 @@ class GgufModel:
             raise ConversionError(f"{self.path}: not a GGUF file (magic {magic!r})")
         try:
             f = GgufFile(self.path, gguf)
-        except GgufFormatError as e:
+        except Exception as e:  # GgufFormatError; anything else the bytes provoke is still damage, not a crash
             raise ConversionError(f"{self.path}: cannot read GGUF file: {e}") from None
         self.fields = f.fields
         self.tensors = {}

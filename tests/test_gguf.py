@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import struct
 import subprocess
 import sys
 from pathlib import Path
@@ -278,6 +279,24 @@ def test_not_a_gguf(tiny_hf, tmp_path):
     with pytest.raises(ConversionError, match="cannot read GGUF"):
         convert(truncated, tmp_path / "out.flm")
     _assert_nothing_written(tmp_path / "out.flm")
+
+
+def test_damaged_metadata_is_a_conversion_error(tmp_path):
+    def gguf_with(key: str, value_type: int, payload: bytes) -> Path:
+        k = key.encode()
+        path = tmp_path / f"bad{len(list(tmp_path.glob('bad*')))}.gguf"
+        path.write_bytes(b"GGUF" + struct.pack("<IQQ", 3, 0, 1) + struct.pack("<Q", len(k)) + k
+                         + struct.pack("<I", value_type) + payload)
+        return path
+    nested = struct.pack("<IQ", 9, 1) * 50 + struct.pack("<IQ", 4, 0)  # arrays of arrays, 50 deep
+    for path, message in [(gguf_with("x", 9, nested), "arrays nested deeper than 8"),
+                          (gguf_with("general.alignment", 8, struct.pack("<Q", 2) + b"\xff\xfe"),
+                           "general.alignment b'.+' is not a power of two"),
+                          (gguf_with("x", 9, struct.pack("<IQ", 8, 2**40)), "an array of 1099511627776 values does not fit"),
+                          (gguf_with("x", 9, struct.pack("<IQ", 6, 2**40)), "truncated: "),
+                          (gguf_with("x", 13, b""), "unknown metadata value type 13")]:
+        with pytest.raises(ConversionError, match="cannot read GGUF file: " + message):
+            convert(path, tmp_path / "out.flm")
 
 
 def test_gguf_v2_and_v1(tiny_hf, tmp_path):
