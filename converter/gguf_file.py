@@ -6,7 +6,8 @@ took 3.1 s of a 1.1B conversion for TinyLlama's 32,000 tokens, scores and types 
 strings stay bytes until a value is asked for, so that a bad one is reported by its key. Tensor
 data stay in the mapping, typed as GGUFReader types them (float arrays for F32/F16/F64 and the
 integer types, the blocks' bytes otherwise); the gguf package still names the types and
-dequantizes. Every way the bytes can be wrong raises GgufFormatError with what and where.
+dequantizes. Damage it recognises raises GgufFormatError with what and where (GgufModel makes
+anything else the bytes provoke a ConversionError too).
 """
 from __future__ import annotations
 
