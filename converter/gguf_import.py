@@ -59,7 +59,7 @@ from . import bpe_tokenizer, hf_tokenizer, quantize
 from .errors import ConversionError
 from .families import FAMILIES, common
 from .flm_writer import FlmWriter
-from .gguf_file import GgufFile
+from .gguf_file import GGUF_MAGIC, GgufFile
 
 # general.architecture -> the family it converts as: the family of that name (Mistral's files
 # say llama), else the one whose files have it (chatglm: glm)
@@ -99,7 +99,6 @@ GGUF_NAMES = {
     "mlp.up_proj.bias": "ffn_up.bias",
     "mlp.down_proj.bias": "ffn_down.bias",
 }
-GGUF_MAGIC = b"GGUF"
 
 # tokenizer.ggml.pre -> our tokenizer.pre (docs/flm_format.md)
 BPE_PRE = {
