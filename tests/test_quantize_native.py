@@ -44,6 +44,9 @@ def matrices(cols: int, seed: int):
     h[:, ::32] = 8
     h[4:, 1::32] = 127
     yield "ties", h.astype(np.float32)
+    # a group's largest |x| many times over, with both signs, first negative in some groups: the
+    # codes the library divides once per candidate (Divisor::pin)
+    yield "extremes", (rng.choice([-1.0, 1.0, 0.3, -0.55], (8, cols)) * 0.02).astype(np.float32)
 
 
 def test_the_library_is_found():

@@ -96,6 +96,10 @@ inline VF clip(VF v, float lo, float hi) {
 // 16 at about half the rate of 8, unmeasured here (no AVX-512 on that machine).
 constexpr bool kDivideF32 = kLanes <= 8;
 
+// Whether den lies within 2^-20 of a half-integer: then x / d0 = den where x is the extreme d0 was
+// taken from, a rounding tie (Divisor::pin).
+inline bool half_integer(double den) { return std::fabs(std::fabs(den - std::rint(den)) - 0.5) < 0x1p-20; }
+
 struct Divisor {
     VF r, margin;
     VI exact;
@@ -111,7 +115,20 @@ struct Divisor {
         margin = 0.5f - (amax * a * 0x1.004p-20f + 0x1p-24f);
     }
     VF divide(VF x) const { return f64 ? join(low_half(x) / d_lo, high_half(x) / d_hi) : x / d32; }
+
+    // Where a candidate's code range is a half-integer, the group's extreme weight and its negation
+    // sit on a rounding tie in every lane (q4: 3 candidates of 11, q6k: 2 of 21), which sent every
+    // chunk holding one down the test's slow path. pin() divides them once: codes<true> takes those
+    // values' codes from here and leaves them out of the test. (AMD EPYC Zen 3, one thread, 512 x
+    // 4096, 7 alternating rounds: q4 9.6 ns a weight against 10.7, q6k 14.9 against 16.3.)
+    VF pin_ext, pin_abs, pin_pos, pin_neg;
+    void pin(VF ext, float lo, float hi) {
+        const VF c = divide(ext);  // (-x) / d is -(x / d), in float64 and rounded to float32
+        pin_ext = ext, pin_pos = rint(clip(c, lo, hi)), pin_neg = rint(clip(-c, lo, hi));
+        pin_abs = exact ? VF{} - 1.0f : abs(ext);  // (divided anyway; -1 matches no |x|)
+    }
     // q[j]: the codes in [lo, hi] of a chunk of 8 values
+    template <bool kPinned = false>
     void codes(const VF *x, float lo, float hi, VF *q) const {
         if (kDivideF32 && !f64) {  // numpy's own float32 quotient: nothing to test
             for (int j = 0; j < 8; j++) q[j] = rint(clip(x[j] / d32, lo, hi));
@@ -121,9 +138,15 @@ struct Divisor {
         for (int j = 0; j < 8; j++) {
             const VF v = x[j] * r;
             q[j] = rint(v);
-            near |= abs(v - q[j]) >= margin;
+            VI tie = abs(v - q[j]) >= margin;
+            if (kPinned) {
+                const VI p = abs(x[j]) == pin_abs;
+                tie &= ~p;
+                q[j] = p ? (x[j] == pin_ext ? pin_pos : pin_neg) : q[j];
+            }
+            near |= tie;
         }
-        if (any(near))
+        if (any(near))  // (a pinned value divided again gets the same code)
             for (int j = 0; j < 8; j++) {
                 const VF v = x[j] * r;
                 const VI at = (abs(v - rint(v)) >= margin) | exact;
@@ -157,7 +180,8 @@ struct LaneSums {
 
 // _search_symmetric for kLanes groups of G values: xt holds them lane by lane (xt[i * kLanes + l]
 // is value i of group l); out_d gets each group's f16 scale (as float) of least squared error for
-// codes in [-neg, pos], and out_codes (lane by lane as xt) the codes on that scale, plus `zero`.
+// codes in [-neg, pos], and out_codes the codes on that scale, plus `zero`, group by group
+// (out_codes[l * G + i]: a row's codes in order, where quantize_row copies them).
 inline void search_symmetric(const float *xt, int G, int neg, int pos, int zero, float *out_d, uint8_t *out_codes) {
     VF extreme = load(xt), amax = abs(extreme);  // np.abs(g).argmax(): the first of the largest
     for (int i = 1; i < G; i++) {
@@ -174,11 +198,13 @@ inline void search_symmetric(const float *xt, int G, int neg, int pos, int zero,
         // r within 2^-24 (1 + 2^-28) of 1 / d0 (den is exact in float32): Divisor's margin holds
         Divisor by((float)den / extreme, amax, true);
         by.d_lo = d0_lo != 0 ? d0_lo : inf, by.d_hi = d0_hi != 0 ? d0_hi : inf;
+        const bool tie = half_integer(den);
+        if (tie) by.pin(extreme, lo, hi);
         LaneSums qq, gq;
         for (int i = 0; i < G; i += 8) {
             VF x[8], q[8];
             for (int j = 0; j < 8; j++) x[j] = load(xt + (i + j) * kLanes);
-            by.codes(x, lo, hi, q);
+            tie ? by.codes<true>(x, lo, hi, q) : by.codes(x, lo, hi, q);
             for (int j = 0; j < 8; j++) qq.add(j, q[j] * q[j]), gq.add(j, x[j] * q[j]);
         }
         const VF sqq = qq.total(), sgq = gq.total();
@@ -211,7 +237,7 @@ inline void search_symmetric(const float *xt, int G, int neg, int pos, int zero,
         by.codes(x, lo, hi, q);
         for (int j = 0; j < 8; j++) {
             const VI c = __builtin_convertvector(q[j], VI) + zero;
-            for (int l = 0; l < kLanes; l++) out_codes[(i + j) * kLanes + l] = (uint8_t)c[l];
+            for (int l = 0; l < kLanes; l++) out_codes[l * G + i + j] = (uint8_t)c[l];
         }
     }
 }
@@ -309,10 +335,12 @@ inline void search_k_sym(const float *xt, int neg, int pos, float *out_d) {
         // r within 2^-24 (1 + 2^-28) of 1 / d0: Divisor's margin holds
         Divisor by(join(den / amax_lo, den / amax_hi), amax, true);
         by.d_lo = d0[0] != 0 ? d0[0] : inf, by.d_hi = d0[1] != 0 ? d0[1] : inf;
+        const bool tie = half_integer(den);
+        if (tie) by.pin(amax, (float)-neg, (float)pos);
         LaneSums swqq_, swqx_;
         for (int i = 0; i < G; i += 8) {
             VF q[8];
-            by.codes(x + i, (float)-neg, (float)pos, q);
+            tie ? by.codes<true>(x + i, (float)-neg, (float)pos, q) : by.codes(x + i, (float)-neg, (float)pos, q);
             for (int j = 0; j < 8; j++) {
                 const VF wq = w[i + j] * q[j];
                 swqq_.add(j, wq * q[j]), swqx_.add(j, wq * x[i + j]);
