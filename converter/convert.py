@@ -21,6 +21,14 @@ then renamed); on any error nothing is left behind.
 
 from __future__ import annotations
 
+if __name__ == "__main__":  # a conversion of its own (as a script or with -m), before torch loads
+    import os
+    # torch's OpenMP threads sleep once a copy is done instead of spinning on the cores the
+    # quantizer's threads need: an int4 conversion of the 1.1B shape took 11.4 s instead of 12.2 from
+    # the f32 folder, 12.4 instead of 13.1 from the f16 GGUF (medians of 4 alternating runs, AMD EPYC,
+    # 2 cores, 2026-12-06)
+    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
 if not __package__:
     # Run as a script (python3 converter/convert.py): load this folder as the package `converter`,
     # so that its modules' relative imports work, and run main() from there.
