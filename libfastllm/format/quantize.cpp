@@ -10,6 +10,7 @@
 #include "format/quantize.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
@@ -269,14 +270,19 @@ void quantize_matrix(DType t, const float *w, int64_t rows, int64_t cols, int64_
              dtype_k_scales(t), out, lane_search()};
     const int64_t t0 = first_row / kTileRows, t1 = (end + kTileRows - 1) / kTileRows;
     clear_tiles(L, t0, t1);  // codes are ORed in, and a last tile's padding rows stay 0
-    // tiles to threads in contiguous ranges (a row's bytes are its own, but its tile's lie together)
+    // A tile at a time to whichever thread is free (a row's bytes are its own, but its tile's lie
+    // together). Fixed ranges left a thread idle whenever another process or the converter's own
+    // writer took the other's core: an int4 conversion of the 1.1B shape took 9.6 s instead of 10.8
+    // from the f32 folder, 10.7 instead of 11.9 from the f16 GGUF (medians of 4 alternating runs, AMD
+    // EPYC, 2 cores, 2026-12-06).
     const int64_t n = std::max<int64_t>(1, std::min<int64_t>(n_threads, t1 - t0));
     std::vector<RowScratch> scratch((size_t)n);
     for (RowScratch &S : scratch)
         S.d.resize((size_t)L.groups), S.m.resize((size_t)L.groups), S.code.resize((size_t)L.groups),
             S.factor.resize((size_t)L.supers), S.row_codes.resize((size_t)cols);
+    std::atomic<int64_t> next{t0};
     auto work = [&](int64_t k) {
-        for (int64_t tile = t0 + (t1 - t0) * k / n; tile < t0 + (t1 - t0) * (k + 1) / n; tile++)
+        for (int64_t tile; (tile = next.fetch_add(1, std::memory_order_relaxed)) < t1;)
             for (int64_t r = tile * kTileRows; r < std::min(end, (tile + 1) * kTileRows); r++)
                 quantize_row(L, w + (r - first_row) * cols, r, scratch[(size_t)k]);
     };
