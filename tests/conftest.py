@@ -1,4 +1,6 @@
 """Shared pytest fixtures: import paths, the built library, converted models."""
+import contextlib
+import fcntl
 import importlib.util
 import os
 import subprocess
@@ -109,6 +111,17 @@ def smollm(smollm_flm):
     import fastllm
     with fastllm.Model(smollm_flm, threads=2) as m:
         yield m
+
+
+@contextlib.contextmanager
+def wheel_build_lock():
+    """pip builds bindings/python inside its own folder (bindings/python/build/, where setup.py copies
+    the library and the converter): one wheel at a time across the suite's worker processes
+    (scripts/test.sh runs two; test_packaging.py and test_platforms.py both build wheels)."""
+    BUILD.mkdir(parents=True, exist_ok=True)
+    with open(BUILD / "wheel-build.lock", "w") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)  # released when f closes
+        yield
 
 
 def rel_to_max(a, b):

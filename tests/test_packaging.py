@@ -13,7 +13,7 @@ import zipfile
 
 import pytest
 
-from conftest import BUILD, REPO, STORIES, run_binary
+from conftest import BUILD, REPO, STORIES, run_binary, wheel_build_lock
 
 GOLDEN = json.loads((STORIES / "golden_greedy.json").read_text())
 
@@ -38,8 +38,9 @@ def clean_env(**extra):
 def wheel(tmp_path_factory):
     """The repaired wheel. FASTLLM_CMAKE_BUILD_DIR reuses the suite's build (the library is up to date)."""
     out = tmp_path_factory.mktemp("wheel")
-    sh(sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-w", out / "raw",
-       REPO / "bindings" / "python", env=dict(os.environ, FASTLLM_CMAKE_BUILD_DIR=str(BUILD)))
+    with wheel_build_lock():
+        sh(sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-w", out / "raw",
+           REPO / "bindings" / "python", env=dict(os.environ, FASTLLM_CMAKE_BUILD_DIR=str(BUILD)))
     (raw,) = (out / "raw").glob("*.whl")
     assert raw.name.endswith("-py3-none-linux_x86_64.whl"), raw.name  # no Python ABI in the tag
     sh(sys.executable, "-m", "auditwheel", "repair", "-w", out / "repaired", raw)

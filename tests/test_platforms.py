@@ -17,7 +17,7 @@ import zipfile
 import numpy as np
 import pytest
 
-from conftest import BUILD, REPO, STORIES
+from conftest import BUILD, REPO, STORIES, wheel_build_lock
 
 GOLDEN = json.loads((STORIES / "golden_greedy.json").read_text())
 ARM_SYSROOT = "/usr/aarch64-linux-gnu"
@@ -252,8 +252,9 @@ def test_windows_statuses_utf8_paths_and_saves_match_linux(wine, win_build, case
 
 def test_win_amd64_wheel_carries_the_dll_and_it_runs(wine, win_build, tmp_path):
     env = dict(os.environ, FASTLLM_WHEEL_TARGET="win_amd64", FASTLLM_CMAKE_BUILD_DIR=str(win_build))
-    ok([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", tmp_path,
-        REPO / "bindings" / "python"], env=env)
+    with wheel_build_lock():
+        ok([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", tmp_path,
+            REPO / "bindings" / "python"], env=env)
     (wheel,) = tmp_path.glob("*.whl")
     assert wheel.name.endswith("-py3-none-win_amd64.whl")
     names = zipfile.ZipFile(wheel).namelist()
@@ -312,8 +313,9 @@ def test_arm64_statuses_utf8_paths_and_saves_match_linux(arm_build, cases, nativ
 
 def test_aarch64_wheel_is_manylinux_and_its_library_runs(arm_build, stories_flm, tmp_path):
     env = dict(os.environ, FASTLLM_WHEEL_TARGET="linux_aarch64", FASTLLM_CMAKE_BUILD_DIR=str(arm_build))
-    ok([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", tmp_path / "raw",
-        REPO / "bindings" / "python"], env=env)
+    with wheel_build_lock():
+        ok([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", tmp_path / "raw",
+            REPO / "bindings" / "python"], env=env)
     (raw,) = (tmp_path / "raw").glob("*.whl")
     assert raw.name.endswith("-py3-none-linux_aarch64.whl")
     ok([sys.executable, "-m", "auditwheel", "repair", "-w", tmp_path / "repaired", raw])
