@@ -259,7 +259,7 @@ class FlmWriter:
             if native is None or tuple(arr.shape) != t.shape:
                 raise ValueError(f"tensor {t.name!r}: {t.dtype} needs float data of shape {t.shape}, "
                                  f"got {arr.dtype} {tuple(arr.shape)}")
-            data = arr if isinstance(arr, quantize.RowBlocks) else np.asarray(arr, dtype=np.float32)
+            data = arr if isinstance(arr, quantize.RowBlocks) or native == "f16" else np.asarray(arr, dtype=np.float32)
             return quantize.quantize(data, t.dtype, out=self._buffer(t.n_bytes))
         if isinstance(arr, quantize.RowBlocks):  # a fused matrix the policy keeps in floats
             arr = np.concatenate(arr.blocks)

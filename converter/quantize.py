@@ -391,9 +391,21 @@ def native():
         fn.restype = ctypes.c_int
         fn.argtypes = [ctypes.c_char_p, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_int64, ctypes.c_int64,
                        ctypes.c_int32, ctypes.c_void_p, ctypes.c_size_t]
+        # f16 weights as they lie (fastllm_quantize_f16, the same arguments), where the library
+        # has it: a library of this ABI from before it widens them here first
+        lib.f16 = getattr(lib, "fastllm_quantize_f16", None)
+        if lib.f16 is not None:
+            lib.f16.restype, lib.f16.argtypes = fn.restype, fn.argtypes
         lib.fastllm_last_error.restype = ctypes.c_char_p
         return lib
     return None
+
+
+def takes_f16() -> bool:
+    """Whether quantize() takes float16 weights as they are (the library's fastllm_quantize_f16);
+    otherwise they are better widened by the caller (torch widens with F16C, numpy value by value)."""
+    lib = native()
+    return lib is not None and lib.f16 is not None
 
 
 class RowBlocks:
@@ -419,8 +431,10 @@ def _quantize_native(lib, w, dtype: str, out: np.ndarray | None) -> np.ndarray:
     if any(s % TILE_ROWS for s in starts[1:-1]):  # parts that share a tile: joined
         blocks, starts = [w.joined()], [0, n]
     for b, r0 in zip(blocks, starts):
-        b = np.ascontiguousarray(b, dtype=np.float32)
-        status = lib.fastllm_quantize(dtype.encode(), b.ctypes.data, n, k, int(r0), b.shape[0], 0, out.ctypes.data, size)
+        f16 = lib.f16 is not None and b.dtype == np.float16
+        b = np.ascontiguousarray(b, dtype=np.float16 if f16 else np.float32)
+        fn = lib.f16 if f16 else lib.fastllm_quantize
+        status = fn(dtype.encode(), b.ctypes.data, n, k, int(r0), b.shape[0], 0, out.ctypes.data, size)
         if status != 0:
             raise ConversionError(f"fastllm_quantize ({dtype}, {[n, k]}): {lib.fastllm_last_error().decode()}")
     return out
@@ -428,7 +442,7 @@ def _quantize_native(lib, w, dtype: str, out: np.ndarray | None) -> np.ndarray:
 
 def quantize(w, dtype: str, grid: Grid | None = None, use_native: bool = True,
              out: np.ndarray | None = None) -> np.ndarray:
-    """[N, K] float32 (an array, or RowBlocks) -> the dtype's bytes (uint8), round to nearest with
+    """[N, K] float32 or float16 (an array, or RowBlocks) -> the dtype's bytes (uint8), round to nearest with
     f16 scales (searched per group, or those of grid). Without a grid, libfastllm does it where
     found (native()), unless use_native is False: the same bytes either way. out: a buffer of at
     least the tensor's bytes to write into (the result is then a view of it), else a new one."""

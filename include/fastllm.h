@@ -786,6 +786,13 @@ FASTLLM_API size_t fastllm_quantized_size(const char *dtype, int64_t rows, int64
 FASTLLM_API fastllm_status fastllm_quantize(const char *dtype, const float *weights, int64_t rows, int64_t cols,
                                             int64_t first_row, int64_t n_rows, int32_t n_threads, void *out,
                                             size_t out_size);
+/* fastllm_quantize with the weights as IEEE half-precision floats (their bits, as an f16 GGUF or
+ * safetensors file holds them): each row is widened to float32, exactly, as it is quantized, so the
+ * bytes are fastllm_quantize's of the widened matrix, with no float32 copy of it made. The same
+ * arguments and errors. (The converter takes it where the library has it.) */
+FASTLLM_API fastllm_status fastllm_quantize_f16(const char *dtype, const uint16_t *weights, int64_t rows,
+                                                int64_t cols, int64_t first_row, int64_t n_rows, int32_t n_threads,
+                                                void *out, size_t out_size);
 
 #ifdef __cplusplus
 }

@@ -26,7 +26,7 @@ import torch
 import fastllm
 import gguf
 from conftest import REPO, convert
-from converter import gguf_import
+from converter import gguf_import, quantize
 from converter.gguf_file import GgufFile
 from converter.errors import ConversionError
 from converter.flm_reader import load_flm
@@ -120,21 +120,48 @@ def test_other_dtypes_equal_hf_checkpoint(tmp_path, dtype):
         assert b.tensors["blk.0.attn_qkv.weight"].dtype == dtype
 
 
-def test_f16_widened_into_kept_buffers(tmp_path, monkeypatch):
-    """F16 matrices to be quantized are widened into buffers kept across tensors (one per part of a
-    fused matrix: q, k, v; gate, up): the file equals the one made from a fresh array each."""
+@pytest.fixture(scope="module")
+def f16_gguf(tmp_path_factory):
+    tmp_path = tmp_path_factory.mktemp("f16_gguf")
     hf_dir = make_llama(tmp_path, name="hf", seed=5, num_key_value_heads=2)
     suffixes = ("token_embd", "attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up",
                 "ffn_down", "output")
-    gguf_path = write_gguf(hf_dir, tmp_path / "m.gguf", types={f"{k}.weight": Q.F16 for k in suffixes})
-    convert(gguf_path, tmp_path / "kept.flm", dtype="int4")
+    return write_gguf(hf_dir, tmp_path / "m.gguf", types={f"{k}.weight": Q.F16 for k in suffixes})
+
+
+def test_f16_widened_into_kept_buffers(f16_gguf, tmp_path, monkeypatch):
+    """Where the library cannot take f16 weights, F16 matrices to be quantized are widened into
+    buffers kept across tensors (one per part of a fused matrix: q, k, v; gate, up): the file equals
+    the one made from a fresh array each."""
+    monkeypatch.setattr(quantize, "takes_f16", lambda: False)
+    convert(f16_gguf, tmp_path / "kept.flm", dtype="int4")
     calls = []
     fresh = gguf_import.GgufModel.dequantize
     monkeypatch.setattr(gguf_import.GgufModel, "dequantize",
-                        lambda self, name, out=None: calls.append(out is not None) or fresh(self, name))
-    convert(gguf_path, tmp_path / "fresh.flm", dtype="int4")
+                        lambda self, name, out=None, keep_f16=False: calls.append(out is not None) or fresh(self, name))
+    convert(f16_gguf, tmp_path / "fresh.flm", dtype="int4")
     assert sum(calls) > 9, "the converter passed no buffers"
     assert (tmp_path / "kept.flm").read_bytes() == (tmp_path / "fresh.flm").read_bytes()
+
+
+@pytest.mark.parametrize("dtype", ["int4", "q4_k_m"])
+def test_f16_weights_quantized_as_they_lie(f16_gguf, tmp_path, monkeypatch, dtype):
+    """The library takes the F16 matrices as they lie in the file (fastllm_quantize_f16, rows widened
+    as it goes): the same file as the numpy search on matrices torch widened."""
+    assert quantize.takes_f16(), "the library has no fastllm_quantize_f16"
+    kept = []
+    real = quantize._quantize_native
+    monkeypatch.setattr(quantize, "_quantize_native", lambda lib, w, *a: kept.append(w.dtype) or real(lib, w, *a))
+    convert(f16_gguf, tmp_path / "native.flm", dtype=dtype)
+    assert kept.count(np.float16) >= 9, kept
+    monkeypatch.setenv("FASTLLM_CONVERTER_NATIVE", "0")
+    quantize.native.cache_clear()
+    try:
+        convert(f16_gguf, tmp_path / "numpy.flm", dtype=dtype)
+    finally:
+        monkeypatch.delenv("FASTLLM_CONVERTER_NATIVE")
+        quantize.native.cache_clear()
+    assert (tmp_path / "native.flm").read_bytes() == (tmp_path / "numpy.flm").read_bytes()
 
 
 # ---- quantized GGUFs: logits against transformers on the same file ---------------------------

@@ -96,6 +96,8 @@ def lib():
     lib.fastllm_quantize.restype = ctypes.c_int
     lib.fastllm_quantize.argtypes = [ctypes.c_char_p, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_int64,
                                      ctypes.c_int64, ctypes.c_int32, ctypes.c_void_p, ctypes.c_size_t]
+    lib.fastllm_quantize_f16.restype = ctypes.c_int
+    lib.fastllm_quantize_f16.argtypes = lib.fastllm_quantize.argtypes
     lib.fastllm_quantized_size.restype = ctypes.c_size_t
     lib.fastllm_quantized_size.argtypes = [ctypes.c_char_p, ctypes.c_int64, ctypes.c_int64]
     lib.fastllm_last_error.restype = ctypes.c_char_p
@@ -122,6 +124,32 @@ def test_sizes_and_threads(lib, dtype):
         assert np.array_equal(run(lib, dtype, w, threads=threads)[1], one[1])
 
 
+@pytest.mark.parametrize("isa", ["best", "avx2", "scalar"])
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_f16_weights_give_the_bytes_of_their_float32(lib, dtype, isa, monkeypatch):
+    """fastllm_quantize_f16 widens each row itself (F16C with AVX2, 16 at a time with AVX-512, one
+    value at a time at the baseline): the bytes of fastllm_quantize on the widened matrix, for f16
+    values of every kind (subnormal, the largest, infinities, NaN)."""
+    if isa != "best":
+        monkeypatch.setenv("FASTLLM_ISA", isa)
+    rng = np.random.default_rng(6)
+    cols = max(quantize.row_multiple(dtype) * 2, 256)
+    h = (rng.standard_normal((35, cols)) * 0.05).astype(np.float16)
+    h[1] = rng.integers(-1023, 1024, cols).astype(np.float16) * np.float16(2.0 ** -24)  # subnormal
+    h[2, :5] = [65504, -65504, np.inf, -np.inf, np.nan]
+    h[3] = 0
+    wide = h.astype(np.float32)
+    for threads in (1, 2):
+        out = np.zeros(quantize.tensor_bytes(dtype, h.shape), np.uint8)
+        assert lib.fastllm_quantize_f16(dtype.encode(), h.ctypes.data, 35, cols, 0, 35, threads, out.ctypes.data,
+                                        out.size) == 0, lib.fastllm_last_error()
+        status, ref, msg = run(lib, dtype, wide, threads=threads)
+        assert status == 0, msg
+        assert np.array_equal(out, ref), f"{np.count_nonzero(out != ref)} bytes differ"
+    finite = np.concatenate([h[:2], h[3:]])  # (the numpy search has no bytes of its own for inf and NaN)
+    assert np.array_equal(quantize.quantize(finite, dtype), quantize.quantize(finite.astype(np.float32), dtype, use_native=False))
+
+
 def test_bad_arguments(lib):
     w = np.ones((4, 64), dtype=np.float32)
     assert lib.fastllm_quantized_size(b"f16", 4, 64) == 0 and "not a quantized dtype: f16" in lib.fastllm_last_error().decode()
@@ -135,6 +163,10 @@ def test_bad_arguments(lib):
     assert status == 1 and "not a quantized dtype: int4" in lib.fastllm_last_error().decode()
     assert lib.fastllm_quantize(b"q8", None, 4, 64, 0, 4, 0, w.ctypes.data, 64) == 1
     assert "weights is NULL" in lib.fastllm_last_error().decode()
+    assert lib.fastllm_quantize_f16(b"q8", None, 4, 64, 0, 4, 0, w.ctypes.data, 64) == 1
+    assert "weights is NULL" in lib.fastllm_last_error().decode()
+    assert lib.fastllm_quantize_f16(b"q4", w.ctypes.data, 4, 96, 0, 4, 0, w.ctypes.data, 64) == 1
+    assert "multiple of 64" in lib.fastllm_last_error().decode()
     size = quantize.tensor_bytes("q8", (4, 64))
     assert lib.fastllm_quantize(b"q8", w.ctypes.data, 4, 64, 0, 4, -1, w.ctypes.data, size) == 1
     assert "n_threads" in lib.fastllm_last_error().decode()

@@ -963,18 +963,10 @@ bool quantized_dtype(const char *name, int64_t rows, int64_t cols, fastllm::DTyp
     set_error(FASTLLM_ERR_INVALID_ARGUMENT, std::string("not a quantized dtype: ") + (name ? name : "NULL"));
     return false;
 }
-}  // namespace
 
-extern "C" {
-
-size_t fastllm_quantized_size(const char *dtype, int64_t rows, int64_t cols) {
-    fastllm::DType t;
-    if (!quantized_dtype(dtype, rows, cols, &t)) return 0;
-    g_last_error.clear();
-    return (size_t)fastllm::tensor_bytes(t, (uint64_t)rows, (uint64_t)cols);
-}
-
-fastllm_status fastllm_quantize(const char *dtype, const float *weights, int64_t rows, int64_t cols, int64_t first_row,
+// fastllm_quantize for float32 weights (W = float) and fastllm_quantize_f16 (W = uint16_t).
+template <class W>
+fastllm_status quantize_weights(const char *dtype, const W *weights, int64_t rows, int64_t cols, int64_t first_row,
                                 int64_t n_rows, int32_t n_threads, void *out, size_t out_size) {
     REQUIRE(weights, "weights");
     REQUIRE(out, "out");
@@ -988,6 +980,27 @@ fastllm_status fastllm_quantize(const char *dtype, const float *weights, int64_t
     if (n_threads < 0) return set_error(FASTLLM_ERR_INVALID_ARGUMENT, "n_threads must not be negative");
     const int threads = n_threads > 0 ? n_threads : (int)std::max(1u, std::thread::hardware_concurrency());
     return guard([&] { fastllm::quantize_matrix(t, weights, rows, cols, first_row, n_rows, threads, (uint8_t *)out); });
+}
+
+}  // namespace
+
+extern "C" {
+
+size_t fastllm_quantized_size(const char *dtype, int64_t rows, int64_t cols) {
+    fastllm::DType t;
+    if (!quantized_dtype(dtype, rows, cols, &t)) return 0;
+    g_last_error.clear();
+    return (size_t)fastllm::tensor_bytes(t, (uint64_t)rows, (uint64_t)cols);
+}
+
+fastllm_status fastllm_quantize(const char *dtype, const float *weights, int64_t rows, int64_t cols, int64_t first_row,
+                                int64_t n_rows, int32_t n_threads, void *out, size_t out_size) {
+    return quantize_weights(dtype, weights, rows, cols, first_row, n_rows, n_threads, out, out_size);
+}
+
+fastllm_status fastllm_quantize_f16(const char *dtype, const uint16_t *weights, int64_t rows, int64_t cols,
+                                    int64_t first_row, int64_t n_rows, int32_t n_threads, void *out, size_t out_size) {
+    return quantize_weights(dtype, weights, rows, cols, first_row, n_rows, n_threads, out, out_size);
 }
 
 }  // extern "C"

@@ -16,6 +16,7 @@
 #include <cstring>
 #include <limits>
 #include <thread>
+#include <type_traits>
 #include <vector>
 
 #include "base/error.h"
@@ -160,6 +161,7 @@ struct RowScratch {
     std::vector<uint8_t> code;
     std::vector<uint16_t> factor;
     std::vector<uint8_t> row_codes;  // the row's stored codes, one per column
+    std::vector<float> widened;      // the row as float32, where it came as f16
 };
 
 // The searches' width in lanes: the widest the CPU has (AVX-512's 16, AVX2's 8, else the baseline's
@@ -170,7 +172,8 @@ quant::LaneSearch lane_search() {
     const platform::CpuFeatures &cpu = platform::cpu_features();
     if (quant::kAvx512Search.search && cpu.avx512 && !avx2) return quant::kAvx512Search;
     if (quant::kAvx2Search.search && cpu.avx2 && !scalar) return quant::kAvx2Search;
-    return {quant::base::kLanes, quant::base::search_symmetric, quant::base::search_k_min, quant::base::search_k_sym};
+    return {quant::base::kLanes, quant::base::search_symmetric, quant::base::search_k_min, quant::base::search_k_sym,
+            quant::widen_f16_scalar};
 }
 
 // One row: its groups' scales searched and stored, its codes written into the row's tile.
@@ -251,10 +254,11 @@ void clear_tiles(const Layout &L, int64_t t0, int64_t t1) {
     std::memset(L.tile_codes(t0), 0, (size_t)(n * (int64_t)quant_tile_bytes(L.t, (uint64_t)L.cols)));
 }
 
-}  // namespace
-
-void quantize_matrix(DType t, const float *w, int64_t rows, int64_t cols, int64_t first_row, int64_t n_rows,
-                     int n_threads, uint8_t *out) {
+// quantize_matrix for float32 (W = float) or f16 weights (W = uint16_t, each row widened first).
+template <class W>
+void quantize_rows(DType t, const W *w, int64_t rows, int64_t cols, int64_t first_row, int64_t n_rows, int n_threads,
+                   uint8_t *out) {
+    constexpr bool kF16 = std::is_same_v<W, uint16_t>;
     if (!dtype_is_known((uint32_t)t) || !dtype_is_quantized(t))
         fail(FASTLLM_ERR_INVALID_ARGUMENT, "%s is not a quantized dtype", dtype_name(t));
     if (rows <= 0 || cols <= 0 || cols % dtype_row_multiple(t))
@@ -279,12 +283,20 @@ void quantize_matrix(DType t, const float *w, int64_t rows, int64_t cols, int64_
     std::vector<RowScratch> scratch((size_t)n);
     for (RowScratch &S : scratch)
         S.d.resize((size_t)L.groups), S.m.resize((size_t)L.groups), S.code.resize((size_t)L.groups),
-            S.factor.resize((size_t)L.supers), S.row_codes.resize((size_t)cols);
+            S.factor.resize((size_t)L.supers), S.row_codes.resize((size_t)cols), S.widened.resize(kF16 ? (size_t)cols : 0);
     std::atomic<int64_t> next{t0};
     auto work = [&](int64_t k) {
+        RowScratch &S = scratch[(size_t)k];
         for (int64_t tile; (tile = next.fetch_add(1, std::memory_order_relaxed)) < t1;)
-            for (int64_t r = tile * kTileRows; r < std::min(end, (tile + 1) * kTileRows); r++)
-                quantize_row(L, w + (r - first_row) * cols, r, scratch[(size_t)k]);
+            for (int64_t r = tile * kTileRows; r < std::min(end, (tile + 1) * kTileRows); r++) {
+                const W *row = w + (r - first_row) * cols;
+                if constexpr (kF16) {
+                    L.search.widen_f16(row, cols, S.widened.data());
+                    quantize_row(L, S.widened.data(), r, S);
+                } else {
+                    quantize_row(L, row, r, S);
+                }
+            }
     };
     std::vector<std::thread> threads;
     try {
@@ -295,6 +307,18 @@ void quantize_matrix(DType t, const float *w, int64_t rows, int64_t cols, int64_
     }
     work(0);
     for (auto &th : threads) th.join();
+}
+
+}  // namespace
+
+void quantize_matrix(DType t, const float *w, int64_t rows, int64_t cols, int64_t first_row, int64_t n_rows,
+                     int n_threads, uint8_t *out) {
+    quantize_rows(t, w, rows, cols, first_row, n_rows, n_threads, out);
+}
+
+void quantize_matrix(DType t, const uint16_t *w, int64_t rows, int64_t cols, int64_t first_row, int64_t n_rows,
+                     int n_threads, uint8_t *out) {
+    quantize_rows(t, w, rows, cols, first_row, n_rows, n_threads, out);
 }
 
 }  // namespace fastllm

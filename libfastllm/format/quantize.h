@@ -17,5 +17,8 @@ namespace fastllm {
 // length that is not a multiple of the dtype's row_multiple, or rows out of those bounds.
 void quantize_matrix(DType t, const float *w, int64_t rows, int64_t cols, int64_t first_row, int64_t n_rows,
                      int n_threads, uint8_t *out);
+// The same with w as IEEE half-precision bits, each row widened (exactly) as it is quantized.
+void quantize_matrix(DType t, const uint16_t *w, int64_t rows, int64_t cols, int64_t first_row, int64_t n_rows,
+                     int n_threads, uint8_t *out);
 
 }  // namespace fastllm

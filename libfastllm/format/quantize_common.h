@@ -30,7 +30,12 @@ struct LaneSearch {
     void (*search)(const float *xt, int G, int neg, int pos, int zero, float *out_d, uint8_t *out_codes);
     void (*search_k_min)(const float *xt, int n_max, float *out_d, float *out_m);
     void (*search_k_sym)(const float *xt, int neg, int pos, float *out_d);
+    void (*widen_f16)(const uint16_t *h, int64_t n, float *out);  // exact: any width gives the same floats
 };
+// widen_f16 one value at a time (the baseline's, and the twin of the vector ones).
+inline void widen_f16_scalar(const uint16_t *h, int64_t n, float *out) {
+    for (int64_t i = 0; i < n; i++) out[i] = f16_to_f32(h[i]);
+}
 // Their AVX2 and AVX-512 builds (quantize_avx2.cpp, quantize_avx512.cpp); the functions are nullptr
 // where those are not built (not x86-64).
 extern const LaneSearch kAvx2Search, kAvx512Search;
