@@ -284,7 +284,7 @@ class GgufModel:
                 arr = data.astype(np.float32)
             else:
                 arr = self.gguf.quants.dequantize(t.data, t.tensor_type)
-            arr = np.ascontiguousarray(arr, dtype=np.float16 if arr.dtype == np.float16 else np.float32)
+            arr = np.ascontiguousarray(arr, dtype=np.float16 if keep_f16 and arr.dtype == np.float16 else np.float32)
             arr = arr.reshape(self.shape(name))
         except (ValueError, NotImplementedError, AssertionError) as e:
             raise ConversionError(f"{self.path}: cannot dequantize tensor {name} "
