@@ -12,14 +12,13 @@
 #include "format/quantize_lanes.h"
 
 namespace fastllm::quant {
-namespace {
-void widen_f16(const uint16_t *h, int64_t n, float *out) {
+void widen_f16_f16c(const uint16_t *h, int64_t n, float *out) {
     int64_t i = 0;
     for (; i + 8 <= n; i += 8) _mm256_storeu_ps(out + i, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(h + i))));
     widen_f16_scalar(h + i, n - i, out + i);
 }
-}  // namespace
-const LaneSearch kAvx2Search = {avx2::kLanes, avx2::search_symmetric, avx2::search_k_min, avx2::search_k_sym, widen_f16};
+const LaneSearch kAvx2Search = {avx2::kLanes, avx2::search_symmetric, avx2::search_k_min, avx2::search_k_sym,
+                                widen_f16_f16c};
 }  // namespace fastllm::quant
 #else
 namespace fastllm::quant {

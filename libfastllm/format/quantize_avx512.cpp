@@ -5,23 +5,13 @@
 #include "format/quantize_common.h"
 
 #if defined(__AVX512F__)
-#include <immintrin.h>
-
 #define FASTLLM_QUANT_LANES 16
 #define FASTLLM_QUANT_NAMESPACE avx512
 #include "format/quantize_lanes.h"
 
 namespace fastllm::quant {
-namespace {
-void widen_f16(const uint16_t *h, int64_t n, float *out) {
-    int64_t i = 0;
-    for (; i + 16 <= n; i += 16)
-        _mm512_storeu_ps(out + i, _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(h + i))));
-    widen_f16_scalar(h + i, n - i, out + i);
-}
-}  // namespace
 const LaneSearch kAvx512Search = {avx512::kLanes, avx512::search_symmetric, avx512::search_k_min,
-                                  avx512::search_k_sym, widen_f16};
+                                  avx512::search_k_sym, widen_f16_f16c};
 }  // namespace fastllm::quant
 #else
 namespace fastllm::quant {

@@ -39,5 +39,8 @@ inline void widen_f16_scalar(const uint16_t *h, int64_t n, float *out) {
 // Their AVX2 and AVX-512 builds (quantize_avx2.cpp, quantize_avx512.cpp); the functions are nullptr
 // where those are not built (not x86-64).
 extern const LaneSearch kAvx2Search, kAvx512Search;
+// widen_f16 with F16C, 8 values an instruction (quantize_avx2.cpp, x86-64 only): both tables' (every
+// CPU that cpu_features() counts as avx512 counts as avx2, F16C included).
+void widen_f16_f16c(const uint16_t *h, int64_t n, float *out);
 
 }  // namespace fastllm::quant
