@@ -15,29 +15,47 @@ constexpr int kRowBlock = 16;      // weight rows a thread takes at a time
 // A thread's packed panel: kGemmCols rows, k-major.
 inline size_t panel_floats(int64_t K) { return (size_t)KernelTable::kGemmCols * K; }
 
+size_t round16(size_t n) { return (n + 15) / 16 * 16; }  // a region of whole cache lines
+
+// Cuts working memory into regions of whole cache lines, in order; given no memory it only adds up
+// their sizes. A scratch's size and its carving are then one function, and cannot disagree (as
+// Arena does for a model's passes).
+struct Carve {
+    float *base = nullptr;
+    size_t used = 0;
+    template <typename T = float>
+    T *take(size_t floats) {
+        T *p = base ? (T *)(base + used) : nullptr;
+        used += round16(floats);
+        return p;
+    }
+    float *next() const { return base ? base + used : nullptr; }
+};
+
+// The f32 panels, then the int8 activations, their scales and sums, and the same block-major
+// (each with 16 floats to spare).
+MatmulScratch carve_matmul(Carve &c, int64_t K, int n_threads, int max_T) {
+    const size_t blocks = (size_t)max_T * ((K + kActBlock - 1) / kActBlock);
+    MatmulScratch s;
+    s.f32 = c.take((size_t)n_threads * panel_floats(K));
+    s.acts.q = c.take<int8_t>((size_t)max_T * K / 4 + 16);
+    s.acts.d = c.take(blocks + 16), s.acts.ds = c.take(blocks + 16);
+    s.acts.d_by_block = c.take(blocks + 16), s.acts.ds_by_block = c.take(blocks + 16);
+    return s;
+}
+
 }  // namespace
 
 size_t matmul_scratch_floats(int64_t K, int n_threads, int max_T) {
-    const size_t blocks = (size_t)max_T * ((K + kActBlock - 1) / kActBlock);
-    return (size_t)n_threads * panel_floats(K)                                   // f32 panels
-           + (size_t)max_T * K / 4 + 16                                        // int8 activations
-           + 2 * blocks + 32                                                   // their scales and sums
-           + 2 * blocks + 32;                                                  // the same, block-major
+    Carve c;
+    carve_matmul(c, K, n_threads, max_T);
+    return c.used;
 }
 
 MatmulScratch make_matmul_scratch(float *memory, int64_t K, int n_threads, int max_T) {
-    MatmulScratch s;
-    if (!memory) return s;  // the arena's planning pass: no offsets from a null pointer
-    s.f32 = memory;
-    float *p = memory + (size_t)n_threads * panel_floats(K);
-    s.acts.q = (int8_t *)p;
-    p += (size_t)max_T * K / 4 + 16;
-    const size_t blocks = (size_t)max_T * ((K + kActBlock - 1) / kActBlock);
-    s.acts.d = p;
-    s.acts.ds = p + blocks + 16;
-    s.acts.d_by_block = p + 2 * (blocks + 16);
-    s.acts.ds_by_block = p + 3 * (blocks + 16);
-    return s;
+    if (!memory) return {};  // the arena's planning pass
+    Carve c{memory};
+    return carve_matmul(c, K, n_threads, max_T);
 }
 
 void dequantize_row(const KernelTable &k, const Tensor &W, int64_t r, float *out) {
@@ -220,27 +238,48 @@ static_assert(kBlockQueries == KernelTable::kAttnQueries && kBlockKeys == Kernel
 // (bench_attention, Qwen2.5-0.5B heads, 2 threads); 1 MiB gave 1.04x more, past many CPUs' L2.
 constexpr size_t kGroupStateBytes = 512 << 10, kMaxGroup = 16;
 
-size_t round16(size_t n) { return (n + 15) / 16 * 16; }  // a region of whole cache lines
+// A step's memory: scores, rescale factors and sums, the keys' and values' heads as f32, a whole
+// q8 row, then in the same memory the panels' (key panels, value panels, one block's weighted
+// values) or the tile products' (key and value tiles).
+struct StepMemory {
+    float *S, *alpha, *sums, *Kt, *Vt, *tmp, *Kp, *Vp, *Ot;
+    uint16_t *kt, *vt;
+};
+StepMemory carve_step(Carve &c, int hd, int64_t kv_dim) {
+    const size_t Q = kBlockQueries, B = kBlockKeys, C = KernelTable::kGemmCols;
+    StepMemory m;
+    m.S = c.take(Q * B), m.alpha = c.take(Q), m.sums = c.take(Q);
+    m.Kt = c.take(B * hd), m.Vt = c.take(B * hd), m.tmp = c.take((size_t)kv_dim);
+    Carve panels{c.next()}, tiles{c.next()};
+    m.Kp = panels.take((size_t)hd * B), m.Vp = panels.take(B * ((hd + C - 1) / C * C)), m.Ot = panels.take(Q * hd);
+    m.kt = tiles.take<uint16_t>(attn_tile_halves(hd) / 2), m.vt = tiles.take<uint16_t>(attn_tile_halves(hd) / 2);
+    c.used += std::max(panels.used, tiles.used);
+    return m;
+}
 
 // A block's state: its queries (f32, or their tile halves), its weighted values, maxima and totals.
-size_t block_state_floats(int hd) {
+struct BlockState {
+    float *Qs, *O, *m, *l;
+};
+BlockState carve_state(Carve &c, int hd) {
     const size_t Q = kBlockQueries;
-    return round16(Q * hd) * 2 + round16(Q) * 2;
-}
-int max_group(int hd) { return (int)std::clamp<size_t>(kGroupStateBytes / (4 * block_state_floats(hd)), 1, kMaxGroup); }
-
-// A step's memory: scores, rescale factors and sums, the keys' and values' heads as f32, a whole
-// q8 row, then the panels' (key panels, value panels, one block's weighted values) or the tile
-// products' (key and value tiles).
-size_t step_floats(int hd, int64_t kv_dim) {
-    const size_t Q = kBlockQueries, B = kBlockKeys, C = KernelTable::kGemmCols;
-    const size_t panels = round16((size_t)hd * B) + round16(B * ((hd + C - 1) / C * C)) + round16(Q * hd);
-    const size_t tiles = 2 * round16(attn_tile_halves(hd) / 2);
-    return round16(Q * B) + 2 * round16(Q) + 2 * round16(B * hd) + round16((size_t)kv_dim) + std::max(panels, tiles);
+    BlockState s;
+    s.Qs = c.take(Q * hd), s.O = c.take(Q * hd), s.m = c.take(Q), s.l = c.take(Q);
+    return s;
 }
 
+int max_group(int hd) {
+    Carve state;
+    carve_state(state, hd);
+    return (int)std::clamp<size_t>(kGroupStateBytes / (4 * state.used), 1, kMaxGroup);
+}
+
+// A task's memory: a step's, then max_group blocks' states.
 size_t block_floats(int hd, int64_t kv_dim) {
-    return step_floats(hd, kv_dim) + (size_t)max_group(hd) * block_state_floats(hd);
+    Carve c;
+    carve_step(c, hd, kv_dim);
+    for (int b = 0; b < max_group(hd); b++) carve_state(c, hd);
+    return c.used;
 }
 
 // Values [off, off + dim) of a KV row as f32 (tmp: room for a whole row, for a q8 head that does
@@ -271,16 +310,15 @@ void attend_blocks(const KernelTable &k, const float *q, const AttentionRun &run
     const int hd = sh.head_dim, group = sh.n_heads / sh.n_kv_heads, hn = bg.hn;
     const KvCache &cache = *run.cache;
     const int kv_dim = cache.kv_dim(), off = bg.g * hd;
-    float *S = mem, *alpha = S + round16(Q * B), *sums = alpha + round16(Q), *Kt = sums + round16(Q),
-          *Vt = Kt + round16((size_t)B * hd), *tmp = Vt + round16((size_t)B * hd), *prep = tmp + round16((size_t)kv_dim);
-    // panels: the keys' (hd x B), the values' (B x C per C of a head's values), a block's weighted values
-    float *Kp = prep, *Vp = Kp + round16((size_t)hd * B), *Ot = Vp + round16(B * ((size_t)(hd + C - 1) / C * C));
-    // tiles: the keys' and the values' halves
-    uint16_t *kt = (uint16_t *)prep, *vt = kt + 2 * round16(attn_tile_halves(hd) / 2);
-    float *states = mem + step_floats(hd, kv_dim);
-    struct Block {
+    Carve carve{mem};
+    // panels: the keys' (hd x B), the values' (B x C per C of a head's values), a block's weighted
+    // values; tiles: the keys' and the values' halves
+    const StepMemory step = carve_step(carve, hd, kv_dim);  // named, not bound: lambdas below take them
+    float *S = step.S, *alpha = step.alpha, *sums = step.sums, *Kt = step.Kt, *Vt = step.Vt, *tmp = step.tmp, *Kp = step.Kp,
+          *Vp = step.Vp, *Ot = step.Ot;
+    uint16_t *kt = step.kt, *vt = step.vt;
+    struct Block : BlockState {
         int r0, r1, nq;
-        float *Qs, *O, *m, *l;
     };
     Block blocks[kMaxGroup];
     // The products on the matrix unit where the ISA has one (AMX: bf16 halves, three products each),
@@ -298,8 +336,7 @@ void attend_blocks(const KernelTable &k, const float *q, const AttentionRun &run
         Block &blk = blocks[b];
         blk.r0 = (bg.first + b * bg.stride) * bg.rows, blk.r1 = std::min(run.T, blk.r0 + bg.rows);
         blk.nq = (blk.r1 - blk.r0) * hn;
-        float *st = states + (size_t)b * block_state_floats(hd);
-        blk.Qs = st, blk.O = st + round16((size_t)Q * hd), blk.m = blk.O + round16((size_t)Q * hd), blk.l = blk.m + round16(Q);
+        static_cast<BlockState &>(blk) = carve_state(carve, hd);
         // the scaled queries; their tiles' halves are made from a copy in the memory of the block's
         // weighted values (zeroed next)
         float *Qf = tiles ? blk.O : blk.Qs;
