@@ -125,7 +125,6 @@ class FlmWriter:
         self._tensors: list[_TensorDecl] = []
         self._names: set[str] = set()
         self._scratch: list = [None, None]  # converted bytes of the tensor being written, and the next
-        self._slot = 0
 
     # ---- metadata -------------------------------------------------------------------------
 
@@ -235,17 +234,18 @@ class FlmWriter:
         prefix = header + body
         return prefix + b"\0" * (data_offset - len(prefix)), data_offset
 
-    def _buffer(self, n_bytes: int) -> np.ndarray:
-        """n_bytes of one of two buffers kept for the whole file, for a tensor's converted bytes:
-        one tensor is written while the next is made (write() alternates them), and fresh pages for
-        every tensor took a fifth of an int8 conversion (1.1B shape)."""
-        buf = self._scratch[self._slot]
+    def _buffer(self, slot: int, n_bytes: int) -> np.ndarray:
+        """n_bytes of buffer `slot` (0 or 1), kept for the whole file, for a tensor's converted
+        bytes: one tensor is written while the next is made (write() alternates them), and fresh
+        pages for every tensor took a fifth of an int8 conversion (1.1B shape)."""
+        buf = self._scratch[slot]
         if buf is None or buf.size < n_bytes:
-            self._scratch[self._slot] = None
-            buf = self._scratch[self._slot] = np.empty(n_bytes, dtype=np.uint8)
+            self._scratch[slot] = None
+            buf = self._scratch[slot] = np.empty(n_bytes, dtype=np.uint8)
         return buf[:n_bytes]
 
-    def _check_data(self, t: _TensorDecl, arr) -> np.ndarray:
+    def _check_data(self, t: _TensorDecl, arr, slot: int) -> np.ndarray:
+        """The bytes of tensor t from its producer's data; converted bytes go in buffer `slot`."""
         if isinstance(arr, quantize.OnGrid):  # weights rounded by calibration, on their own grid
             if t.dtype not in quantize.QUANT or tuple(arr.weights.shape) != t.shape:
                 raise ValueError(f"tensor {t.name!r}: weights on a grid need a quantized dtype and "
@@ -260,14 +260,14 @@ class FlmWriter:
                 raise ValueError(f"tensor {t.name!r}: {t.dtype} needs float data of shape {t.shape}, "
                                  f"got {arr.dtype} {tuple(arr.shape)}")
             data = arr if isinstance(arr, quantize.RowBlocks) or native == "f16" else np.asarray(arr, dtype=np.float32)
-            return quantize.quantize(data, t.dtype, out=self._buffer(t.n_bytes))
+            return quantize.quantize(data, t.dtype, out=self._buffer(slot, t.n_bytes))
         if isinstance(arr, quantize.RowBlocks):  # a fused matrix the policy keeps in floats
             arr = np.concatenate(arr.blocks)
         if self.dtype_policy is not None and native is not None and native != t.dtype:
             # float data for a dtype the policy chose: round it here
             arr = np.asarray(arr, dtype=np.float32)
             if t.dtype == "f16":
-                out = self._buffer(arr.size * 2).view(np.float16)[:arr.size].reshape(arr.shape)
+                out = self._buffer(slot, arr.size * 2).view(np.float16)[:arr.size].reshape(arr.shape)
                 np.copyto(out, arr)  # rounds as astype does
                 arr = out
             else:
@@ -312,11 +312,11 @@ class FlmWriter:
                     for k, t in enumerate(self._tensors):
                         if bar is not None:
                             bar.set_postfix_str(t.name, refresh=False)
-                        self._slot = k % 2
-                        if pending[self._slot] is not None:  # its buffer is free once written
-                            pending[self._slot].result()
-                        arr = self._check_data(t, t.produce())
-                        pending[self._slot] = writer.submit(put, t.offset - pos, arr)
+                        slot = k % 2
+                        if pending[slot] is not None:  # its buffer is free once written
+                            pending[slot].result()
+                        arr = self._check_data(t, t.produce(), slot)
+                        pending[slot] = writer.submit(put, t.offset - pos, arr)
                         pos = t.offset + t.n_bytes
                         del arr
                         if bar is not None:
