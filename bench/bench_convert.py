@@ -6,7 +6,8 @@
 Pairs: fastllm int8 vs Q8_0, int4 vs Q4_0, q4_k_m vs Q4_K_M (--pairs picks). fastllm converts the
 random-weight HF folder (float32, as bench_speed.py makes it) and, with --from_gguf, the f16 GGUF
 that llama.cpp's convert_hf_to_gguf.py made of it, which is what llama-quantize starts from (its
-time excludes making that GGUF). Each round runs every variant once, in turn; the figures are the
+time excludes making that GGUF), and with --from_bf16 a bfloat16 copy of the folder (as most
+HuggingFace checkpoints are stored; made once, beside the float32 one). Each round runs every variant once, in turn; the figures are the
 medians of wall seconds over --repeat rounds and the median of the per-round ratios to
 llama-quantize. --numpy also times the converter with its numpy search (FASTLLM_CONVERTER_NATIVE=0,
 the reference twin of the library's quantizer: the same bytes, slower). llama-quantize runs on
@@ -44,6 +45,28 @@ def timed(cmd, env=None) -> float:
     return time.perf_counter() - t
 
 
+def bf16_copy(hf: Path) -> Path:
+    """hf's weights as bfloat16 (rounded by torch), its other files as they are."""
+    import json
+    import shutil
+
+    import torch
+    from safetensors.torch import load_file, save_file
+    out = hf.with_name(hf.name + "-bf16")
+    if (out / "model.safetensors").exists():
+        return out
+    out.mkdir(exist_ok=True)
+    for f in hf.iterdir():
+        if f.name != "model.safetensors":
+            shutil.copy(f, out / f.name)
+    save_file({k: v.to(torch.bfloat16) for k, v in load_file(hf / "model.safetensors").items()},
+              out / "model.safetensors", metadata={"format": "pt"})
+    config = json.loads((out / "config.json").read_text())
+    config["torch_dtype"] = config["dtype"] = "bfloat16"
+    (out / "config.json").write_text(json.dumps(config, indent=2))
+    return out
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--shape", choices=sorted(SHAPES), default="110m")
@@ -52,6 +75,7 @@ def main() -> int:
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--from_gguf", action="store_true", help="also convert the f16 GGUF with fastllm's converter")
+    ap.add_argument("--from_bf16", action="store_true", help="also convert a bfloat16 copy of the folder")
     ap.add_argument("--numpy", action="store_true", help="also time the converter's numpy search")
     ap.add_argument("--work_dir", type=Path, default=Path("/tmp/fastllm-bench"))
     args = ap.parse_args()
@@ -61,6 +85,7 @@ def main() -> int:
     if not f16.exists():
         subprocess.run([sys.executable, args.llama_cpp / "convert_hf_to_gguf.py", hf, "--outfile", f16, "--outtype", "f16"],
                        check=True, capture_output=True)
+    bf16 = bf16_copy(hf) if args.from_bf16 else None
     quantize = args.llama_cpp / "build" / "bin" / "llama-quantize"
     out = args.work_dir / "bench-convert.out"
     env = dict(os.environ)
@@ -73,6 +98,8 @@ def main() -> int:
         variants[f"fastllm {dtype}"] = (convert(hf, dtype), env)
         if args.from_gguf:
             variants[f"fastllm {dtype} from the f16 GGUF"] = (convert(f16, dtype), env)
+        if bf16 is not None:
+            variants[f"fastllm {dtype} from the bf16 folder"] = (convert(bf16, dtype), env)
         if args.numpy:
             variants[f"fastllm {dtype}, numpy search"] = (convert(hf, dtype), numpy_env)
     times = {name: [] for name in variants}

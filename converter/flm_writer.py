@@ -254,24 +254,26 @@ class FlmWriter:
         if not isinstance(arr, (np.ndarray, quantize.RowBlocks)):
             raise TypeError(f"tensor {t.name!r}: producer returned {type(arr).__name__}, "
                             f"expected a numpy array")
-        native = {np.dtype(np.float32): "f32", np.dtype(np.float16): "f16"}.get(arr.dtype)
+        native = {np.dtype(np.float32): "f32", np.dtype(np.float16): "f16", quantize.BF16: "bf16"}.get(arr.dtype)
         if t.dtype in quantize.QUANT:  # quantized tensors are always made from float data
             if native is None or tuple(arr.shape) != t.shape:
                 raise ValueError(f"tensor {t.name!r}: {t.dtype} needs float data of shape {t.shape}, "
                                  f"got {arr.dtype} {tuple(arr.shape)}")
-            data = arr if isinstance(arr, quantize.RowBlocks) or native == "f16" else np.asarray(arr, dtype=np.float32)
+            data = arr if isinstance(arr, quantize.RowBlocks) or native != "f32" else np.asarray(arr, dtype=np.float32)
             return quantize.quantize(data, t.dtype, out=self._buffer(slot, t.n_bytes))
         if isinstance(arr, quantize.RowBlocks):  # a fused matrix the policy keeps in floats
             arr = np.concatenate(arr.blocks)
         if self.dtype_policy is not None and native is not None and native != t.dtype:
             # float data for a dtype the policy chose: round it here
-            arr = np.asarray(arr, dtype=np.float32)
+            arr = quantize.as_float32(np.asarray(arr))
             if t.dtype == "f16":
                 out = self._buffer(slot, arr.size * 2).view(np.float16)[:arr.size].reshape(arr.shape)
                 np.copyto(out, arr)  # rounds as astype does
                 arr = out
             else:
                 arr = {"bf16": f32_to_bf16_bits, "f32": lambda a: a}[t.dtype](arr)
+        if arr.dtype == quantize.BF16:  # bf16 bits as the file keeps them
+            arr = arr.view(np.uint16)
         accepted = DTYPES[t.dtype][2]
         if arr.dtype.newbyteorder("=") not in accepted:
             raise ValueError(f"tensor {t.name!r}: data has dtype {arr.dtype}, expected "

@@ -361,6 +361,17 @@ def round_trip(w: np.ndarray, dtype: str) -> np.ndarray:
 
 LIBRARY_ABI = 13  # include/fastllm.h's FASTLLM_ABI_VERSION that fastllm_quantize below is bound for
 
+# bfloat16 weights as a checkpoint holds them: their bits, under a dtype of their own (numpy has no
+# bfloat16), so that quantize() tells them from integers and the library widens them as it goes.
+BF16 = np.dtype([("bf16", "<u2")])
+
+
+def as_float32(a: np.ndarray) -> np.ndarray:
+    """a as float32 (exact for float16 and BF16 bits)."""
+    if a.dtype == BF16:
+        return (a.view("<u2").astype(np.uint32) << 16).view(np.float32)
+    return a.astype(np.float32, copy=False)
+
 
 @lru_cache(maxsize=None)
 def native():
@@ -391,11 +402,13 @@ def native():
         fn.restype = ctypes.c_int
         fn.argtypes = [ctypes.c_char_p, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_int64, ctypes.c_int64,
                        ctypes.c_int32, ctypes.c_void_p, ctypes.c_size_t]
-        # f16 weights as they lie (fastllm_quantize_f16, the same arguments), where the library
-        # has it: a library of this ABI from before it widens them here first
+        # 16-bit weights as they lie (fastllm_quantize_f16 and _bf16, the same arguments), where
+        # the library has them: with a library of this ABI from before them, they are widened here
         lib.f16 = getattr(lib, "fastllm_quantize_f16", None)
-        if lib.f16 is not None:
-            lib.f16.restype, lib.f16.argtypes = fn.restype, fn.argtypes
+        lib.bf16 = getattr(lib, "fastllm_quantize_bf16", None)
+        for f in (lib.f16, lib.bf16):
+            if f is not None:
+                f.restype, f.argtypes = fn.restype, fn.argtypes
         lib.fastllm_last_error.restype = ctypes.c_char_p
         return lib
     return None
@@ -406,6 +419,12 @@ def takes_f16() -> bool:
     otherwise they are better widened by the caller (torch widens with F16C, numpy value by value)."""
     lib = native()
     return lib is not None and lib.f16 is not None
+
+
+def takes_bf16() -> bool:
+    """Whether quantize() takes BF16 weights as they are (the library's fastllm_quantize_bf16)."""
+    lib = native()
+    return lib is not None and lib.bf16 is not None
 
 
 class RowBlocks:
@@ -419,7 +438,7 @@ class RowBlocks:
         self.dtype = self.blocks[0].dtype
 
     def joined(self) -> np.ndarray:
-        return np.concatenate(self.blocks).astype(np.float32, copy=False)
+        return np.concatenate([as_float32(b) for b in self.blocks])
 
 
 def _quantize_native(lib, w, dtype: str, out: np.ndarray | None) -> np.ndarray:
@@ -431,9 +450,11 @@ def _quantize_native(lib, w, dtype: str, out: np.ndarray | None) -> np.ndarray:
     if any(s % TILE_ROWS for s in starts[1:-1]):  # parts that share a tile: joined
         blocks, starts = [w.joined()], [0, n]
     for b, r0 in zip(blocks, starts):
-        f16 = lib.f16 is not None and b.dtype == np.float16
-        b = np.ascontiguousarray(b, dtype=np.float16 if f16 else np.float32)
-        fn = lib.f16 if f16 else lib.fastllm_quantize
+        fn = lib.f16 if b.dtype == np.float16 else lib.bf16 if b.dtype == BF16 else None
+        if fn is None:
+            b, fn = np.ascontiguousarray(as_float32(b)), lib.fastllm_quantize
+        else:
+            b = np.ascontiguousarray(b)
         status = fn(dtype.encode(), b.ctypes.data, n, k, int(r0), b.shape[0], 0, out.ctypes.data, size)
         if status != 0:
             raise ConversionError(f"fastllm_quantize ({dtype}, {[n, k]}): {lib.fastllm_last_error().decode()}")
@@ -442,7 +463,7 @@ def _quantize_native(lib, w, dtype: str, out: np.ndarray | None) -> np.ndarray:
 
 def quantize(w, dtype: str, grid: Grid | None = None, use_native: bool = True,
              out: np.ndarray | None = None) -> np.ndarray:
-    """[N, K] float32 or float16 (an array, or RowBlocks) -> the dtype's bytes (uint8), round to nearest with
+    """[N, K] float32, float16 or BF16 (an array, or RowBlocks) -> the dtype's bytes (uint8), round to nearest with
     f16 scales (searched per group, or those of grid). Without a grid, libfastllm does it where
     found (native()), unless use_native is False: the same bytes either way. out: a buffer of at
     least the tensor's bytes to write into (the result is then a view of it), else a new one."""
@@ -454,7 +475,7 @@ def quantize(w, dtype: str, grid: Grid | None = None, use_native: bool = True,
         return _quantize_native(native(), w, dtype, out)
     if isinstance(w, RowBlocks):
         w = w.joined()
-    g = w.astype(np.float32).reshape(n, k // group, group)
+    g = as_float32(w).reshape(n, k // group, group)
     if grid is None:
         grid = choose_grid(g, dtype)
     if dtype not in K_FORMATS:

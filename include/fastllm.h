@@ -793,6 +793,11 @@ FASTLLM_API fastllm_status fastllm_quantize(const char *dtype, const float *weig
 FASTLLM_API fastllm_status fastllm_quantize_f16(const char *dtype, const uint16_t *weights, int64_t rows,
                                                 int64_t cols, int64_t first_row, int64_t n_rows, int32_t n_threads,
                                                 void *out, size_t out_size);
+/* The same with the weights as bfloat16 bits (the top half of a float32, as most HuggingFace
+ * checkpoints hold them): the bytes are fastllm_quantize's of the widened matrix. */
+FASTLLM_API fastllm_status fastllm_quantize_bf16(const char *dtype, const uint16_t *weights, int64_t rows,
+                                                 int64_t cols, int64_t first_row, int64_t n_rows, int32_t n_threads,
+                                                 void *out, size_t out_size);
 
 #ifdef __cplusplus
 }

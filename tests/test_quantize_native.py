@@ -96,8 +96,8 @@ def lib():
     lib.fastllm_quantize.restype = ctypes.c_int
     lib.fastllm_quantize.argtypes = [ctypes.c_char_p, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_int64,
                                      ctypes.c_int64, ctypes.c_int32, ctypes.c_void_p, ctypes.c_size_t]
-    lib.fastllm_quantize_f16.restype = ctypes.c_int
-    lib.fastllm_quantize_f16.argtypes = lib.fastllm_quantize.argtypes
+    for f in (lib.fastllm_quantize_f16, lib.fastllm_quantize_bf16):
+        f.restype, f.argtypes = ctypes.c_int, lib.fastllm_quantize.argtypes
     lib.fastllm_quantized_size.restype = ctypes.c_size_t
     lib.fastllm_quantized_size.argtypes = [ctypes.c_char_p, ctypes.c_int64, ctypes.c_int64]
     lib.fastllm_last_error.restype = ctypes.c_char_p
@@ -124,30 +124,74 @@ def test_sizes_and_threads(lib, dtype):
         assert np.array_equal(run(lib, dtype, w, threads=threads)[1], one[1])
 
 
+def half_weights(kind: str, cols: int) -> np.ndarray:
+    """35 rows of 16-bit floats (float16, or bfloat16 bits as quantize.BF16) of every kind: normal,
+    subnormal, zero, the largest, infinities and NaN (row 2)."""
+    rng = np.random.default_rng(6)
+    if kind == "f16":
+        h = (rng.standard_normal((35, cols)) * 0.05).astype(np.float16)
+        h[1] = rng.integers(-1023, 1024, cols).astype(np.float16) * np.float16(2.0 ** -24)  # subnormal
+        h[2, :5] = [65504, -65504, np.inf, -np.inf, np.nan]
+        h[3] = 0
+        return h
+    top = lambda f: (np.asarray(f, np.float32).view(np.uint32) >> 16).astype(np.uint16)  # truncated to bf16
+    h = top(rng.standard_normal((35, cols)) * 0.05)
+    h[1] = rng.integers(0, 128, cols).astype(np.uint16) | (rng.integers(0, 2, cols).astype(np.uint16) << 15)  # subnormal
+    h[2, :5] = [0x7F7F, 0xFF7F, 0x7F80, 0xFF80, 0x7FC0]  # the largest, -largest, inf, -inf, NaN
+    h[3] = 0
+    return h.view(quantize.BF16)
+
+
 @pytest.mark.parametrize("isa", ["best", "avx2", "scalar"])
 @pytest.mark.parametrize("dtype", DTYPES)
-def test_f16_weights_give_the_bytes_of_their_float32(lib, dtype, isa, monkeypatch):
-    """fastllm_quantize_f16 widens each row itself (F16C with AVX2, 16 at a time with AVX-512, one
-    value at a time at the baseline): the bytes of fastllm_quantize on the widened matrix, for f16
-    values of every kind (subnormal, the largest, infinities, NaN)."""
+@pytest.mark.parametrize("kind", ["f16", "bf16"])
+def test_16bit_weights_give_the_bytes_of_their_float32(lib, kind, dtype, isa, monkeypatch):
+    """fastllm_quantize_f16 and _bf16 widen each row themselves (f16: F16C with AVX2, 16 at a time
+    with AVX-512, one value at a time at the baseline): the bytes of fastllm_quantize on the widened
+    matrix, for values of every kind."""
     if isa != "best":
         monkeypatch.setenv("FASTLLM_ISA", isa)
-    rng = np.random.default_rng(6)
     cols = max(quantize.row_multiple(dtype) * 2, 256)
-    h = (rng.standard_normal((35, cols)) * 0.05).astype(np.float16)
-    h[1] = rng.integers(-1023, 1024, cols).astype(np.float16) * np.float16(2.0 ** -24)  # subnormal
-    h[2, :5] = [65504, -65504, np.inf, -np.inf, np.nan]
-    h[3] = 0
-    wide = h.astype(np.float32)
+    h = half_weights(kind, cols)
+    wide = quantize.as_float32(h)
+    assert wide.dtype == np.float32 and np.isnan(wide[2, 4]) and np.isinf(wide[2, 2]) and wide[2, 0] > 1e4
+    fn = lib.fastllm_quantize_f16 if kind == "f16" else lib.fastllm_quantize_bf16
     for threads in (1, 2):
         out = np.zeros(quantize.tensor_bytes(dtype, h.shape), np.uint8)
-        assert lib.fastllm_quantize_f16(dtype.encode(), h.ctypes.data, 35, cols, 0, 35, threads, out.ctypes.data,
-                                        out.size) == 0, lib.fastllm_last_error()
+        assert fn(dtype.encode(), h.ctypes.data, 35, cols, 0, 35, threads, out.ctypes.data, out.size) == 0, \
+            lib.fastllm_last_error()
         status, ref, msg = run(lib, dtype, wide, threads=threads)
         assert status == 0, msg
         assert np.array_equal(out, ref), f"{np.count_nonzero(out != ref)} bytes differ"
     finite = np.concatenate([h[:2], h[3:]])  # (the numpy search has no bytes of its own for inf and NaN)
-    assert np.array_equal(quantize.quantize(finite, dtype), quantize.quantize(finite.astype(np.float32), dtype, use_native=False))
+    assert np.array_equal(quantize.quantize(finite, dtype), quantize.quantize(quantize.as_float32(finite), dtype, use_native=False))
+
+
+@pytest.mark.parametrize("dtype", ["int8", "int4", "q4_k_m"])
+@pytest.mark.parametrize("kind", ["f16", "bf16"])
+def test_16bit_folder_quantized_as_it_lies(tmp_path, monkeypatch, kind, dtype):
+    """An f16 or bf16 checkpoint's matrices go to the library as they lie in the file (no float32
+    copy; int8's f16 head from an f16 folder is not widened either): the same file as when torch
+    widens them first."""
+    import torch
+    from safetensors.torch import load_file, save_file
+    from converter.convert import convert
+    model = make_llama(tmp_path, hidden_size=256, intermediate_size=512, num_hidden_layers=2,
+                       num_attention_heads=4, num_key_value_heads=2)
+    st = model / "model.safetensors"
+    save_file({k: v.to(getattr(torch, {"f16": "float16", "bf16": "bfloat16"}[kind])) for k, v in load_file(st).items()},
+              st, metadata={"format": "pt"})
+    kept = []
+    real = quantize._quantize_native
+    monkeypatch.setattr(quantize, "_quantize_native", lambda lib, w, *a: kept.append(w.dtype) or real(lib, w, *a))
+    convert(str(model), str(tmp_path / "kept.flm"), dtype=dtype, progress=False)
+    assert kept.count(np.float16 if kind == "f16" else quantize.BF16) >= 2 * 4, kept  # 2 layers' 4 matrices at least
+    monkeypatch.setattr(quantize, "takes_f16", lambda: False)
+    monkeypatch.setattr(quantize, "takes_bf16", lambda: False)
+    kept.clear()
+    convert(str(model), str(tmp_path / "widened.flm"), dtype=dtype, progress=False)
+    assert set(kept) == {np.dtype(np.float32)}, kept
+    assert (tmp_path / "kept.flm").read_bytes() == (tmp_path / "widened.flm").read_bytes()
 
 
 def test_bad_arguments(lib):
@@ -167,6 +211,12 @@ def test_bad_arguments(lib):
     assert "weights is NULL" in lib.fastllm_last_error().decode()
     assert lib.fastllm_quantize_f16(b"q4", w.ctypes.data, 4, 96, 0, 4, 0, w.ctypes.data, 64) == 1
     assert "multiple of 64" in lib.fastllm_last_error().decode()
+    assert lib.fastllm_quantize_bf16(b"q8", None, 4, 64, 0, 4, 0, w.ctypes.data, 64) == 1
+    assert "weights is NULL" in lib.fastllm_last_error().decode()
+    assert lib.fastllm_quantize_bf16(b"q4", w.ctypes.data, 4, 96, 0, 4, 0, w.ctypes.data, 64) == 1
+    assert "multiple of 64" in lib.fastllm_last_error().decode()
+    assert lib.fastllm_quantize_bf16(b"q8", w.ctypes.data, 4, 64, 0, 4, 0, None, 64) == 1
+    assert "out is NULL" in lib.fastllm_last_error().decode()
     size = quantize.tensor_bytes("q8", (4, 64))
     assert lib.fastllm_quantize(b"q8", w.ctypes.data, 4, 64, 0, 4, -1, w.ctypes.data, size) == 1
     assert "n_threads" in lib.fastllm_last_error().decode()

@@ -283,11 +283,17 @@ def output_tensor(hp: HParams) -> TensorSpec:
     return TensorSpec("output.weight", True, (("lm_head.weight", (hp.vocab_size, hp.hidden_size)),))
 
 
-def to_numpy(t: torch.Tensor, dtype: str, what: str) -> np.ndarray:
+def to_numpy(t: torch.Tensor, dtype: str, what: str, quantized: bool = False) -> np.ndarray:
     """Converts (rounding to nearest even) to the .flm dtype; bf16 becomes uint16 bit patterns.
-    Other (quantized) dtypes get float32 data, which the writer quantizes."""
+    Other (quantized) dtypes get float32 data, which the writer quantizes. quantized: the writer
+    quantizes this tensor (whatever dtype says: a policy's); float16 and bfloat16 (as quantize.BF16
+    bits) then stay as they are where the library widens them row by row as it quantizes (a bf16
+    folder's int4 conversion of the 1.1B shape: docs/quantization.md)."""
     if not t.is_floating_point():
         raise ConversionError(f"{what}: expected a floating-point tensor, got {t.dtype}")
+    if quantized and (t.dtype == torch.float16 and quantize.takes_f16() or t.dtype == torch.bfloat16 and quantize.takes_bf16()):
+        t = t.detach().to(device="cpu").contiguous()
+        return t.numpy() if t.dtype == torch.float16 else t.view(torch.int16).numpy().view(quantize.BF16)
     t = t.detach().to(device="cpu", dtype=TORCH_DTYPES.get(dtype, torch.float32)).contiguous()
     if dtype == "bf16":
         return t.view(torch.int16).numpy().view(np.uint16)
@@ -346,19 +352,24 @@ def add_tensors(writer, ckpt, hp: HParams, dtype: str, layer_tensors, skipped: t
         shape = list(spec.parts[0][1])
         shape[0] = sum(s[0] for _, s in spec.parts)
         out_dtype = dtype if spec.matrix else "f32"
+        target = writer.dtype_policy(spec.name, tuple(shape)) if writer.dtype_policy is not None else out_dtype
+        # made in the dtype the writer stores where it is a plain one (an int8 preset's f16 head from
+        # an f16 folder: as it lies, not widened here and rounded again by the writer)
+        as_dtype = target if target in TORCH_DTYPES else out_dtype
 
         def produce():
             tensors = [ckpt.get(n) for n in full]
             grids = [ckpt.grid(n) if hasattr(ckpt, "grid") else None for n in full]
+            quantized = target in quantize.QUANT and all(g is None for g in grids) and not spec.shift
             if len(tensors) > 1 and spec.matrix and not spec.shift \
                     and (out_dtype == "f32" or out_dtype in quantize.QUANT) and all(g is None for g in grids):
                 # a fused matrix in float32, most often for the writer to quantize (its dtype policy
                 # decides): its parts as they are (RowBlocks), not copied together
-                return quantize.RowBlocks([to_numpy(t, out_dtype, spec.name) for t in tensors])
+                return quantize.RowBlocks([to_numpy(t, as_dtype, spec.name, quantized) for t in tensors])
             t = tensors[0] if len(tensors) == 1 else torch.cat(tensors, dim=0)
             if spec.shift:  # in float32, as transformers computes 1.0 + weight.float()
                 t = t.to(torch.float32) + spec.shift
-            arr = to_numpy(t, out_dtype, spec.name)
+            arr = to_numpy(t, as_dtype, spec.name, quantized)
             if all(g is not None for g in grids):  # rounded by calibration (calibrate.py)
                 return quantize.OnGrid(arr, quantize.Grid.stack(grids))
             return arr

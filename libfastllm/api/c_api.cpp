@@ -964,10 +964,10 @@ bool quantized_dtype(const char *name, int64_t rows, int64_t cols, fastllm::DTyp
     return false;
 }
 
-// fastllm_quantize for float32 weights (W = float) and fastllm_quantize_f16 (W = uint16_t).
-template <class W>
-fastllm_status quantize_weights(const char *dtype, const W *weights, int64_t rows, int64_t cols, int64_t first_row,
-                                int64_t n_rows, int32_t n_threads, void *out, size_t out_size) {
+// fastllm_quantize (float32 weights), fastllm_quantize_f16 and fastllm_quantize_bf16.
+fastllm_status quantize_weights(const char *dtype, fastllm::WeightBits bits, const void *weights, int64_t rows,
+                                int64_t cols, int64_t first_row, int64_t n_rows, int32_t n_threads, void *out,
+                                size_t out_size) {
     REQUIRE(weights, "weights");
     REQUIRE(out, "out");
     fastllm::DType t;
@@ -979,7 +979,7 @@ fastllm_status quantize_weights(const char *dtype, const W *weights, int64_t row
                                                            "] takes " + std::to_string(need));
     if (n_threads < 0) return set_error(FASTLLM_ERR_INVALID_ARGUMENT, "n_threads must not be negative");
     const int threads = n_threads > 0 ? n_threads : (int)std::max(1u, std::thread::hardware_concurrency());
-    return guard([&] { fastllm::quantize_matrix(t, weights, rows, cols, first_row, n_rows, threads, (uint8_t *)out); });
+    return guard([&] { fastllm::quantize_matrix(t, bits, weights, rows, cols, first_row, n_rows, threads, (uint8_t *)out); });
 }
 
 }  // namespace
@@ -995,12 +995,20 @@ size_t fastllm_quantized_size(const char *dtype, int64_t rows, int64_t cols) {
 
 fastllm_status fastllm_quantize(const char *dtype, const float *weights, int64_t rows, int64_t cols, int64_t first_row,
                                 int64_t n_rows, int32_t n_threads, void *out, size_t out_size) {
-    return quantize_weights(dtype, weights, rows, cols, first_row, n_rows, n_threads, out, out_size);
+    return quantize_weights(dtype, fastllm::WeightBits::F32, weights, rows, cols, first_row, n_rows, n_threads, out,
+                            out_size);
 }
 
 fastllm_status fastllm_quantize_f16(const char *dtype, const uint16_t *weights, int64_t rows, int64_t cols,
                                     int64_t first_row, int64_t n_rows, int32_t n_threads, void *out, size_t out_size) {
-    return quantize_weights(dtype, weights, rows, cols, first_row, n_rows, n_threads, out, out_size);
+    return quantize_weights(dtype, fastllm::WeightBits::F16, weights, rows, cols, first_row, n_rows, n_threads, out,
+                            out_size);
+}
+
+fastllm_status fastllm_quantize_bf16(const char *dtype, const uint16_t *weights, int64_t rows, int64_t cols,
+                                     int64_t first_row, int64_t n_rows, int32_t n_threads, void *out, size_t out_size) {
+    return quantize_weights(dtype, fastllm::WeightBits::BF16, weights, rows, cols, first_row, n_rows, n_threads, out,
+                            out_size);
 }
 
 }  // extern "C"

@@ -16,7 +16,6 @@
 #include <cstring>
 #include <limits>
 #include <thread>
-#include <type_traits>
 #include <vector>
 
 #include "base/error.h"
@@ -161,7 +160,7 @@ struct RowScratch {
     std::vector<uint8_t> code;
     std::vector<uint16_t> factor;
     std::vector<uint8_t> row_codes;  // the row's stored codes, one per column
-    std::vector<float> widened;      // the row as float32, where it came as f16
+    std::vector<float> widened;      // the row as float32, where it came as 16-bit floats
 };
 
 // The searches' width in lanes: the widest the CPU has (AVX-512's 16, AVX2's 8, else the baseline's
@@ -254,11 +253,10 @@ void clear_tiles(const Layout &L, int64_t t0, int64_t t1) {
     std::memset(L.tile_codes(t0), 0, (size_t)(n * (int64_t)quant_tile_bytes(L.t, (uint64_t)L.cols)));
 }
 
-// quantize_matrix for float32 (W = float) or f16 weights (W = uint16_t, each row widened first).
-template <class W>
-void quantize_rows(DType t, const W *w, int64_t rows, int64_t cols, int64_t first_row, int64_t n_rows, int n_threads,
-                   uint8_t *out) {
-    constexpr bool kF16 = std::is_same_v<W, uint16_t>;
+}  // namespace
+
+void quantize_matrix(DType t, WeightBits bits, const void *w, int64_t rows, int64_t cols, int64_t first_row,
+                     int64_t n_rows, int n_threads, uint8_t *out) {
     if (!dtype_is_known((uint32_t)t) || !dtype_is_quantized(t))
         fail(FASTLLM_ERR_INVALID_ARGUMENT, "%s is not a quantized dtype", dtype_name(t));
     if (rows <= 0 || cols <= 0 || cols % dtype_row_multiple(t))
@@ -272,6 +270,9 @@ void quantize_rows(DType t, const W *w, int64_t rows, int64_t cols, int64_t firs
     Layout L{t, rows, cols, (int64_t)quant_tiles((uint64_t)rows), cols / dtype_group(t),
              (int64_t)quant_super_blocks((uint64_t)cols), dtype_group(t), dtype_bits(t), dtype_has_min(t),
              dtype_k_scales(t), out, lane_search()};
+    // 16-bit weights: each row widened into the thread's float32 row first
+    void (*const widen)(const uint16_t *, int64_t, float *) =
+        bits == WeightBits::F16 ? L.search.widen_f16 : bits == WeightBits::BF16 ? quant::widen_bf16 : nullptr;
     const int64_t t0 = first_row / kTileRows, t1 = (end + kTileRows - 1) / kTileRows;
     clear_tiles(L, t0, t1);  // codes are ORed in, and a last tile's padding rows stay 0
     // A tile at a time to whichever thread is free (a row's bytes are its own, but its tile's lie
@@ -283,19 +284,15 @@ void quantize_rows(DType t, const W *w, int64_t rows, int64_t cols, int64_t firs
     std::vector<RowScratch> scratch((size_t)n);
     for (RowScratch &S : scratch)
         S.d.resize((size_t)L.groups), S.m.resize((size_t)L.groups), S.code.resize((size_t)L.groups),
-            S.factor.resize((size_t)L.supers), S.row_codes.resize((size_t)cols), S.widened.resize(kF16 ? (size_t)cols : 0);
+            S.factor.resize((size_t)L.supers), S.row_codes.resize((size_t)cols), S.widened.resize(widen ? (size_t)cols : 0);
     std::atomic<int64_t> next{t0};
     auto work = [&](int64_t k) {
         RowScratch &S = scratch[(size_t)k];
         for (int64_t tile; (tile = next.fetch_add(1, std::memory_order_relaxed)) < t1;)
             for (int64_t r = tile * kTileRows; r < std::min(end, (tile + 1) * kTileRows); r++) {
-                const W *row = w + (r - first_row) * cols;
-                if constexpr (kF16) {
-                    L.search.widen_f16(row, cols, S.widened.data());
-                    quantize_row(L, S.widened.data(), r, S);
-                } else {
-                    quantize_row(L, row, r, S);
-                }
+                const size_t at = (size_t)((r - first_row) * cols);
+                if (widen) widen((const uint16_t *)w + at, cols, S.widened.data());
+                quantize_row(L, widen ? S.widened.data() : (const float *)w + at, r, S);
             }
     };
     std::vector<std::thread> threads;
@@ -307,18 +304,6 @@ void quantize_rows(DType t, const W *w, int64_t rows, int64_t cols, int64_t firs
     }
     work(0);
     for (auto &th : threads) th.join();
-}
-
-}  // namespace
-
-void quantize_matrix(DType t, const float *w, int64_t rows, int64_t cols, int64_t first_row, int64_t n_rows,
-                     int n_threads, uint8_t *out) {
-    quantize_rows(t, w, rows, cols, first_row, n_rows, n_threads, out);
-}
-
-void quantize_matrix(DType t, const uint16_t *w, int64_t rows, int64_t cols, int64_t first_row, int64_t n_rows,
-                     int n_threads, uint8_t *out) {
-    quantize_rows(t, w, rows, cols, first_row, n_rows, n_threads, out);
 }
 
 }  // namespace fastllm

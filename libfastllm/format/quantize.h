@@ -15,10 +15,11 @@ namespace fastllm {
 // the matrix. Byte for byte what converter/quantize.py's quantize() gives (its reference twin), on
 // n_threads threads. Throws Error (INVALID_ARGUMENT) for a dtype that is not quantized, a row
 // length that is not a multiple of the dtype's row_multiple, or rows out of those bounds.
-void quantize_matrix(DType t, const float *w, int64_t rows, int64_t cols, int64_t first_row, int64_t n_rows,
-                     int n_threads, uint8_t *out);
-// The same with w as IEEE half-precision bits, each row widened (exactly) as it is quantized.
-void quantize_matrix(DType t, const uint16_t *w, int64_t rows, int64_t cols, int64_t first_row, int64_t n_rows,
-                     int n_threads, uint8_t *out);
+// w holds float32 values, or 16-bit floats (IEEE half or bfloat16 bits, as checkpoints and GGUF
+// files keep them), each row widened (exactly) to float32 as it is quantized: the bytes are those of
+// the widened matrix, with no float32 copy of it made.
+enum class WeightBits { F32, F16, BF16 };
+void quantize_matrix(DType t, WeightBits bits, const void *w, int64_t rows, int64_t cols, int64_t first_row,
+                     int64_t n_rows, int n_threads, uint8_t *out);
 
 }  // namespace fastllm
