@@ -77,6 +77,7 @@ class GgufFile:
         self._order = "<"
         if version is not None and version & 0xFFFF == 0 and version >> 16:  # written big-endian
             self._order = ">"
+        self.little_endian = self._order == "<"  # the file's byte order
         self.version = self._scalar(4)
         if self.version not in (2, 3):
             raise GgufFormatError(f"GGUF version {self.version} is not supported (2 and 3 are)")

@@ -49,6 +49,7 @@ from __future__ import annotations
 
 import math
 import re
+import sys
 import warnings
 from pathlib import Path
 
@@ -170,6 +171,7 @@ class GgufModel:
                 raise ConversionError(f"{self.path}: duplicate tensor {t.name}")
             self.tensors[t.name] = t
         self.version = f.version
+        self.little_endian = f.little_endian
         self.arch = self.get_str("general.architecture")
 
     # metadata
@@ -259,7 +261,8 @@ class GgufModel:
                                   f"{self.type_name(name)}, which the gguf package cannot "
                                   f"dequantize")
 
-    def dequantize(self, name: str, out: np.ndarray | None = None, keep_f16: bool = False) -> np.ndarray:
+    def dequantize(self, name: str, out: np.ndarray | None = None, keep_f16: bool = False,
+                   keep_bf16: bool = False) -> np.ndarray:
         """The tensor as float32, [out, in]. An F16 tensor is widened into `out` (float32, at least
         the tensor's size) when given: the converter passes the same buffer for every tensor it
         quantizes at once, where a fresh array per tensor had its pages zeroed by the kernel (a
@@ -267,13 +270,16 @@ class GgufModel:
         where numpy goes value by value. keep_f16: an F16 tensor in this machine's byte order stays
         float16, a view of the file, for a quantizer that widens each row itself
         (fastllm_quantize_f16: int4 of the 1.1B shape 12.4 s against 13.6, int8 13.6 against 15.1,
-        medians of 4 alternating runs, AMD EPYC, 2 cores)."""
+        medians of 4 alternating runs, AMD EPYC, 2 cores). keep_bf16: a BF16 tensor of a little-endian
+        file stays its bits (quantize.BF16), a view of the file, for fastllm_quantize_bf16."""
         t = self.tensors[name]
         T = self.gguf.GGMLQuantizationType
         try:
             data = np.asarray(t.data)
             if t.tensor_type == T.F16 and keep_f16 and data.dtype == np.float16:
                 arr = data
+            elif t.tensor_type == T.BF16 and keep_bf16 and self.little_endian and sys.byteorder == "little":
+                arr = data.view(quantize.BF16)  # (the file's bytes, two a value)
             elif t.tensor_type == T.F16 and out is not None and data.dtype == np.float16:
                 src = data.reshape(-1)  # (a big-endian file's data takes astype below)
                 arr = out[:src.size]
@@ -284,7 +290,8 @@ class GgufModel:
                 arr = data.astype(np.float32)
             else:
                 arr = self.gguf.quants.dequantize(t.data, t.tensor_type)
-            arr = np.ascontiguousarray(arr, dtype=np.float16 if keep_f16 and arr.dtype == np.float16 else np.float32)
+            kept = keep_f16 and arr.dtype == np.float16 or keep_bf16 and arr.dtype == quantize.BF16
+            arr = np.ascontiguousarray(arr, dtype=arr.dtype if kept else np.float32)
             arr = arr.reshape(self.shape(name))
         except (ValueError, NotImplementedError, AssertionError) as e:
             raise ConversionError(f"{self.path}: cannot dequantize tensor {name} "
@@ -724,7 +731,8 @@ def add_tensors(writer, g: GgufModel, family, hp: common.HParams, dtype: str) ->
                 if exact:
                     _, grid, a = g.on_grid(name)
                 elif target in quantize.QUANT:  # quantized before the next tensor is made
-                    a = g.dequantize(name, out=widened(i, g.tensors[name].n_elements), keep_f16=quantize.takes_f16())
+                    a = g.dequantize(name, out=widened(i, g.tensors[name].n_elements), keep_f16=quantize.takes_f16(),
+                                     keep_bf16=quantize.takes_bf16())
                     grid = None
                 else:
                     a, grid = g.dequantize(name), None
@@ -740,7 +748,7 @@ def add_tensors(writer, g: GgufModel, family, hp: common.HParams, dtype: str) ->
             a = arrays[0] if len(arrays) == 1 else np.concatenate(arrays, axis=0)
             if exact:
                 return quantize.OnGrid(a, quantize.Grid.stack(grids))
-            if a.dtype == np.float16 and target in quantize.QUANT:  # (keep_f16 above)
+            if a.dtype in (np.float16, quantize.BF16) and target in quantize.QUANT:  # (keep_f16, keep_bf16 above)
                 return a
             return common.to_numpy(torch.from_numpy(a), out_dtype, spec.name)
 

@@ -450,7 +450,8 @@ def _quantize_native(lib, w, dtype: str, out: np.ndarray | None) -> np.ndarray:
     if any(s % TILE_ROWS for s in starts[1:-1]):  # parts that share a tile: joined
         blocks, starts = [w.joined()], [0, n]
     for b, r0 in zip(blocks, starts):
-        fn = lib.f16 if b.dtype == np.float16 else lib.bf16 if b.dtype == BF16 else None
+        # (BF16 is little-endian bits, the library reads this machine's order)
+        fn = lib.f16 if b.dtype == np.float16 else lib.bf16 if b.dtype == BF16 and sys.byteorder == "little" else None
         if fn is None:
             b, fn = np.ascontiguousarray(as_float32(b)), lib.fastllm_quantize
         else:

@@ -129,6 +129,15 @@ def f16_gguf(tmp_path_factory):
     return write_gguf(hf_dir, tmp_path / "m.gguf", types={f"{k}.weight": Q.F16 for k in suffixes})
 
 
+@pytest.fixture(scope="module")
+def bf16_gguf(tmp_path_factory):
+    tmp_path = tmp_path_factory.mktemp("bf16_gguf")
+    hf_dir = make_llama(tmp_path, name="hf", seed=5, num_key_value_heads=2)
+    suffixes = ("token_embd", "attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up",
+                "ffn_down", "output")
+    return write_gguf(hf_dir, tmp_path / "m.gguf", types={f"{k}.weight": Q.BF16 for k in suffixes})
+
+
 def test_f16_widened_into_kept_buffers(f16_gguf, tmp_path, monkeypatch):
     """Where the library cannot take f16 weights, F16 matrices to be quantized are widened into
     buffers kept across tensors (one per part of a fused matrix: q, k, v; gate, up): the file equals
@@ -138,26 +147,28 @@ def test_f16_widened_into_kept_buffers(f16_gguf, tmp_path, monkeypatch):
     calls = []
     fresh = gguf_import.GgufModel.dequantize
     monkeypatch.setattr(gguf_import.GgufModel, "dequantize",
-                        lambda self, name, out=None, keep_f16=False: calls.append(out is not None) or fresh(self, name))
+                        lambda self, name, out=None, **keep: calls.append(out is not None) or fresh(self, name))
     convert(f16_gguf, tmp_path / "fresh.flm", dtype="int4")
     assert sum(calls) > 9, "the converter passed no buffers"
     assert (tmp_path / "kept.flm").read_bytes() == (tmp_path / "fresh.flm").read_bytes()
 
 
 @pytest.mark.parametrize("dtype", ["int4", "q4_k_m"])
-def test_f16_weights_quantized_as_they_lie(f16_gguf, tmp_path, monkeypatch, dtype):
-    """The library takes the F16 matrices as they lie in the file (fastllm_quantize_f16, rows widened
-    as it goes): the same file as the numpy search on matrices torch widened."""
-    assert quantize.takes_f16(), "the library has no fastllm_quantize_f16"
+@pytest.mark.parametrize("kind", ["f16", "bf16"])
+def test_16bit_weights_quantized_as_they_lie(request, tmp_path, monkeypatch, kind, dtype):
+    """The library takes the F16 or BF16 matrices as they lie in the file (fastllm_quantize_f16 and
+    _bf16, rows widened as it goes): the same file as the numpy search on matrices widened first."""
+    path = request.getfixturevalue(f"{kind}_gguf")
+    assert quantize.takes_f16() and quantize.takes_bf16(), "the library lacks fastllm_quantize_f16 or _bf16"
     kept = []
     real = quantize._quantize_native
     monkeypatch.setattr(quantize, "_quantize_native", lambda lib, w, *a: kept.append(w.dtype) or real(lib, w, *a))
-    convert(f16_gguf, tmp_path / "native.flm", dtype=dtype)
-    assert kept.count(np.float16) >= 9, kept
+    convert(path, tmp_path / "native.flm", dtype=dtype)
+    assert kept.count(np.float16 if kind == "f16" else quantize.BF16) >= 9, kept
     monkeypatch.setenv("FASTLLM_CONVERTER_NATIVE", "0")
     quantize.native.cache_clear()
     try:
-        convert(f16_gguf, tmp_path / "numpy.flm", dtype=dtype)
+        convert(path, tmp_path / "numpy.flm", dtype=dtype)
     finally:
         monkeypatch.delenv("FASTLLM_CONVERTER_NATIVE")
         quantize.native.cache_clear()
