@@ -120,22 +120,23 @@ def test_other_dtypes_equal_hf_checkpoint(tmp_path, dtype):
         assert b.tensors["blk.0.attn_qkv.weight"].dtype == dtype
 
 
-@pytest.fixture(scope="module")
-def f16_gguf(tmp_path_factory):
-    tmp_path = tmp_path_factory.mktemp("f16_gguf")
+def float_gguf(tmp_path_factory, qtype) -> Path:
+    """A random llama whose matrices a GGUF holds as qtype (F16, BF16)."""
+    tmp_path = tmp_path_factory.mktemp(f"{qtype.name.lower()}_gguf")
     hf_dir = make_llama(tmp_path, name="hf", seed=5, num_key_value_heads=2)
     suffixes = ("token_embd", "attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up",
                 "ffn_down", "output")
-    return write_gguf(hf_dir, tmp_path / "m.gguf", types={f"{k}.weight": Q.F16 for k in suffixes})
+    return write_gguf(hf_dir, tmp_path / "m.gguf", types={f"{k}.weight": qtype for k in suffixes})
+
+
+@pytest.fixture(scope="module")
+def f16_gguf(tmp_path_factory):
+    return float_gguf(tmp_path_factory, Q.F16)
 
 
 @pytest.fixture(scope="module")
 def bf16_gguf(tmp_path_factory):
-    tmp_path = tmp_path_factory.mktemp("bf16_gguf")
-    hf_dir = make_llama(tmp_path, name="hf", seed=5, num_key_value_heads=2)
-    suffixes = ("token_embd", "attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up",
-                "ffn_down", "output")
-    return write_gguf(hf_dir, tmp_path / "m.gguf", types={f"{k}.weight": Q.BF16 for k in suffixes})
+    return float_gguf(tmp_path_factory, Q.BF16)
 
 
 def test_f16_widened_into_kept_buffers(f16_gguf, tmp_path, monkeypatch):
