@@ -4,19 +4,19 @@
     python3 bench/bench_llamacpp.py --shape tinyllama --llama_cpp /path/to/llama.cpp --repeat 3
     python3 bench/bench_llamacpp.py --shape gemma3-1b --llama_cpp /path/to/llama.cpp --variants int8,int4
 
---llama_cpp is a llama.cpp source tree built outside this repository (it needs build/bin/llama-bench,
-build/bin/llama-quantize and convert_hf_to_gguf.py); without it the llama.cpp rows are skipped,
-saying so. Pairs: fastllm int8 vs Q8_0 (int8 keeps the output head at f16, more bytes than
-Q8_0's Q8_0 head), fastllm int8 with its head at q8 vs Q8_0 (equal bits), fastllm int4 (g32) vs
-Q4_0 (int4 keeps the head at q8, more bytes than Q4_0's Q6_K head), fastllm int4 with its head at
-q6 vs Q4_0 (about equal bytes), fastllm int4 g128 (4.125 bits) vs Q4_0, and the K presets against
-llama.cpp's of the same name (q4_k_m vs Q4_K_M, q4_k_s vs Q4_K_S, q3_k_m vs Q3_K_M, q5_k_m vs
-Q5_K_M; each made by its own converter from the same checkpoint, no imatrix). For each pair the two
-engines take turns, one round each, --repeat times. Generation starts from an empty context in both
-(llama-bench's tg test; fastllm.bench's gen_from_empty). Prints prompt tok/s (pp) and generation tok/s
-(tg) (medians), the median of the per-round ratios, weight bytes read per generated token, the
-fraction of the read-bandwidth limit (measured here) that tg reaches, and fastllm's peak RSS and
-warm load time.
+--llama_cpp is a llama.cpp source tree built outside this repository (it needs
+build/bin/llama-bench, build/bin/llama-quantize and convert_hf_to_gguf.py); without it the llama.cpp
+rows are skipped, saying so. Pairs: fastllm int8 vs Q8_0 (int8 keeps the output head at f16, more
+bytes than Q8_0's Q8_0 head), fastllm int8 with its head at q8 vs Q8_0 (equal bits), fastllm int4
+(g32) vs Q4_0 (int4 keeps the head at q8, more bytes than Q4_0's Q6_K head), fastllm int4 with its
+head at q6 vs Q4_0 (about equal bytes), fastllm int4 g128 (4.125 bits) vs Q4_0, and the K presets
+against llama.cpp's of the same name (q4_k_m vs Q4_K_M, q4_k_s vs Q4_K_S, q3_k_m vs Q3_K_M, q5_k_m
+vs Q5_K_M, q5_k_s vs Q5_K_S, q6_k vs Q6_K; each made by its own converter from the same checkpoint,
+no imatrix). For each pair the two engines take turns, one round each, --repeat times. Generation
+starts from an empty context in both (llama-bench's tg test; fastllm.bench's gen_from_empty). Prints
+prompt tok/s (pp) and generation tok/s (tg) (medians), the median of the per-round ratios, weight
+bytes read per generated token, the fraction of the read-bandwidth limit (measured here) that tg
+reaches, and fastllm's peak RSS and warm load time.
 
 --depth D measures generation after D tokens of context instead (the pp column is then the D-token
 prompt's rate): fastllm evaluates a D-token prompt and generates after it; llama.cpp runs
@@ -46,7 +46,8 @@ FASTLLM_VARIANTS = [("int8", "int8", 32, [], "Q8_0"), ("int8_q8head", "int8", 32
                     ("int4", "int4", 32, [], "Q4_0"), ("int4_q6head", "int4", 32, ["output.weight=q6"], "Q4_0"),
                     ("int4_g128", "int4", 128, [], "Q4_0"),
                     ("q4_k_m", "q4_k_m", 32, [], "Q4_K_M"), ("q4_k_s", "q4_k_s", 32, [], "Q4_K_S"),
-                    ("q3_k_m", "q3_k_m", 32, [], "Q3_K_M"), ("q5_k_m", "q5_k_m", 32, [], "Q5_K_M")]
+                    ("q3_k_m", "q3_k_m", 32, [], "Q3_K_M"), ("q5_k_m", "q5_k_m", 32, [], "Q5_K_M"),
+                    ("q5_k_s", "q5_k_s", 32, [], "Q5_K_S"), ("q6_k", "q6_k", 32, [], "Q6_K")]
 
 
 class ReadBandwidth:
