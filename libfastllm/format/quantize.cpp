@@ -4,9 +4,8 @@
 // numpy divides a float32 array by a float64 scalar (a linspace step), and every sum over a group in
 // numpy's pairwise order (8 running sums, then added in pairs, then to numpy's initial 0). The files
 // are built with -ffp-contract=off: a fused multiply-add would round differently. The symmetric
-// formats' and the K formats' searches run over groups in vector lanes (quantize_lanes.h), and
-// multiply by a reciprocal only where that provably rounds as numpy's division does; q4m's runs here,
-// one group at a time.
+// formats', q4m's and the K formats' searches run over groups in vector lanes (quantize_lanes.h), and
+// multiply by a reciprocal only where that provably rounds as numpy's division does.
 #include "format/quantize.h"
 
 #include <algorithm>
@@ -33,23 +32,6 @@ namespace {
 
 using quant::kInf;
 using quant::kMaxGroup;
-using quant::linspace;
-using quant::to_f16;
-
-// numpy's float32 add.reduce over a contiguous group of n (a multiple of 8, at most 128) values.
-inline float np_sum(const float *a, int n) {
-    float r[8];
-    for (int j = 0; j < 8; j++) r[j] = a[j];
-    for (int i = 8; i < n; i += 8)
-        for (int j = 0; j < 8; j++) r[j] += a[i + j];
-    return 0.0f + (((r[0] + r[1]) + (r[2] + r[3])) + ((r[4] + r[5]) + (r[6] + r[7])));
-}
-// np_sum of the products a * b (numpy's (a * b).sum(axis)).
-inline float np_dot(const float *a, const float *b, int n) {
-    float t[kMaxGroup];
-    for (int i = 0; i < n; i++) t[i] = a[i] * b[i];
-    return np_sum(t, n);
-}
 
 // np.clip(np.rint(v), lo, hi) for finite v and integer bounds (clipping first gives the same); NaN
 // gives lo. Adding and subtracting 1.5 * 2^23 rounds to an integer, ties to even, as rint does
@@ -83,37 +65,6 @@ struct Symmetric {
 inline Symmetric symmetric_range(int bits) {
     if (bits == 8) return {127, 127, 128};
     return {1 << (bits - 1), (1 << (bits - 1)) - 1, 1 << (bits - 1)};
-}
-
-// _search_q4m: the f16 scale and minimum (as floats) of least squared error, codes in [0, 15].
-void search_q4m(const float *x, int G, float *out_d, float *out_m) {
-    float lo0 = x[0], hi0 = x[0], q[kMaxGroup], t[kMaxGroup];
-    for (int i = 1; i < G; i++) lo0 = x[i] < lo0 ? x[i] : lo0, hi0 = x[i] > hi0 ? x[i] : hi0;
-    const float span = hi0 - lo0, n = (float)G, sw = np_sum(x, G);
-    float best_err = kInf, best_d = 0.0f, best_m = 0.0f;
-    static const double kShrink[3] = {0.0, 0.05, 0.1};
-    for (double a : kShrink)
-        for (double b : kShrink) {
-            const float lo = lo0 + (float)a * span;
-            float d = (span * (float)(1 - a - b)) / 15.0f;
-            for (int i = 0; i < G; i++) t[i] = x[i] - lo;
-            codes(t, G, d, 0.0f, 15.0f, q);
-            const float sq = np_sum(q, G);
-            const float sqq = np_dot(q, q, G), sqw = np_dot(q, x, G);
-            const float det = n * sqq - sq * sq;
-            if (det > 0) d = (n * sqw - sq * sw) / det;
-            const float m = (sw - d * sq) / n;
-            const float d16 = to_f16(d), m16 = to_f16(m);
-            for (int i = 0; i < G; i++) t[i] = x[i] - m16;
-            codes(t, G, d16, 0.0f, 15.0f, q);
-            for (int i = 0; i < G; i++) {
-                const float e = x[i] - (d16 * q[i] + m16);
-                t[i] = e * e;
-            }
-            const float err = np_sum(t, G);
-            if (err < best_err) best_err = err, best_d = d16, best_m = m16;
-        }
-    *out_d = best_d, *out_m = best_m;
 }
 
 // _k_codes for one row: per super-block of 8 groups, the value of largest magnitude on code 255.
@@ -171,15 +122,15 @@ quant::LaneSearch lane_search() {
     const platform::CpuFeatures &cpu = platform::cpu_features();
     if (quant::kAvx512Search.search && cpu.avx512 && !avx2) return quant::kAvx512Search;
     if (quant::kAvx2Search.search && cpu.avx2 && !scalar) return quant::kAvx2Search;
-    return {quant::base::kLanes, quant::base::search_symmetric, quant::base::search_k_min, quant::base::search_k_sym,
-            quant::widen_f16_scalar};
+    return {quant::base::kLanes,      quant::base::search_symmetric, quant::base::search_k_min,
+            quant::base::search_k_sym, quant::base::search_q4m,       quant::widen_f16_scalar};
 }
 
 // One row: its groups' scales searched and stored, its codes written into the row's tile.
 void quantize_row(const Layout &L, const float *x, int64_t r, RowScratch &S) {
     float *d = S.d.data(), *m = S.m.data();
     const Symmetric sym = symmetric_range(L.bits);
-    if (L.k || !L.has_min) {  // the searches in lanes: W groups a batch, a last batch's missing lanes repeat its first group
+    {  // the searches in lanes: W groups a batch, a last batch's missing lanes repeat its first group
         const int W = L.search.lanes;
         float xt[kMaxGroup * quant::kMaxLanes], dl[quant::kMaxLanes], ml[quant::kMaxLanes] = {};
         uint8_t ct[kMaxGroup * quant::kMaxLanes];
@@ -187,16 +138,15 @@ void quantize_row(const Layout &L, const float *x, int64_t r, RowScratch &S) {
             const int n = (int)std::min<int64_t>(W, L.groups - g0);
             for (int l = 0; l < W; l++)
                 for (int i = 0; i < L.G; i++) xt[i * W + l] = x[(g0 + (l < n ? l : 0)) * L.G + i];
-            if (!L.k) L.search.search(xt, L.G, sym.neg, sym.pos, sym.zero, dl, ct);
+            if (!L.k && L.has_min) L.search.search_q4m(xt, L.G, dl, ml);
+            else if (!L.k) L.search.search(xt, L.G, sym.neg, sym.pos, sym.zero, dl, ct);
             else if (L.has_min) L.search.search_k_min(xt, (1 << L.bits) - 1, dl, ml);
             else L.search.search_k_sym(xt, sym.neg, sym.pos, dl);
             for (int l = 0; l < n; l++) d[g0 + l] = dl[l], m[g0 + l] = ml[l];
             // The symmetric search gave the codes too, in the row's order: taking them lane by lane
             // here took about 6% of an int4 conversion's CPU time (its byte stores reloaded L.G each time).
-            if (!L.k) std::memcpy(&S.row_codes[g0 * L.G], ct, (size_t)(n * L.G));
+            if (!L.k && !L.has_min) std::memcpy(&S.row_codes[g0 * L.G], ct, (size_t)(n * L.G));
         }
-    } else {
-        for (int64_t g = 0; g < L.groups; g++) search_q4m(x + g * L.G, L.G, &d[g], &m[g]);
     }
     if (L.k) {  // the scales (minimums) become codes of f16 factors; the weights are rounded on those
         for (int kind = 0; kind < (L.has_min ? 2 : 1); kind++) {

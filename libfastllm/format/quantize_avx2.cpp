@@ -17,11 +17,11 @@ void widen_f16_f16c(const uint16_t *h, int64_t n, float *out) {
     for (; i + 8 <= n; i += 8) _mm256_storeu_ps(out + i, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(h + i))));
     widen_f16_scalar(h + i, n - i, out + i);
 }
-const LaneSearch kAvx2Search = {avx2::kLanes, avx2::search_symmetric, avx2::search_k_min, avx2::search_k_sym,
-                                widen_f16_f16c};
+const LaneSearch kAvx2Search = {avx2::kLanes,      avx2::search_symmetric, avx2::search_k_min,
+                                avx2::search_k_sym, avx2::search_q4m,       widen_f16_f16c};
 }  // namespace fastllm::quant
 #else
 namespace fastllm::quant {
-const LaneSearch kAvx2Search = {0, nullptr, nullptr, nullptr, nullptr};
+const LaneSearch kAvx2Search = {0, nullptr, nullptr, nullptr, nullptr, nullptr};
 }  // namespace fastllm::quant
 #endif

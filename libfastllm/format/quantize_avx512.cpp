@@ -10,11 +10,11 @@
 #include "format/quantize_lanes.h"
 
 namespace fastllm::quant {
-const LaneSearch kAvx512Search = {avx512::kLanes, avx512::search_symmetric, avx512::search_k_min,
-                                  avx512::search_k_sym, widen_f16_f16c};
+const LaneSearch kAvx512Search = {avx512::kLanes,      avx512::search_symmetric, avx512::search_k_min,
+                                  avx512::search_k_sym, avx512::search_q4m,       widen_f16_f16c};
 }  // namespace fastllm::quant
 #else
 namespace fastllm::quant {
-const LaneSearch kAvx512Search = {0, nullptr, nullptr, nullptr, nullptr};
+const LaneSearch kAvx512Search = {0, nullptr, nullptr, nullptr, nullptr, nullptr};
 }  // namespace fastllm::quant
 #endif

@@ -31,6 +31,7 @@ struct LaneSearch {
     void (*search)(const float *xt, int G, int neg, int pos, int zero, float *out_d, uint8_t *out_codes);
     void (*search_k_min)(const float *xt, int n_max, float *out_d, float *out_m);
     void (*search_k_sym)(const float *xt, int neg, int pos, float *out_d);
+    void (*search_q4m)(const float *xt, int G, float *out_d, float *out_m);
     void (*widen_f16)(const uint16_t *h, int64_t n, float *out);  // exact: any width gives the same floats
 };
 // widen_f16 one value at a time (the baseline's, and the twin of the vector ones).
