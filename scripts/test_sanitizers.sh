@@ -18,7 +18,7 @@ OPT=(-DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_C_FLAGS_RELWITHDEBINFO="-O1 -DNDE
 cmake -S . -B build-asan "${OPT[@]}" -DFASTLLM_SANITIZE=address >/dev/null
 # Only what the runs below use: the library, the kernel tests, fastllm-server, the fuzz replays and
 # the programs test_reliability.py starts (not the examples, benches and other tools).
-cmake --build build-asan -j2 --target fastllm test_kernels fastllm-server test_cycles test_threads \
+cmake --build build-asan -j2 --target fastllm test_kernels test_quant_lanes fastllm-server test_cycles test_threads \
   fuzz_flm_replay fuzz_tokenizer_replay fuzz_chat_template_replay fuzz_grammar_replay fuzz_server_request_replay \
   >/dev/null
 export UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1
