@@ -7,11 +7,11 @@ Pairs: fastllm int8 vs Q8_0, int4 vs Q4_0, q4_k_m vs Q4_K_M (--pairs picks). fas
 random-weight HF folder (float32, as bench_speed.py makes it) and, with --from_gguf, the f16 GGUF
 that llama.cpp's convert_hf_to_gguf.py made of it, which is what llama-quantize starts from (its
 time excludes making that GGUF), and with --from_bf16 a bfloat16 copy of the folder (as most
-HuggingFace checkpoints are stored; made once, beside the float32 one). Each round runs every variant once, in turn; the figures are the
-medians of wall seconds over --repeat rounds and the median of the per-round ratios to
-llama-quantize. --numpy also times the converter with its numpy search (FASTLLM_CONVERTER_NATIVE=0,
-the reference twin of the library's quantizer: the same bytes, slower). llama-quantize runs on
---threads threads; the converter's quantizer takes one per core.
+HuggingFace checkpoints are stored; made once, beside the float32 one). Each round runs every
+variant once, in turn; the figures are the medians of wall seconds over --repeat rounds and the
+median of the per-round ratios to llama-quantize. --numpy also times the converter with its numpy
+search (FASTLLM_CONVERTER_NATIVE=0, the reference twin of the library's quantizer: the same bytes,
+slower). llama-quantize runs on --threads threads; the converter's quantizer takes one per core.
 
 Every run writes to a path that does not exist: the output is removed before each. llama-quantize
 truncates an existing output and writes into the pages that frees, while the converter writes a

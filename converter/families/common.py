@@ -291,7 +291,8 @@ def to_numpy(t: torch.Tensor, dtype: str, what: str, quantized: bool = False) ->
     folder's int4 conversion of the 1.1B shape: docs/quantization.md)."""
     if not t.is_floating_point():
         raise ConversionError(f"{what}: expected a floating-point tensor, got {t.dtype}")
-    if quantized and (t.dtype == torch.float16 and quantize.takes_f16() or t.dtype == torch.bfloat16 and quantize.takes_bf16()):
+    if quantized and (t.dtype == torch.float16 and quantize.takes_f16()
+                      or t.dtype == torch.bfloat16 and quantize.takes_bf16()):
         t = t.detach().to(device="cpu").contiguous()
         return t.numpy() if t.dtype == torch.float16 else t.view(torch.int16).numpy().view(quantize.BF16)
     t = t.detach().to(device="cpu", dtype=TORCH_DTYPES.get(dtype, torch.float32)).contiguous()

@@ -314,8 +314,8 @@ void attend_blocks(const KernelTable &k, const float *q, const AttentionRun &run
     // panels: the keys' (hd x B), the values' (B x C per C of a head's values), a block's weighted
     // values; tiles: the keys' and the values' halves
     const StepMemory step = carve_step(carve, hd, kv_dim);  // named, not bound: lambdas below take them
-    float *S = step.S, *alpha = step.alpha, *sums = step.sums, *Kt = step.Kt, *Vt = step.Vt, *tmp = step.tmp, *Kp = step.Kp,
-          *Vp = step.Vp, *Ot = step.Ot;
+    float *S = step.S, *alpha = step.alpha, *sums = step.sums, *Kt = step.Kt, *Vt = step.Vt, *tmp = step.tmp;
+    float *Kp = step.Kp, *Vp = step.Vp, *Ot = step.Ot;
     uint16_t *kt = step.kt, *vt = step.vt;
     struct Block : BlockState {
         int r0, r1, nq;

@@ -277,7 +277,8 @@ inline void search_q4m(const float *xt, int G, float *out_d, float *out_m) {
             codes(lo, d, q);
             LaneSums sq_, sqq_, sqw_;
             for (int i = 0; i < G; i += 8)
-                for (int j = 0; j < 8; j++) sq_.add(j, q[i + j]), sqq_.add(j, q[i + j] * q[i + j]), sqw_.add(j, q[i + j] * x[i + j]);
+                for (int j = 0; j < 8; j++)
+                    sq_.add(j, q[i + j]), sqq_.add(j, q[i + j] * q[i + j]), sqw_.add(j, q[i + j] * x[i + j]);
             const VF sq = sq_.total(), sqq = sqq_.total(), sqw = sqw_.total();
             const VF det = n * sqq - sq * sq;
             d = det > 0 ? (n * sqw - sq * sw) / det : d;

@@ -24,7 +24,9 @@ using namespace fastllm::quant;
 
 static int g_passed = 0, g_failed = 0;
 
-static bool same_bits(const float *a, const float *b, int n) { return std::memcmp(a, b, sizeof(float) * (size_t)n) == 0; }
+static bool same_bits(const float *a, const float *b, int n) {
+    return std::memcmp(a, b, sizeof(float) * (size_t)n) == 0;
+}
 
 // 16 groups of G values, the kinds of data the Python tests use too.
 static std::vector<float> groups(int kind, int G, std::mt19937 &rng) {
@@ -40,7 +42,8 @@ static std::vector<float> groups(int kind, int G, std::mt19937 &rng) {
             case 1: v = nd(rng) * nd(rng) * nd(rng) * 0.1f; break;            // heavy tails
             case 2: v = i == 0 ? 8.0f : (float)half(rng) / 2; break;          // half-integers: ties
             case 3: v = extremes[pick(rng)] * 0.02f; break;                   // the extreme many times
-            case 4: v = g % 4 == 0 ? 0.0f : g % 4 == 1 ? 1.5f : nd(rng) * 1e-42f * (g % 2 ? 1 : 0); break;  // zero, constant, subnormal
+            // 4: zeros of both signs, a constant, subnormal values
+            case 4: v = g % 4 == 0 ? 0.0f : g % 4 == 1 ? 1.5f : g % 4 == 2 ? nd(rng) * 1e-42f : -0.0f; break;
             default: v = std::fabs(nd(rng)) * (g % 2 ? 3e4f : 1e-30f); break;  // one sign, large and tiny
             }
         }
@@ -73,13 +76,16 @@ int main() {
             const std::vector<float> x16 = transpose(x, G, 0, 16);
             // the symmetric searches: q8, q6, q4 (codes in [-neg, pos] around zero)
             for (int bits : {8, 6, 4}) {
-                const int neg = bits == 8 ? 127 : 1 << (bits - 1), pos = (1 << (bits - 1)) - 1, zero = bits == 8 ? 128 : neg;
+                const int neg = bits == 8 ? 127 : 1 << (bits - 1), pos = (1 << (bits - 1)) - 1;
+                const int zero = bits == 8 ? 128 : neg;
                 float d16[16], d4[16];
                 std::vector<uint8_t> c16((size_t)16 * G), c4((size_t)16 * G);
                 lanes16::search_symmetric(x16.data(), G, neg, pos, zero, d16, c16.data());
                 for (int g0 = 0; g0 < 16; g0 += 4)
-                    lanes4::search_symmetric(transpose(x, G, g0, 4).data(), G, neg, pos, zero, d4 + g0, c4.data() + (size_t)g0 * G);
-                CHECK(same_bits(d16, d4, 16) && c16 == c4, bits == 8 ? "search_symmetric q8" : bits == 6 ? "search_symmetric q6" : "search_symmetric q4", kind, G);
+                    lanes4::search_symmetric(transpose(x, G, g0, 4).data(), G, neg, pos, zero, d4 + g0,
+                                             c4.data() + (size_t)g0 * G);
+                const char *what[] = {"search_symmetric q4", "search_symmetric q6", "search_symmetric q8"};
+                CHECK(same_bits(d16, d4, 16) && c16 == c4, what[bits / 2 - 2], kind, G);
             }
             float d16[16], m16[16], d4[16], m4[16];
             lanes16::search_q4m(x16.data(), G, d16, m16);
@@ -88,7 +94,8 @@ int main() {
             if (G != 32) continue;  // the K formats' groups are 32
             for (int n_max : {7, 15, 31}) {  // q3k, q4k, q5k
                 lanes16::search_k_min(x16.data(), n_max, d16, m16);
-                for (int g0 = 0; g0 < 16; g0 += 4) lanes4::search_k_min(transpose(x, G, g0, 4).data(), n_max, d4 + g0, m4 + g0);
+                for (int g0 = 0; g0 < 16; g0 += 4)
+                    lanes4::search_k_min(transpose(x, G, g0, 4).data(), n_max, d4 + g0, m4 + g0);
                 CHECK(same_bits(d16, d4, 16) && same_bits(m16, m4, 16), "search_k_min", kind, G);
             }
             lanes16::search_k_sym(x16.data(), 32, 31, d16);
