@@ -979,7 +979,8 @@ fastllm_status quantize_weights(const char *dtype, fastllm::WeightBits bits, con
                                                            "] takes " + std::to_string(need));
     if (n_threads < 0) return set_error(FASTLLM_ERR_INVALID_ARGUMENT, "n_threads must not be negative");
     const int threads = n_threads > 0 ? n_threads : (int)std::max(1u, std::thread::hardware_concurrency());
-    return guard([&] { fastllm::quantize_matrix(t, bits, weights, rows, cols, first_row, n_rows, threads, (uint8_t *)out); });
+    return guard(
+        [&] { fastllm::quantize_matrix(t, bits, weights, rows, cols, first_row, n_rows, threads, (uint8_t *)out); });
 }
 
 }  // namespace

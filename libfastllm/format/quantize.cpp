@@ -130,23 +130,22 @@ quant::LaneSearch lane_search() {
 void quantize_row(const Layout &L, const float *x, int64_t r, RowScratch &S) {
     float *d = S.d.data(), *m = S.m.data();
     const Symmetric sym = symmetric_range(L.bits);
-    {  // the searches in lanes: W groups a batch, a last batch's missing lanes repeat its first group
-        const int W = L.search.lanes;
-        float xt[kMaxGroup * quant::kMaxLanes], dl[quant::kMaxLanes], ml[quant::kMaxLanes] = {};
-        uint8_t ct[kMaxGroup * quant::kMaxLanes];
-        for (int64_t g0 = 0; g0 < L.groups; g0 += W) {
-            const int n = (int)std::min<int64_t>(W, L.groups - g0);
-            for (int l = 0; l < W; l++)
-                for (int i = 0; i < L.G; i++) xt[i * W + l] = x[(g0 + (l < n ? l : 0)) * L.G + i];
-            if (!L.k && L.has_min) L.search.search_q4m(xt, L.G, dl, ml);
-            else if (!L.k) L.search.search(xt, L.G, sym.neg, sym.pos, sym.zero, dl, ct);
-            else if (L.has_min) L.search.search_k_min(xt, (1 << L.bits) - 1, dl, ml);
-            else L.search.search_k_sym(xt, sym.neg, sym.pos, dl);
-            for (int l = 0; l < n; l++) d[g0 + l] = dl[l], m[g0 + l] = ml[l];
-            // The symmetric search gave the codes too, in the row's order: taking them lane by lane
-            // here took about 6% of an int4 conversion's CPU time (its byte stores reloaded L.G each time).
-            if (!L.k && !L.has_min) std::memcpy(&S.row_codes[g0 * L.G], ct, (size_t)(n * L.G));
-        }
+    // The searches in lanes: W groups a batch, a last batch's missing lanes repeat its first group
+    const int W = L.search.lanes;
+    float xt[kMaxGroup * quant::kMaxLanes], dl[quant::kMaxLanes], ml[quant::kMaxLanes] = {};
+    uint8_t ct[kMaxGroup * quant::kMaxLanes];
+    for (int64_t g0 = 0; g0 < L.groups; g0 += W) {
+        const int n = (int)std::min<int64_t>(W, L.groups - g0);
+        for (int l = 0; l < W; l++)
+            for (int i = 0; i < L.G; i++) xt[i * W + l] = x[(g0 + (l < n ? l : 0)) * L.G + i];
+        if (!L.k && L.has_min) L.search.search_q4m(xt, L.G, dl, ml);
+        else if (!L.k) L.search.search(xt, L.G, sym.neg, sym.pos, sym.zero, dl, ct);
+        else if (L.has_min) L.search.search_k_min(xt, (1 << L.bits) - 1, dl, ml);
+        else L.search.search_k_sym(xt, sym.neg, sym.pos, dl);
+        for (int l = 0; l < n; l++) d[g0 + l] = dl[l], m[g0 + l] = ml[l];
+        // The symmetric search gave the codes too, in the row's order: taking them lane by lane
+        // here took about 6% of an int4 conversion's CPU time (its byte stores reloaded L.G each time).
+        if (!L.k && !L.has_min) std::memcpy(&S.row_codes[g0 * L.G], ct, (size_t)(n * L.G));
     }
     if (L.k) {  // the scales (minimums) become codes of f16 factors; the weights are rounded on those
         for (int kind = 0; kind < (L.has_min ? 2 : 1); kind++) {
