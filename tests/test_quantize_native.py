@@ -136,7 +136,8 @@ def half_weights(kind: str, cols: int) -> np.ndarray:
         return h
     top = lambda f: (np.asarray(f, np.float32).view(np.uint32) >> 16).astype(np.uint16)  # truncated to bf16
     h = top(rng.standard_normal((35, cols)) * 0.05)
-    h[1] = rng.integers(0, 128, cols).astype(np.uint16) | (rng.integers(0, 2, cols).astype(np.uint16) << 15)  # subnormal
+    sign = rng.integers(0, 2, cols).astype(np.uint16) << 15
+    h[1] = rng.integers(0, 128, cols).astype(np.uint16) | sign  # subnormal
     h[2, :5] = [0x7F7F, 0xFF7F, 0x7F80, 0xFF80, 0x7FC0]  # the largest, -largest, inf, -inf, NaN
     h[3] = 0
     return h.view(quantize.BF16)
@@ -164,7 +165,8 @@ def test_16bit_weights_give_the_bytes_of_their_float32(lib, kind, dtype, isa, mo
         assert status == 0, msg
         assert np.array_equal(out, ref), f"{np.count_nonzero(out != ref)} bytes differ"
     finite = np.concatenate([h[:2], h[3:]])  # (the numpy search has no bytes of its own for inf and NaN)
-    assert np.array_equal(quantize.quantize(finite, dtype), quantize.quantize(quantize.as_float32(finite), dtype, use_native=False))
+    numpy_search = quantize.quantize(quantize.as_float32(finite), dtype, use_native=False)
+    assert np.array_equal(quantize.quantize(finite, dtype), numpy_search)
 
 
 @pytest.mark.parametrize("dtype", ["int8", "int4", "q4_k_m"])
@@ -179,8 +181,8 @@ def test_16bit_folder_quantized_as_it_lies(tmp_path, monkeypatch, kind, dtype):
     model = make_llama(tmp_path, hidden_size=256, intermediate_size=512, num_hidden_layers=2,
                        num_attention_heads=4, num_key_value_heads=2)
     st = model / "model.safetensors"
-    save_file({k: v.to(getattr(torch, {"f16": "float16", "bf16": "bfloat16"}[kind])) for k, v in load_file(st).items()},
-              st, metadata={"format": "pt"})
+    to = {"f16": torch.float16, "bf16": torch.bfloat16}[kind]
+    save_file({k: v.to(to) for k, v in load_file(st).items()}, st, metadata={"format": "pt"})
     kept = []
     real = quantize._quantize_native
     monkeypatch.setattr(quantize, "_quantize_native", lambda lib, w, *a: kept.append(w.dtype) or real(lib, w, *a))
