@@ -70,9 +70,7 @@ class FlmFile:
     locations: dict = field(default_factory=dict)       # name -> TensorLocation
 
 
-def bf16_to_f32(bits: np.ndarray) -> np.ndarray:
-    """bf16 bit patterns (uint16) -> float32 values (exact)."""
-    return (np.asarray(bits).astype(np.uint32) << 16).view(np.float32)
+bf16_to_f32 = quantize.bf16_to_f32  # bf16 bit patterns -> float32 values (exact)
 
 
 class _Cursor:

@@ -366,11 +366,15 @@ LIBRARY_ABI = 13  # include/fastllm.h's FASTLLM_ABI_VERSION that fastllm_quantiz
 BF16 = np.dtype([("bf16", "<u2")])
 
 
+def bf16_to_f32(bits: np.ndarray) -> np.ndarray:
+    """bf16 bit patterns (uint16, int16 or BF16) -> float32 values (exact)."""
+    bits = np.asarray(bits)
+    return ((bits.view("<u2") if bits.dtype == BF16 else bits).astype(np.uint32) << 16).view(np.float32)
+
+
 def as_float32(a: np.ndarray) -> np.ndarray:
     """a as float32 (exact for float16 and BF16 bits)."""
-    if a.dtype == BF16:
-        return (a.view("<u2").astype(np.uint32) << 16).view(np.float32)
-    return a.astype(np.float32, copy=False)
+    return bf16_to_f32(a) if a.dtype == BF16 else a.astype(np.float32, copy=False)
 
 
 @lru_cache(maxsize=None)

@@ -31,6 +31,14 @@ inline float f16_to_f32(uint16_t h) {
     return f;
 }
 
+// bfloat16 bits to float (exact: the float's top half).
+inline float bf16_to_f32(uint16_t h) {
+    const uint32_t bits = (uint32_t)h << 16;
+    float f;
+    std::memcpy(&f, &bits, 4);
+    return f;
+}
+
 // Round to nearest even (tests, and the quantizer's scales).
 inline uint16_t f32_to_f16(float f) {
     uint32_t x;

@@ -186,11 +186,5 @@ inline float tile_min(const QuantTile &w, int64_t g, int i) {
     if (w.k_min) return f16_to_f32(w.k_min[(g / 8) * kTileRows + i]) * (float)w.k_min_code[g * kTileRows + i];
     return w.mins ? f16_to_f32(w.mins[g * kTileRows + i]) : 0.0f;
 }
-inline float bf16_to_f32(uint16_t h) {
-    uint32_t bits = (uint32_t)h << 16;
-    float f;
-    __builtin_memcpy(&f, &bits, 4);
-    return f;
-}
 
 }  // namespace fastllm

@@ -233,7 +233,8 @@ void quantize_matrix(DType t, WeightBits bits, const void *w, int64_t rows, int6
     std::vector<RowScratch> scratch((size_t)n);
     for (RowScratch &S : scratch)
         S.d.resize((size_t)L.groups), S.m.resize((size_t)L.groups), S.code.resize((size_t)L.groups),
-            S.factor.resize((size_t)L.supers), S.row_codes.resize((size_t)cols), S.widened.resize(widen ? (size_t)cols : 0);
+            S.factor.resize((size_t)L.supers), S.row_codes.resize((size_t)cols),
+            S.widened.resize(widen ? (size_t)cols : 0);
     std::atomic<int64_t> next{t0};
     auto work = [&](int64_t k) {
         RowScratch &S = scratch[(size_t)k];

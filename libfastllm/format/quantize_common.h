@@ -3,7 +3,6 @@
 #pragma once
 
 #include <cstdint>
-#include <cstring>
 #include <limits>
 
 #include "base/half.h"
@@ -41,10 +40,7 @@ inline void widen_f16_scalar(const uint16_t *h, int64_t n, float *out) {
 // bfloat16 bits to float32 (exact: the float's top half). A plain loop: compilers vectorize it, and
 // it is no part of the search's time.
 inline void widen_bf16(const uint16_t *h, int64_t n, float *out) {
-    for (int64_t i = 0; i < n; i++) {
-        const uint32_t u = (uint32_t)h[i] << 16;
-        std::memcpy(out + i, &u, 4);
-    }
+    for (int64_t i = 0; i < n; i++) out[i] = bf16_to_f32(h[i]);
 }
 // Their AVX2 and AVX-512 builds (quantize_avx2.cpp, quantize_avx512.cpp); the functions are nullptr
 // where those are not built (not x86-64).
