@@ -33,8 +33,9 @@ ASAN_OPTIONS=halt_on_error=1:detect_leaks=0 LD_PRELOAD="$(gcc -print-file-name=l
     tests/test_sliding_window.py tests/test_speculative.py tests/test_batched_admission.py \
     -k "not long_prompt_is_admitted" "$@"  # SmolLM2 streams: only their timing differs from the other server tests
 
+# The CPU backend's threads only: no server, examples or Vulkan backend (test_threads runs none of them)
 cmake -S . -B build-tsan "${OPT[@]}" -DFASTLLM_SANITIZE=thread \
-  -DFASTLLM_SERVER=OFF -DFASTLLM_BUILD_EXAMPLES=OFF >/dev/null
+  -DFASTLLM_SERVER=OFF -DFASTLLM_BUILD_EXAMPLES=OFF -DFASTLLM_VULKAN=OFF >/dev/null
 cmake --build build-tsan -j2 --target test_threads >/dev/null
 SHARED="${FASTLLM_SHARED:-$PWD/../shared}"
 [ -f build-tsan/stories260K.flm ] || python3 converter/convert.py --model_path "$SHARED/models/stories260K/hf" \
