@@ -31,7 +31,10 @@ ASAN_OPTIONS=halt_on_error=1:detect_leaks=0 LD_PRELOAD="$(gcc -print-file-name=l
     tests/test_special_tokens.py tests/test_chat_template.py tests/test_batched_generation.py \
     tests/test_server.py tests/test_fuzz_corpus.py tests/test_reliability.py tests/test_session_share.py \
     tests/test_sliding_window.py tests/test_speculative.py tests/test_batched_admission.py \
-    -k "not long_prompt_is_admitted" "$@"  # SmolLM2 streams: only their timing differs from the other server tests
+    -k "not long_prompt_is_admitted and not many_forks_cost_one_prefix and not context_shift_on_a_real_model" "$@"
+# Left out above, SmolLM2's (an f32 file of 538 MB): its streams, whose timing alone differs from the other
+# server tests', and its forks' sharing and context shift's closeness, whose memory paths the small
+# models' tests of the same files take (the last two took 37 and 18 s of 139 under ASan).
 
 # The CPU backend's threads only: no server, examples or Vulkan backend (test_threads runs none of them)
 cmake -S . -B build-tsan "${OPT[@]}" -DFASTLLM_SANITIZE=thread \
