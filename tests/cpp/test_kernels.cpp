@@ -294,7 +294,7 @@ static const std::vector<float> &ref_attention(const float *q, int T, int pos0, 
     const float params[] = {sh.scale, sh.softcap};
     add(meta, sizeof meta), add(params, sizeof params);
     add(q, sizeof(float) * T * sh.n_heads * sh.head_dim);
-    for (int p = 0; p < pos0 + T; p++) {
+    for (int p = sh.window > 0 ? std::max(0, pos0 - sh.window + 1) : 0; p < pos0 + T; p++) {  // the rows it reads
         add(cache.k_row(0, p), cache.row_bytes_k());
         add(cache.v_row(0, p), cache.row_bytes_v());
     }
