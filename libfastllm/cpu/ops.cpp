@@ -297,6 +297,24 @@ void load_head(const KernelTable &k, KvType t, const char *row, int off, int dim
     }
 }
 
+// A KV row's bytes of values [off, off + dim) into L1, kPrefetchKeys keys before load_head reads
+// them. A decoding row reads its keys from memory, half a row (one KV head) at a time in runs of
+// a cache block's rows, with few products between them: the hardware's prefetcher left its
+// attention waiting on the loads (Qwen2.5-0.5B's heads 4096 deep, bench_attention 2 4096 21 64
+// 14 2 1, AMD EPYC Zen 3: 0.71-0.78 ms without, 0.54-0.61 ms 32 keys ahead, 16 and 8 about the
+// same; tg64 after 4096 tokens 1.105x, the median of 7 alternating rounds).
+constexpr int kPrefetchKeys = 32;
+void prefetch_head(KvType t, const char *row, int off, int dim) {
+    size_t begin = (size_t)off * 4, end = (size_t)(off + dim) * 4;
+    if (t == KvType::F16) {
+        begin /= 2, end /= 2;
+    } else if (t != KvType::F32) {
+        begin = (size_t)(off / kKvQ8Block) * kKvQ8BlockBytes;
+        end = (size_t)((off + dim + kKvQ8Block - 1) / kKvQ8Block) * kKvQ8BlockBytes;
+    }
+    for (size_t b = begin / 64 * 64; b < end; b += 64) __builtin_prefetch(row + b, 0, 3);
+}
+
 // Which rows of a run a task takes: blocks first, first + stride, ... (n of them) of `rows` rows
 // each, heads [h0, h0 + hn) of KV head g's group; block b's queries i = (row - its first row) * hn
 // + h - h0.
@@ -329,6 +347,9 @@ void attend_blocks(const KernelTable &k, const float *q, const AttentionRun &run
     // The tiles' softmax takes scores in units of log2 (attn_step): the queries carry log2(e),
     // and a soft cap c, c * log2(e) (c' tanh(s' / c') is c tanh(s / c) * log2(e) for s' = s log2(e)).
     const float scale = tiles ? sh.scale * 1.44269504f : sh.scale, cap = tiles ? sh.softcap * 1.44269504f : sh.softcap;
+    // Prefetched for a decoding row only: a prompt's keys go to many blocks' products, behind which
+    // the hardware's prefetcher keeps up.
+    const bool prefetch = run.T < kAttentionBlockRows;
     auto key_end = [&](int r) { return run.pos0 + (sh.causal ? r + 1 : run.T); };
     auto key_begin = [&](int r) { return sh.window > 0 ? std::max(0, key_end(r) - sh.window) : 0; };
     int first_key = INT32_MAX, last_key = 0;
@@ -360,6 +381,10 @@ void attend_blocks(const KernelTable &k, const float *q, const AttentionRun &run
         std::fill(Kt, Kt + (size_t)skip * hd, 0.0f);
         std::fill(Vt, Vt + (size_t)skip * hd, 0.0f);
         for (int j = skip; j < n; j++) {
+            if (const int a = p + j + kPrefetchKeys; prefetch && a < last_key && cache.holds(layer, a)) {
+                prefetch_head(cache.type_k(), cache.k_row(layer, a), off, hd);
+                prefetch_head(cache.type_v(), cache.v_row(layer, a), off, hd);
+            }
             load_head(k, cache.type_k(), cache.k_row(layer, p + j), off, hd, kv_dim, Kt + (size_t)j * hd, tmp);
             load_head(k, cache.type_v(), cache.v_row(layer, p + j), off, hd, kv_dim, Vt + (size_t)j * hd, tmp);
         }
