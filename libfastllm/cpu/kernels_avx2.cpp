@@ -698,11 +698,18 @@ void gemm_panel(const float *p, int n, const float *x, size_t ldx, int n_tok, fl
     using Tile = void (*)(const float *, int, const float *, size_t, float *, size_t, int);
     static constexpr Tile kTiles[] = {nullptr, gemm_tile<1>, gemm_tile<2>, gemm_tile<3>,
                                       gemm_tile<4>, gemm_tile<5>, gemm_tile<6>};
+    // The tokens in as few tiles as fit, of sizes differing by one at most: a decoding row's 7 heads
+    // (Qwen2.5-0.5B) as 4 + 3, not 6 + 1, whose one chain of FMAs per half waits on each FMA's
+    // latency (tg64 after 4096 tokens 1.023x, AMD EPYC Zen 3, the median of 7 alternating rounds).
+    // A sum's order is the same in any tile.
     constexpr int NT = 6;
+    const int tiles = (n_tok + NT - 1) / NT;
     for (int h = 0; h < 32 && h < cols; h += 16)
-        for (int t = 0; t < n_tok; t += NT)
-            kTiles[std::min(NT, n_tok - t)](p + h, n, x + (size_t)t * ldx, ldx, y + (size_t)t * ldy + h, ldy,
-                                            cols - h);
+        for (int i = 0, t = 0; i < tiles; i++) {
+            const int nt = n_tok / tiles + (i < n_tok % tiles);
+            kTiles[nt](p + h, n, x + (size_t)t * ldx, ldx, y + (size_t)t * ldy + h, ldy, cols - h);
+            t += nt;
+        }
 }
 
 KernelTable::QuantDot quant_for_bits(int bits) {
