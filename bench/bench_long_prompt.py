@@ -8,6 +8,9 @@ figures are medians over the rounds, the ratio the median of the per-round ratio
         [--before OLD/libfastllm.so] [--rounds 3] [--gen 64]
 
 --gen N also generates N tokens after each prompt: decoding at that depth (tgN@depth; llama-bench's -d).
+--from_state (with --gen) evaluates each prompt once, saves the session's state, and has every round
+load it and only generate: decoding at depth in more rounds than the prompts' time would allow
+(the state's format must be the same in both builds).
 
 The model is a random-weight checkpoint of the shape, converted by this tree's converter (cached in
 --work_dir). Nothing is downloaded.
@@ -28,12 +31,27 @@ sys.path.insert(0, str(REPO / "bench"))
 sys.path.insert(0, str(REPO))
 
 
-def child(flm: str, lengths: list[int], threads: int, n_batch: int, n_gen: int) -> None:
+def child(flm: str, lengths: list[int], threads: int, n_batch: int, n_gen: int, state: str | None) -> None:
     from fastllm import Model
     from fastllm.bench import synthetic_prompt
     out = {}
     with Model(flm, threads=threads) as m:
         info = m.info
+        if state:  # decoding only, from the saved prompts (made first if missing)
+            for n in lengths:
+                path = f"{state}-{n}.bin"
+                with m.session(n_ctx=n + n_gen + 8, n_batch=n_batch) as s:
+                    if not os.path.exists(path):
+                        s.eval(synthetic_prompt(info["vocab_size"], n, info["bos_id"]))
+                        s.save_state_file(path)
+                        continue
+                    s.load_state_file(path)
+                    s.generate([], 4, temperature=0.0, ignore_eos=True)  # the weights' pages faulted in
+                    s.generate([], n_gen, temperature=0.0, ignore_eos=True)
+                    r = s.last_result
+                    out[f"tg{n_gen}@{n}"] = r.n_generated_tokens / (r.generate_ms / 1000)
+            print(json.dumps(out))
+            return
         # a pass first, so that no length pays for faulting in the mapped weights (it made the first
         # length's figure swing by 30%)
         with m.session(n_ctx=72, n_batch=64) as s:
@@ -65,13 +83,18 @@ def main() -> int:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--gen", type=int, default=0,
                     help="also generate this many tokens after each prompt: decoding at that depth (tgN@depth)")
+    ap.add_argument("--from_state", action="store_true",
+                    help="with --gen: the prompts evaluated once and saved; the rounds load them and only generate")
     ap.add_argument("--work_dir", type=Path, default=Path("/tmp/fastllm-bench"))
     ap.add_argument("--child", help=argparse.SUPPRESS)
+    ap.add_argument("--state", help=argparse.SUPPRESS)
     args = ap.parse_args()
     lengths = [int(n) for n in args.lengths.split(",")]
     if args.child:
-        child(args.child, lengths, args.threads, args.n_batch, args.gen)
+        child(args.child, lengths, args.threads, args.n_batch, args.gen, args.state)
         return 0
+    if args.from_state and not args.gen:
+        ap.error("--from_state needs --gen")
     from converter.convert import convert
     args.work_dir.mkdir(parents=True, exist_ok=True)
     hf = random_checkpoint(args.shape, args.work_dir)
@@ -80,18 +103,29 @@ def main() -> int:
         convert(str(hf), str(flm), dtype=args.dtype, progress=False)
     libs = {"after": args.after} if args.before is None else {"before": args.before, "after": args.after}
     print(f"{cpu_name()}, {args.threads} threads; random {args.shape} {args.dtype}, {args.n_batch} tokens a pass, "
-          f"{args.rounds} rounds")
+          f"{args.rounds} rounds" + (", decoding from saved prompts" if args.from_state else ""))
+
+    def run(lib: Path) -> dict | None:
+        env = dict(os.environ, FASTLLM_LIBRARY=str(lib), PYTHONPATH=str(REPO / "bindings" / "python"))
+        cmd = [sys.executable, __file__, "--child", str(flm), "--lengths", args.lengths, "--threads", str(args.threads),
+               "--n_batch", str(args.n_batch), "--gen", str(args.gen)]
+        if args.from_state:
+            cmd += ["--state", str(args.work_dir / f"state-{args.shape}-{args.dtype}")]
+        p = subprocess.run(cmd, env=env, capture_output=True, text=True)
+        if p.returncode != 0:
+            print(p.stderr, file=sys.stderr)
+            return None
+        return json.loads(p.stdout)
+
+    if args.from_state and run(args.after) is None:  # saves the prompts not saved before
+        return 1
     got: dict[str, list[dict]] = {k: [] for k in libs}
     for r in range(args.rounds):
         for name, lib in libs.items():
-            env = dict(os.environ, FASTLLM_LIBRARY=str(lib), PYTHONPATH=str(REPO / "bindings" / "python"))
-            p = subprocess.run([sys.executable, __file__, "--child", str(flm), "--lengths", args.lengths,
-                                "--threads", str(args.threads), "--n_batch", str(args.n_batch), "--gen", str(args.gen)],
-                               env=env, capture_output=True, text=True)
-            if p.returncode != 0:
-                print(p.stderr, file=sys.stderr)
+            out = run(lib)
+            if out is None:
                 return 1
-            got[name].append(json.loads(p.stdout))
+            got[name].append(out)
             print(f"  round {r + 1} {name}: " + ", ".join(f"{k} {v:.1f}" for k, v in got[name][-1].items()), flush=True)
     keys = list(got["after"][0])
     for name in libs:
