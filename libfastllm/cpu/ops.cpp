@@ -297,22 +297,32 @@ void load_head(const KernelTable &k, KvType t, const char *row, int off, int dim
     }
 }
 
-// A KV row's bytes of values [off, off + dim) into L1, kPrefetchKeys keys before load_head reads
-// them. A decoding row reads its keys from memory, half a row (one KV head) at a time in runs of
-// a cache block's rows, with few products between them: the hardware's prefetcher left its
-// attention waiting on the loads (Qwen2.5-0.5B's heads 4096 deep, bench_attention 2 4096 21 64
-// 14 2 1, AMD EPYC Zen 3: 0.71-0.78 ms without, 0.54-0.61 ms 32 keys ahead, 16 and 8 about the
-// same; tg64 after 4096 tokens 1.105x, the median of 7 alternating rounds).
+// A decoding row's KV rows are prefetched into L1, kPrefetchKeys keys before load_head reads them:
+// it reads them from memory, one KV head's slice of each row in runs of a cache block's rows, with
+// few products between them, and the hardware's prefetcher left it waiting on the loads. Tokens/s
+// after 4096 tokens of Qwen2.5-0.5B int8 1.14-1.17x, after 1900 of TinyLlama-1.1B int4 1.07-1.12x
+// (AMD EPYC Zen 3, 2 threads, 9 alternating rounds: bench_long_prompt.py --from_state); 16 and 8
+// keys ahead about the same as 32. The lines are worked out once per task: worked out for each
+// key, two spellings of the same arithmetic ran 1.11x apart (the compiler's code for the loop, not
+// its work), and the better one 1.05x slower than this.
 constexpr int kPrefetchKeys = 32;
-void prefetch_head(KvType t, const char *row, int off, int dim) {
-    size_t begin = (size_t)off * 4, end = (size_t)(off + dim) * 4;
-    if (t == KvType::F16) {
-        begin /= 2, end /= 2;
-    } else if (t != KvType::F32) {
+// The cache lines of a KV row that hold values [off, off + dim): bytes [first, end) from the row's start.
+struct HeadLines {
+    size_t first, end;
+};
+HeadLines head_lines(KvType t, int off, int dim) {
+    size_t begin, end;
+    if (t == KvType::F32 || t == KvType::F16) {
+        const size_t e = t == KvType::F32 ? 4 : 2;
+        begin = off * e, end = (size_t)(off + dim) * e;
+    } else {
         begin = (size_t)(off / kKvQ8Block) * kKvQ8BlockBytes;
         end = (size_t)((off + dim + kKvQ8Block - 1) / kKvQ8Block) * kKvQ8BlockBytes;
     }
-    for (size_t b = begin / 64 * 64; b < end; b += 64) __builtin_prefetch(row + b, 0, 3);
+    return {begin / 64 * 64, end};
+}
+void prefetch_lines(const char *row, HeadLines l) {
+    for (size_t b = l.first; b < l.end; b += 64) __builtin_prefetch(row + b, 0, 3);
 }
 
 // Which rows of a run a task takes: blocks first, first + stride, ... (n of them) of `rows` rows
@@ -350,6 +360,7 @@ void attend_blocks(const KernelTable &k, const float *q, const AttentionRun &run
     // Prefetched for a decoding row only: a prompt's keys go to many blocks' products, behind which
     // the hardware's prefetcher keeps up.
     const bool prefetch = run.T < kAttentionBlockRows;
+    const HeadLines k_lines = head_lines(cache.type_k(), off, hd), v_lines = head_lines(cache.type_v(), off, hd);
     auto key_end = [&](int r) { return run.pos0 + (sh.causal ? r + 1 : run.T); };
     auto key_begin = [&](int r) { return sh.window > 0 ? std::max(0, key_end(r) - sh.window) : 0; };
     int first_key = INT32_MAX, last_key = 0;
@@ -382,8 +393,8 @@ void attend_blocks(const KernelTable &k, const float *q, const AttentionRun &run
         std::fill(Vt, Vt + (size_t)skip * hd, 0.0f);
         for (int j = skip; j < n; j++) {
             if (const int a = p + j + kPrefetchKeys; prefetch && a < last_key && cache.holds(layer, a)) {
-                prefetch_head(cache.type_k(), cache.k_row(layer, a), off, hd);
-                prefetch_head(cache.type_v(), cache.v_row(layer, a), off, hd);
+                prefetch_lines(cache.k_row(layer, a), k_lines);
+                prefetch_lines(cache.v_row(layer, a), v_lines);
             }
             load_head(k, cache.type_k(), cache.k_row(layer, p + j), off, hd, kv_dim, Kt + (size_t)j * hd, tmp);
             load_head(k, cache.type_v(), cache.v_row(layer, p + j), off, hd, kv_dim, Vt + (size_t)j * hd, tmp);
