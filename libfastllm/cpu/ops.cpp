@@ -227,6 +227,8 @@ constexpr int kBlockKeys = 4 * KernelTable::kGemmCols;
 // per thread at head_dim 128, past many CPUs' L2 (128: 0.47 MiB; 0.27 MiB at head_dim 64).
 constexpr int kBlockQueries = 128;
 
+static_assert(kBlockKeys % KvCache::kBlock == 0 && KvCache::kBlock % KernelTable::kGemmCols == 0,
+              "a panel's keys are consecutive rows of one cache block");
 static_assert(kBlockQueries == KernelTable::kAttnQueries && kBlockKeys == KernelTable::kAttnKeys,
               "a block is what the tile products take");
 
@@ -297,7 +299,7 @@ void load_head(const KernelTable &k, KvType t, const char *row, int off, int dim
     }
 }
 
-// A decoding row's KV rows are prefetched into L1, kPrefetchKeys keys before load_head reads them:
+// A decoding row's KV rows are prefetched into L1, kPrefetchKeys keys before they are read:
 // it reads them from memory, one KV head's slice of each row in runs of a cache block's rows, with
 // few products between them, and the hardware's prefetcher left it waiting on the loads. Tokens/s
 // after 4096 tokens of Qwen2.5-0.5B int8 1.14-1.17x, after 1900 of TinyLlama-1.1B int4 1.07-1.12x
@@ -357,10 +359,14 @@ void attend_blocks(const KernelTable &k, const float *q, const AttentionRun &run
     // The tiles' softmax takes scores in units of log2 (attn_step): the queries carry log2(e),
     // and a soft cap c, c * log2(e) (c' tanh(s' / c') is c tanh(s / c) * log2(e) for s' = s log2(e)).
     const float scale = tiles ? sh.scale * 1.44269504f : sh.scale, cap = tiles ? sh.softcap * 1.44269504f : sh.softcap;
-    // Prefetched for a decoding row only: a prompt's keys go to many blocks' products, behind which
-    // the hardware's prefetcher keeps up.
-    const bool prefetch = run.T < kAttentionBlockRows;
+    // A decoding row's keys and values are prefetched, and go from the cache into the panels in place
+    // (below); a prompt's go to many blocks' products, behind which the hardware's prefetcher keeps
+    // up and a copy costs little.
+    const bool decoding = run.T < kAttentionBlockRows;
     const HeadLines k_lines = head_lines(cache.type_k(), off, hd), v_lines = head_lines(cache.type_v(), off, hd);
+    // the plain dtype of f16 and f32 keys and values (-1: q8)
+    auto plain = [](KvType t) { return t == KvType::F16 ? (int)DType::F16 : t == KvType::F32 ? (int)DType::F32 : -1; };
+    const int k_plain = plain(cache.type_k()), v_plain = plain(cache.type_v());
     auto key_end = [&](int r) { return run.pos0 + (sh.causal ? r + 1 : run.T); };
     auto key_begin = [&](int r) { return sh.window > 0 ? std::max(0, key_end(r) - sh.window) : 0; };
     int first_key = INT32_MAX, last_key = 0;
@@ -389,15 +395,22 @@ void attend_blocks(const KernelTable &k, const float *q, const AttentionRun &run
     for (int p = first_key / B * B, n; p < last_key; p += n) {
         n = std::min(B, last_key - p);
         const int skip = std::max(0, first_key - p);
+        // A decoding row's f16 and f32 keys and values go from the cache into the panels, with no
+        // copy between (tg64 after 1900 tokens of TinyLlama int4 1.04-1.05x in three runs, after
+        // 4096 of Qwen2.5-0.5B int8 1.00x; AMD EPYC Zen 3, bench_long_prompt.py --from_state, 9
+        // rounds); not a step that starts with rows out of range (zeros in Kt, Vt).
+        const bool k_in_place = decoding && skip == 0 && k_plain >= 0, v_in_place = decoding && skip == 0 && v_plain >= 0;
         std::fill(Kt, Kt + (size_t)skip * hd, 0.0f);
         std::fill(Vt, Vt + (size_t)skip * hd, 0.0f);
         for (int j = skip; j < n; j++) {
-            if (const int a = p + j + kPrefetchKeys; prefetch && a < last_key && cache.holds(layer, a)) {
+            if (const int a = p + j + kPrefetchKeys; decoding && a < last_key && cache.holds(layer, a)) {
                 prefetch_lines(cache.k_row(layer, a), k_lines);
                 prefetch_lines(cache.v_row(layer, a), v_lines);
             }
-            load_head(k, cache.type_k(), cache.k_row(layer, p + j), off, hd, kv_dim, Kt + (size_t)j * hd, tmp);
-            load_head(k, cache.type_v(), cache.v_row(layer, p + j), off, hd, kv_dim, Vt + (size_t)j * hd, tmp);
+            if (!k_in_place)
+                load_head(k, cache.type_k(), cache.k_row(layer, p + j), off, hd, kv_dim, Kt + (size_t)j * hd, tmp);
+            if (!v_in_place)
+                load_head(k, cache.type_v(), cache.v_row(layer, p + j), off, hd, kv_dim, Vt + (size_t)j * hd, tmp);
         }
         if (tiles) {
             k.attn_keys(Kt, n, hd, kt);
@@ -410,7 +423,11 @@ void attend_blocks(const KernelTable &k, const float *q, const AttentionRun &run
         auto key_panel = [&](int c) {
             float *kp = Kp + (size_t)c * hd;
             if (c < keys_packed) return kp;
-            k.gemm_pack[(int)DType::F32](Kt + (size_t)c * hd, (size_t)hd * 4, std::min(C, n - c), hd, kp);
+            if (k_in_place)  // a panel's keys are consecutive rows of one cache block
+                k.gemm_pack[k_plain](cache.k_row(layer, p + c) + (size_t)off * dtype_size((DType)k_plain),
+                                     cache.row_bytes_k(), std::min(C, n - c), hd, kp);
+            else
+                k.gemm_pack[(int)DType::F32](Kt + (size_t)c * hd, (size_t)hd * 4, std::min(C, n - c), hd, kp);
             keys_packed = c + C;
             return kp;
         };
@@ -423,7 +440,13 @@ void attend_blocks(const KernelTable &k, const float *q, const AttentionRun &run
             const int dc = std::min(C, hd - d0);
             // A whole panel's width copies with a constant size: vector moves, where the variable
             // size became `rep movsq` per key (4% of a pp8192's time, Qwen2.5-0.5B).
-            if (dc == C)
+            if (v_in_place)
+                for (int j = 0; j < n; j++) {
+                    k.to_f32[v_plain](cache.v_row(layer, p + j) + (size_t)(off + d0) * dtype_size((DType)v_plain),
+                                      vp + (size_t)j * C, dc);
+                    std::fill(vp + (size_t)j * C + dc, vp + (size_t)(j + 1) * C, 0.0f);
+                }
+            else if (dc == C)
                 for (int j = 0; j < n; j++) std::memcpy(vp + (size_t)j * C, Vt + (size_t)j * hd + d0, sizeof(float) * C);
             else
                 for (int j = 0; j < n; j++) {
