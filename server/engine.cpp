@@ -137,7 +137,7 @@ json Engine::parse_tool_calls(const std::string &reply, const json &tools) const
         return fastllm_chat_parse_tool_calls(model_, nullptr, reply.c_str(), tools_text.c_str(), b, c, n);
     });
     if (s != FASTLLM_OK) throw library_error(s, "tool calls");
-    return json::parse(out);
+    return parse_json(out);
 }
 
 size_t Engine::tool_text_safe(const std::string &text) const {
@@ -178,7 +178,7 @@ Constraint Engine::constraint_of(const GenerationRequest &r) const {
                               s == FASTLLM_ERR_UNSUPPORTED ? "unsupported_tool_choice" : "invalid_value");
         }
         if (s != FASTLLM_OK) throw library_error(s, "tool_choice");
-        if (lazy) c.triggers = json::parse(triggers).get<std::vector<std::string>>();
+        if (lazy) c.triggers = parse_json(triggers).get<std::vector<std::string>>();
         return c;
     }
     std::string grammar = r.grammar;

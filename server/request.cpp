@@ -325,6 +325,8 @@ std::string message_content(size_t i, const json &m, const std::string &role) {
 
 }  // namespace
 
+json parse_json(const std::string &text) { return json::parse(text); }
+
 json parse_body(const std::string &body) {
     json j = json::parse(body, nullptr, /*allow_exceptions=*/false);
     if (j.is_discarded()) {

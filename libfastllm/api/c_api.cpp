@@ -24,6 +24,7 @@
 #include "runtime/session.h"
 #include "text/grammar.h"
 #include "text/json_schema.h"
+#include "text/json_text.h"
 #include "format/quantize.h"
 #include "platform/platform.h"
 
@@ -455,11 +456,10 @@ std::string render_chat(const fastllm_model *model, const char *tmpl, nlohmann::
 // recursively and writes them out again: deeper JSON is refused while parsing (no conversation or
 // tool schema comes near 256 levels).
 nlohmann::ordered_json parse_json_arg(const char *text, const char *what) {
-    const auto depth_limit = [what](int depth, nlohmann::ordered_json::parse_event_t, nlohmann::ordered_json &) {
-        if (depth > 256) fastllm::fail(FASTLLM_ERR_INVALID_ARGUMENT, "%s: nested deeper than 256 levels", what);
-        return true;
-    };
-    return nlohmann::ordered_json::parse(text, depth_limit, false);
+    nlohmann::ordered_json v;
+    const fastllm::JsonParse r = fastllm::parse_json(text, 256, v);
+    if (r == fastllm::JsonParse::TooDeep) fastllm::fail(FASTLLM_ERR_INVALID_ARGUMENT, "%s: nested deeper than 256 levels", what);
+    return r == fastllm::JsonParse::Ok ? v : nlohmann::ordered_json(nlohmann::ordered_json::value_t::discarded);
 }
 
 nlohmann::ordered_json parse_variables(const char *variables_json) {

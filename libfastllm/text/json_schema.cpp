@@ -14,6 +14,7 @@
 
 #include "base/error.h"
 #include "text/grammar.h"
+#include "text/json_text.h"
 
 namespace fastllm {
 
@@ -686,14 +687,14 @@ std::string json_schema_to_grammar(std::string_view text, const std::string &roo
     json schema;
     // Deeper JSON is refused while parsing: the walks over it (dump() of a const, the converter)
     // recurse, and a schema never needs that much.
-    const auto depth_limit = [](int depth, json::parse_event_t, json &) {
-        if (depth > 4 * kMaxDepth) fail(FASTLLM_ERR_UNSUPPORTED, "json_schema: JSON nested deeper than %d levels", 4 * kMaxDepth);
-        return true;
-    };
-    try {
-        schema = json::parse(text.begin(), text.end(), depth_limit);
-    } catch (const json::exception &e) {
-        fail(FASTLLM_ERR_INVALID_ARGUMENT, "json_schema: not valid JSON: %s", e.what());
+    std::string why;
+    switch (parse_json(text, 4 * kMaxDepth, schema, &why)) {
+    case JsonParse::TooDeep:
+        fail(FASTLLM_ERR_UNSUPPORTED, "json_schema: JSON nested deeper than %d levels", 4 * kMaxDepth);
+    case JsonParse::Invalid:
+        fail(FASTLLM_ERR_INVALID_ARGUMENT, "json_schema: not valid JSON: %s", why.c_str());
+    case JsonParse::Ok:
+        break;
     }
     std::string grammar;
     try {

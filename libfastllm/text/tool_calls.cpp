@@ -5,6 +5,7 @@
 #include "base/error.h"
 #include "text/grammar.h"
 #include "text/json_schema.h"
+#include "text/json_text.h"
 
 namespace fastllm {
 
@@ -39,19 +40,7 @@ size_t json_end(const std::string &text, size_t i) {
 
 // JSON text a model wrote: false when it does not parse, or nests past 256 levels (what is
 // parsed is written out again, recursively).
-bool parse_json(const std::string &text, json &out) {
-    struct TooDeep {};
-    const auto depth_limit = [](int depth, json::parse_event_t, json &) {
-        if (depth > 256) throw TooDeep{};
-        return true;
-    };
-    try {
-        out = json::parse(text, depth_limit, false);
-    } catch (const TooDeep &) {
-        return false;
-    }
-    return !out.is_discarded();
-}
+bool parse_json(const std::string &text, json &out) { return fastllm::parse_json(text, 256, out) == JsonParse::Ok; }
 
 bool tool_known(const json &tools, const std::string &name) {
     if (!tools.is_array() || tools.empty()) return true;
