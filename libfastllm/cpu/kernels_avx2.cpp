@@ -701,8 +701,7 @@ void gemm_panel(const float *p, int n, const float *x, size_t ldx, int n_tok, fl
     // The tokens in as few tiles as fit, of sizes differing by one at most: a decoding row's 7 heads
     // (Qwen2.5-0.5B) as 4 + 3, not 6 + 1, whose one chain of FMAs per half waits on each FMA's
     // latency (Qwen2.5-0.5B tg64 after 4096 tokens 1.02-1.03x, AMD EPYC Zen 3, medians of 7 and 9
-    // alternating rounds).
-    // A sum's order is the same in any tile.
+    // alternating rounds). A sum's order is the same in any tile.
     constexpr int NT = 6;
     const int tiles = (n_tok + NT - 1) / NT;
     for (int h = 0; h < 32 && h < cols; h += 16)
