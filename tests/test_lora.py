@@ -613,7 +613,9 @@ def test_llama_cpp_lora_gguf(family, tmp_path, llama_cpp_converter):
         return reference_logits(ref, PROMPT)
     with fastllm.Model(flm, threads=2) as m:
         for outtype, base_path in (("f32", base), ("f32", gguf_base), ("f16", base), ("q8_0", base)):
-            lora = _llama_cpp_lora(llama_cpp_converter, folder, base, tmp_path / f"lora-{outtype}.gguf", outtype)
+            lora = tmp_path / f"lora-{outtype}.gguf"  # f32's written once for both bases
+            if not lora.exists():
+                _llama_cpp_lora(llama_cpp_converter, folder, base, lora, outtype)
             if outtype == "q8_0":
                 g = read_gguf(lora)
                 assert {g.type_name(n) for n in g.tensors if n.endswith("lora_a")} == {"Q8_0"}
