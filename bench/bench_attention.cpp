@@ -3,9 +3,10 @@
 // work a thread does for a pair). The pass is 512 rows after `pos0` positions of an f16 KV cache,
 // Qwen2.5-0.5B's heads by default (14 query heads, 2 KV heads of 64 values). Built with the tests
 // (it calls internal functions): build/bench_attention [threads] [pos0] [rounds] [head_dim]
-// [heads] [kv_heads] [rows]. Fewer than 16 rows are decoding rows (rows = 1: a decoding step's
+// [heads] [kv_heads] [rows] [cold]. Fewer than 16 rows are decoding rows (rows = 1: a decoding step's
 // attention of one layer); their KV rows are read from memory, as after the weights' layers (a
-// 256 MiB read between rounds), not from the caches of the round before.
+// 256 MiB read between rounds), not from the caches of the round before; cold = 0 leaves them in
+// the caches (the attention's own work, without the reads' waits).
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -27,7 +28,7 @@ using namespace fastllm;
 int main(int argc, char **argv) {
     auto arg = [&](int i, int def) { return argc > i ? std::atoi(argv[i]) : def; };
     const int threads = arg(1, 2), pos0 = arg(2, 7680), rounds = arg(3, 3), hd = arg(4, 64), n_heads = arg(5, 14),
-              n_kv = arg(6, 2), T = arg(7, 512), kv_dim = n_kv * hd;
+              n_kv = arg(6, 2), T = arg(7, 512), cold = arg(8, 1), kv_dim = n_kv * hd;
     std::vector<const KernelTable *> tables;
     for (Isa isa : {Isa::Amx, Isa::Avx512, Isa::Avx2, Isa::NeonDot, Isa::Neon})
         if (const KernelTable *k = kernels_for(isa)) tables.push_back(k);
@@ -54,7 +55,7 @@ int main(int argc, char **argv) {
     const AttentionRun run{0, T, pos0, &cache};
     const double pairs = (double)n_heads * T * (pos0 + (T + 1) / 2.0);
     std::vector<std::vector<double>> ns(tables.size());
-    std::vector<uint8_t> evict(T < 16 ? 256 << 20 : 0, 1);  // past any L3, as a decoding step's weights
+    std::vector<uint8_t> evict(T < 16 && cold ? 256 << 20 : 0, 1);  // past any L3, as a decoding step's weights
     uint64_t sink = 0;
     for (int r = 0; r < rounds; r++)
         for (size_t i = 0; i < tables.size(); i++) {
