@@ -395,18 +395,19 @@ static void test_attention(const KernelTable &k) {
         CHECK(e < (k.attn_step ? 5e-5 : 1e-5), "attention %s, %d heads a KV head, rows %d: rel err %g", isa_name(k.isa),
               n_heads / n_kv, T, e);
     }
-    // Decoding rows with 8 heads a KV head: on 8 threads their groups are cut into blocks of fewer
-    // heads (2 for one row, 4 for three), which must not change a bit of the result. f16 and f32
-    // caches, whose panels are packed from their rows in place; with a window of 100, the first
-    // step of keys starts inside the window (copied, zeros before it) and the second is in place.
-    static ThreadPool pool8(8);
+    // Decoding rows with 8 heads a KV head, 4 KV heads: on 8 threads their groups are cut into
+    // blocks of fewer heads (4 for one row), which must not change a bit of the result against 2
+    // threads or 1. f16 and f32 caches, whose panels are packed from their rows in place; with a
+    // window of 100, the first step of keys starts inside the window (copied, zeros before it) and
+    // the second is in place.
+    static ThreadPool pool8(8), pool1(1);
     for (KvType kv : {KvType::F16, KvType::F32})
     for (int window : {0, 100})
     for (int T : {1, 3}) {
-        const int n_heads = 16, n_kv = 2, hd = 64, pos0 = 150, kv_dim = n_kv * hd;
+        const int n_heads = 32, n_kv = 4, hd = 64, pos0 = 150, kv_dim = n_kv * hd;
         std::vector<float> q = randn((size_t)T * n_heads * hd), kc = randn((size_t)(pos0 + T) * kv_dim),
                            vc = randn((size_t)(pos0 + T) * kv_dim);
-        std::vector<float> out2((size_t)T * n_heads * hd), out8(out2.size());
+        std::vector<float> out2((size_t)T * n_heads * hd), out8(out2.size()), out1(out2.size());
         std::vector<float> mem(ops::attention_scratch_floats(8, hd, kv_dim));
         const ops::AttentionScratch scratch = ops::make_attention_scratch(mem.data(), hd, kv_dim);
         const KvCache cache = make_cache(k, kv, kv, pos0 + T, kv_dim, kc, vc);
@@ -414,18 +415,19 @@ static void test_attention(const KernelTable &k) {
         const AttentionRun run{0, T, pos0, &cache};
         ops::attention(k, q.data(), &run, 1, 0, sh, out2.data(), scratch, g_pool);
         ops::attention(k, q.data(), &run, 1, 0, sh, out8.data(), scratch, pool8);
+        ops::attention(k, q.data(), &run, 1, 0, sh, out1.data(), scratch, pool1);
         const double e = rel_err(out8.data(), ref_attention(q.data(), T, pos0, cache, sh).data(), out8.size());
         CHECK(e < 1e-5, "attention %s, 8 heads a KV head on 8 threads, %s cache, window %d, rows %d: rel err %g",
               isa_name(k.isa), kv == KvType::F16 ? "f16" : "f32", window, T, e);
-        CHECK(std::memcmp(out2.data(), out8.data(), out2.size() * sizeof(float)) == 0,
-              "attention %s, 8 heads a KV head, window %d, rows %d: 2 and 8 threads differ", isa_name(k.isa), window, T);
+        CHECK(std::memcmp(out2.data(), out8.data(), out2.size() * sizeof(float)) == 0 &&
+                  std::memcmp(out1.data(), out8.data(), out1.size() * sizeof(float)) == 0,
+              "attention %s, 8 heads a KV head, window %d, rows %d: 1, 2 and 8 threads differ", isa_name(k.isa), window, T);
     }
     // A prompt's blocks of rows go in groups per task, as many groups as the threads want: on 1
     // thread 6 blocks of 18 rows go in one group (two at head_dim 128: max_group), on 8 threads in
     // six, which must not change a bit;
     // with a window the steps of keys start inside a block's range. Head sizes of 2 and 4 tile
     // chunks, and one the tiles do not take (80).
-    static ThreadPool pool1(1);
     for (int window : {0, 100})
     for (int hd : {64, 80, 128}) {
         const int n_heads = 14, n_kv = 2, T = 100, pos0 = 60, kv_dim = n_kv * hd;
