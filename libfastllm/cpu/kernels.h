@@ -48,6 +48,9 @@ struct KernelTable {
     void (*dot_rows[3])(const void *w, size_t stride, int rows, const float *x, int n, float *y);
     // dst[i] = float(src[i]) for n elements. Plain dtypes.
     void (*to_f32[3])(const void *src, float *dst, int n);
+    // to_f32 of `rows` rows of n elements, row r at (char*)src + r*stride, into dst + r*ldd (a
+    // decoding row's value panels, converted from the KV cache's rows a panel a call).
+    void (*rows_to_f32[3])(const void *src, size_t stride, int rows, int n, float *dst, size_t ldd);
     // out[i] = silu(gate[i]) * up[i], with gate = gate_up[0, n) and up = gate_up[n, 2n).
     void (*swiglu)(const float *gate_up, int n, float *out);
     // out[i] = gelu_tanh(gate[i]) * up[i] (Gemma's GeGLU), computed as g * up / (1 + exp(-2u)),

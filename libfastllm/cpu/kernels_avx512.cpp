@@ -36,6 +36,12 @@ void to_f32(const void *src, float *dst, int n) {
     for (; i < n; i++) dst[i] = Load1(src, i);
 }
 
+template <__m512 (*Load16)(const void *, int), float (*Load1)(const void *, int)>
+void rows_to_f32(const void *src, size_t stride, int rows, int n, float *dst, size_t ldd) {
+    for (int r = 0; r < rows; r++)
+        to_f32<Load16, Load1>((const char *)src + (size_t)r * stride, dst + (size_t)r * ldd, n);
+}
+
 // Attention's weighted values, y += sum_j a[j] * row j: 64 outputs at a time stay in registers
 // while all n rows pass.
 template <__m512 (*Load16)(const void *, int), float (*Load1)(const void *, int)>
@@ -340,6 +346,7 @@ const KernelTable kPlain = {
     Isa::Avx512,
     {nullptr, nullptr, nullptr},  // AVX2's, see avx512_kernels()
     {to_f32<load16_f32, load1_f32>, to_f32<load16_f16, load1_f16>, to_f32<load16_bf16, load1_bf16>},
+    {rows_to_f32<load16_f32, load1_f32>, rows_to_f32<load16_f16, load1_f16>, rows_to_f32<load16_bf16, load1_bf16>},
     swiglu,
     geglu,
     gelu_erf,

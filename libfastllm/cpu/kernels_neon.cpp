@@ -138,6 +138,12 @@ void to_f32(const void *src, float *dst, int n) {
     for (; i < n; i++) dst[i] = Load1(src, i);
 }
 
+template <float32x4_t (*Load4)(const void *, int), float (*Load1)(const void *, int)>
+void rows_to_f32(const void *src, size_t stride, int rows, int n, float *dst, size_t ldd) {
+    for (int r = 0; r < rows; r++)
+        to_f32<Load4, Load1>((const char *)src + (size_t)r * stride, dst + (size_t)r * ldd, n);
+}
+
 // The 4 sums of 4 accumulators, one per lane (row r's in lane r).
 inline float32x4_t hsum4(const float32x4_t *a) { return vpaddq_f32(vpaddq_f32(a[0], a[1]), vpaddq_f32(a[2], a[3])); }
 
@@ -390,6 +396,7 @@ const KernelTable kPlain = {
     Isa::Neon,
     {dot_rows<load4_f32, load1_f32>, dot_rows<load4_f16, load1_f16>, dot_rows<load4_bf16, load1_bf16>},
     {to_f32<load4_f32, load1_f32>, to_f32<load4_f16, load1_f16>, to_f32<load4_bf16, load1_bf16>},
+    {rows_to_f32<load4_f32, load1_f32>, rows_to_f32<load4_f16, load1_f16>, rows_to_f32<load4_bf16, load1_bf16>},
     swiglu,
     geglu,
     gelu_erf,

@@ -43,6 +43,10 @@ void to_f32_f16(const void *src, float *dst, int n) {
 void to_f32_bf16(const void *src, float *dst, int n) {
     for (int i = 0; i < n; i++) dst[i] = bf16_to_f32(((const uint16_t *)src)[i]);
 }
+template <void (*ToF32)(const void *, float *, int)>
+void rows_to_f32(const void *src, size_t stride, int rows, int n, float *dst, size_t ldd) {
+    for (int r = 0; r < rows; r++) ToF32((const char *)src + (size_t)r * stride, dst + (size_t)r * ldd, n);
+}
 
 // The KV cache's rows (tensor.h has the layouts and the q8 block accessors).
 
@@ -216,6 +220,7 @@ KernelTable::QuantDot quant_for_bits(int bits) {
 const KernelTable kPlain = {Isa::Scalar,
                             {dot_rows_f32, dot_rows_f16, dot_rows_bf16},
                             {to_f32_f32, to_f32_f16, to_f32_bf16},
+                            {rows_to_f32<to_f32_f32>, rows_to_f32<to_f32_f16>, rows_to_f32<to_f32_bf16>},
                             swiglu,
                             geglu,
                             gelu_erf,

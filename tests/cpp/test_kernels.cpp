@@ -261,6 +261,18 @@ static void test_conversions(const KernelTable &k) {
         if (!(std::memcmp(&r, &out[i], 4) == 0 || (std::isnan(r) && std::isnan(out[i])))) bad++;
     }
     CHECK(bad == 0, "%s bf16->f32 mismatches: %d", isa_name(k.isa), bad);
+    // rows_to_f32: each row as to_f32 converts it, at the destination's stride, nothing written
+    // between the rows; 37 values: a tail at every vector width.
+    for (DType dt : {DType::F32, DType::F16, DType::BF16}) {
+        const int rows = 5, n = 37, ldd = 41;
+        const size_t stride = 53 * dtype_size(dt);
+        const char *src = (const char *)all.data() + 1000;  // every bit pattern's neighbourhood
+        std::vector<float> got((size_t)rows * ldd, -7.0f), want(got.size(), -7.0f);
+        k.rows_to_f32[(int)dt](src, stride, rows, n, got.data(), ldd);
+        for (int r = 0; r < rows; r++) k.to_f32[(int)dt](src + r * stride, want.data() + (size_t)r * ldd, n);
+        CHECK(std::memcmp(got.data(), want.data(), got.size() * sizeof(float)) == 0,
+              "%s rows_to_f32 %s differs from to_f32", isa_name(k.isa), dtype_name(dt));
+    }
 }
 
 // A KV cache of the given types holding rows [positions, kv_dim] of k and v.
