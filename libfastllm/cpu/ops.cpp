@@ -313,15 +313,8 @@ struct HeadLines {
     size_t first, end;
 };
 HeadLines head_lines(KvType t, int off, int dim) {
-    size_t begin, end;
-    if (t == KvType::F32 || t == KvType::F16) {
-        const size_t e = t == KvType::F32 ? 4 : 2;
-        begin = off * e, end = (size_t)(off + dim) * e;
-    } else {
-        begin = (size_t)(off / kKvQ8Block) * kKvQ8BlockBytes;
-        end = (size_t)((off + dim + kKvQ8Block - 1) / kKvQ8Block) * kKvQ8BlockBytes;
-    }
-    return {begin / 64 * 64, end};
+    const int from = t == KvType::Q8 ? off / kKvQ8Block * kKvQ8Block : off;  // a q8 head starts in its block
+    return {kv_row_bytes(t, from) / 64 * 64, kv_row_bytes(t, off + dim)};
 }
 void prefetch_lines(const char *row, HeadLines l) {
     for (size_t b = l.first; b < l.end; b += 64) __builtin_prefetch(row + b, 0, 3);
@@ -438,13 +431,13 @@ void attend_blocks(const KernelTable &k, const float *q, const AttentionRun &run
             float *vp = Vp + (size_t)(bg.n > 1 ? d0 / C : 0) * B * C;
             if (d0 < values_packed) return vp;
             const int dc = std::min(C, hd - d0);
-            // A whole panel's width copies with a constant size: vector moves, where the variable
-            // size became `rep movsq` per key (4% of a pp8192's time, Qwen2.5-0.5B).
             // In place, a cache block's rows a call: one call a row took 17% of a decoding row's
             // attention (the call and its loop's setup for 32 values). A layer's after 1900 tokens
             // of TinyLlama-1.1B 1.15-1.2x (bench_attention, in the caches), its tokens/s 1.03-1.045x
             // and Qwen2.5-0.5B's after 4096 1.00-1.04x, three runs each (bench_long_prompt.py
-            // --from_state, 9 rounds; AMD EPYC Zen 3).
+            // --from_state, 9 rounds; AMD EPYC Zen 3). Copied from Vt, a whole panel's width copies
+            // with a constant size: vector moves, where the variable size became `rep movsq` per key
+            // (4% of a pp8192's time, Qwen2.5-0.5B).
             if (v_in_place) {
                 for (int j = 0, len; j < n; j += len) {
                     len = KvCache::run_in_block(p + j, p + n);
