@@ -3,7 +3,9 @@ tokens/s (pp, one eval of n_prompt tokens) and generation tokens/s (tg, n_gen gr
 round in fresh processes, alternating which device goes first; prints each round and the medians,
 with the GPU's and the CPU's names.
 
-    python3 bench/bench_device.py --shape tinyllama --variants f16,int8,q4_k_m --n_prompt 512 --n_gen 128
+    python3 bench/bench_device.py --shape tinyllama --variants f16,int8,q4_k_m --n_prompt 512 --n_gen 128 [--profile]
+
+--profile adds a round with FASTLLM_VULKAN_PROFILE=1 and prints each shader's device time.
 
 The models are random-weight checkpoints of the shape (bench_speed.SHAPES), converted by this
 tree's converter (needs torch and transformers to make the checkpoint).
@@ -22,19 +24,30 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(REPO / "bench"), str(REPO), str(REPO / "bindings" / "python")]
 
 ROUND = """
-import json, sys
+import json, logging, sys
 sys.path.insert(0, {python!r})
+if {profile}:  # the Vulkan backend's per-shader table, logged when the model is freed
+    class Lines(logging.Handler):
+        def emit(self, record):
+            if record.getMessage().startswith("vulkan profile"):
+                print(record.getMessage(), flush=True)
+    logging.getLogger("fastllm").addHandler(Lines())
+    logging.getLogger("fastllm").setLevel(logging.INFO)
 from fastllm.bench import bench
 r = bench({model!r}, n_prompt={n_prompt}, n_gen={n_gen}, threads={threads}, repeat=1, device={device!r})
 print(json.dumps({{"pp": r.prompt_tok_s, "tg": r.generate_tok_s, "backend": r.backend}}))
 """
 
 
-def one_round(model: Path, device: str, args) -> dict:
+def one_round(model: Path, device: str, args, profile: bool = False) -> dict:
     code = ROUND.format(python=str(REPO / "bindings" / "python"), model=str(model), n_prompt=args.n_prompt,
-                        n_gen=args.n_gen, threads=args.threads, device=device)
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
-    return json.loads(out.strip().splitlines()[-1])
+                        n_gen=args.n_gen, threads=args.threads, device=device, profile=profile)
+    env = dict(os.environ, FASTLLM_VULKAN_PROFILE="1") if profile else None
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, env=env).stdout
+    lines = out.strip().splitlines()
+    for line in lines[:-1] if profile else []:
+        print("    " + line, flush=True)
+    return json.loads(lines[-1])
 
 
 def main() -> int:
@@ -47,6 +60,8 @@ def main() -> int:
     ap.add_argument("--repeat", type=int, default=2, help="rounds per device after one warm-up")
     ap.add_argument("--device", default="vulkan")
     ap.add_argument("--work_dir", type=Path, default=Path("/tmp/fastllm-device-bench"))
+    ap.add_argument("--profile", action="store_true",
+                    help="then one more device round with FASTLLM_VULKAN_PROFILE=1: each shader's share of its device time")
     args = ap.parse_args()
 
     from bench_before_after import cpu_name
@@ -74,6 +89,9 @@ def main() -> int:
         (cp, ct), (gp, gt) = med["cpu"], med[args.device]
         print(f"{variant}: cpu pp {cp:.1f} tg {ct:.2f} | {args.device} pp {gp:.1f} tg {gt:.2f} | "
               f"{args.device}/cpu pp {gp / cp:.2f}x tg {gt / ct:.2f}x", flush=True)
+        if args.profile:  # apart from the timed rounds: the timestamps add a little work to each dispatch
+            print(f"  {variant} profile (pp{args.n_prompt} + tg{args.n_gen}):", flush=True)
+            one_round(model, args.device, args, profile=True)
     return 0
 
 

@@ -49,5 +49,5 @@ timeout 240 python3 -m pytest -q -p no:cacheprovider tests/test_vulkan.py -k "no
   2>&1 | tail -15
 echo "== TinyLlama-1.1B shape, every layer on the GPU, against this machine's CPU"
 timeout 420 python3 bench/bench_device.py --shape tinyllama --variants f16,int8,q4_k_m --n_prompt 512 --n_gen 128 \
-  --repeat 1 --work_dir /tmp/fastllm-device-bench
+  --repeat 1 --profile --work_dir /tmp/fastllm-device-bench
 echo "== done"

@@ -295,6 +295,52 @@ def test_smollm_answers_the_demos_question(vulkan, smollm_flm):
     assert "Paris" in reply, reply
 
 
+PROFILE = """
+import json, logging, sys, fastllm
+lines = []
+class Keep(logging.Handler):
+    def emit(self, record):
+        lines.append(record.getMessage())
+logging.getLogger("fastllm").addHandler(Keep())
+logging.getLogger("fastllm").setLevel(logging.INFO)
+with fastllm.Model(%r, device="vulkan") as m:
+    layers = m.info["num_layers"]
+    with m.session() as s:
+        tokens = m.tokenize("Once upon a time")
+        s.eval(tokens)  # one pass
+        for t in tokens[:3]:  # and three more
+            s.eval([t])
+print(json.dumps({"layers": layers, "lines": [l for l in lines if l.startswith("vulkan profile")]}))
+"""
+
+
+def _profile(stories_flm, **env):
+    out = _in_subprocess(PROFILE % str(stories_flm), **env)
+    rows = {}
+    for line in out["lines"][1:]:
+        m = re.match(r"vulkan profile: (\S+) +(\S*) +(\d+) dispatches +([\d.]+) ms +([\d.]+) us each +([\d.]+)%", line)
+        assert m, line
+        rows[(m.group(1), m.group(2))] = (int(m.group(3)), float(m.group(4)))
+    return out, rows
+
+
+def test_profile_gives_each_shaders_device_time(vulkan, stories_flm):
+    """FASTLLM_VULKAN_PROFILE=1: each shader's dispatches and their device time (timestamps around
+    every dispatch), logged when the model is freed; nothing without it."""
+    out, rows = _profile(stories_flm, FASTLLM_VULKAN_PROFILE="1")
+    passes, layers = 4, out["layers"]
+    head = re.match(r"vulkan profile \((.+)\): (\d+) dispatches, ([\d.]+) ms of device time", out["lines"][0])
+    assert head, out["lines"]
+    assert rows[("attention", "")][0] == layers * passes  # one a layer a pass
+    assert rows[("embed", "f32")][0] == passes
+    assert rows[("matmul", "f32")][0] >= (4 * layers + 1) * passes  # q/k/v, o, up/gate, down; the head
+    assert {"norm", "qkv_rope", "kv_store", "glu"} <= {name for name, _ in rows}
+    assert sum(n for n, _ in rows.values()) == int(head.group(2))
+    assert all(ms > 0 for _, ms in rows.values())
+    assert sum(ms for _, ms in rows.values()) == pytest.approx(float(head.group(3)), rel=1e-3, abs=0.01)
+    assert _profile(stories_flm)[0]["lines"] == []
+
+
 def test_the_server_runs_on_the_device(vulkan, stories_flm):
     """fastllm-server --device vulkan answers as the CPU does (greedy)."""
     import urllib.request

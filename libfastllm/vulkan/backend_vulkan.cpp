@@ -2,11 +2,14 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
+#include <map>
 #include <mutex>
 #include <unordered_map>
 
 #include "base/error.h"
+#include "base/log.h"
 #include "vulkan/vk_device.h"
 
 namespace fastllm {
@@ -28,6 +31,7 @@ constexpr int kFlushDispatches = 40;
 constexpr uint64_t kRingStart = 64 << 10;  // per-pass parameters (row positions, block tables, tokens); grows
 constexpr int kMaxHeadDim = 512;      // attention keeps 8 output values per invocation of 64
 constexpr int kMaxKvDim = 4096;       // kv_row.glsl's shared row
+constexpr uint32_t kTimedDispatches = 256;  // FASTLLM_VULKAN_PROFILE: a command buffer's timestamp pairs
 
 uint64_t addr(const void *p) { return (uint64_t)(uintptr_t)p; }
 
@@ -52,6 +56,19 @@ public:
             dev_.check(api_.vkAllocateCommandBuffers(d.device(), &ai, &s.cb), "allocating a command buffer");
             dev_.check(api_.vkCreateFence(d.device(), &fci, nullptr, &s.fence), "creating a fence");
         }
+        const char *prof = std::getenv("FASTLLM_VULKAN_PROFILE");
+        if (prof && std::strcmp(prof, "1") == 0) {
+            if (d.timestamp_bits() == 0) {
+                log(FASTLLM_LOG_WARN, "vulkan (%s): FASTLLM_VULKAN_PROFILE: the compute queue has no timestamps",
+                    d.info().name.c_str());
+            } else {
+                VkQueryPoolCreateInfo qci{VK_STRUCTURE_TYPE_QUERY_POOL_CREATE_INFO};
+                qci.queryType = VK_QUERY_TYPE_TIMESTAMP;
+                qci.queryCount = 2 * kTimedDispatches;
+                for (Slot &s : slots_) dev_.check(api_.vkCreateQueryPool(d.device(), &qci, nullptr, &s.queries), "creating a query pool");
+                profiling_ = true;
+            }
+        }
         ring_ = dev_.make_host_buffer(kRingStart);
         if (!ring_.buffer) fail(FASTLLM_ERR_OUT_OF_MEMORY, "vulkan: cannot allocate host-visible memory");
     }
@@ -60,9 +77,13 @@ public:
             finish_locked();
         } catch (const Error &) {  // a lost device: nothing more to wait for
         }
+        if (profiling_) log_profile();
         for (auto &w : weights_) dev_.memory().free(w.second);
         for (auto &r : ropes_) dev_.memory().free(r.second);
-        for (Slot &s : slots_) api_.vkDestroyFence(dev_.device(), s.fence, nullptr);
+        for (Slot &s : slots_) {
+            api_.vkDestroyFence(dev_.device(), s.fence, nullptr);
+            if (s.queries) api_.vkDestroyQueryPool(dev_.device(), s.queries, nullptr);
+        }
         api_.vkDestroyCommandPool(dev_.device(), pool_, nullptr);
         dev_.destroy(ring_);
     }
@@ -323,7 +344,14 @@ private:
         VkCommandBuffer cb = VK_NULL_HANDLE;
         VkFence fence = VK_NULL_HANDLE;
         bool running = false;
+        VkQueryPool queries = VK_NULL_HANDLE;  // profiling: a timestamp before and after each dispatch
+        std::vector<uint32_t> timed;           // their dispatches' profile keys, in order
     };
+    struct Timing {
+        uint64_t dispatches = 0;
+        double ns = 0;
+    };
+    static uint32_t profile_key(Shader s, uint32_t dtype) { return (uint32_t)s << 16 | dtype; }
     struct Param {
         void *host;
         uint64_t dev;
@@ -385,12 +413,22 @@ private:
     void dispatch(Shader s, uint32_t dtype, const void *push, size_t bytes, uint32_t gx, uint32_t gy, uint32_t gz) {
         if (gx == 0 || gy == 0 || gz == 0) return;
         const VkPipeline p = dev_.pipeline(s, dtype);
+        if (recording_ && profiling_ && slots_[cur_].timed.size() == kTimedDispatches) submit_recording();
         if (!recording_) begin();
-        const VkCommandBuffer cb = slots_[cur_].cb;
+        Slot &slot = slots_[cur_];
+        const VkCommandBuffer cb = slot.cb;
         vk::full_barrier(api_, cb);
         api_.vkCmdBindPipeline(cb, VK_PIPELINE_BIND_POINT_COMPUTE, p);
         api_.vkCmdPushConstants(cb, dev_.layout(), VK_SHADER_STAGE_COMPUTE_BIT, 0, (uint32_t)bytes, push);
+        // Profiling: the ticks when every command before has finished, and when this one has (the
+        // barrier above orders them), so a dispatch's time is its own.
+        const uint32_t q = 2 * (uint32_t)slot.timed.size();
+        if (profiling_) api_.vkCmdWriteTimestamp(cb, VK_PIPELINE_STAGE_BOTTOM_OF_PIPE_BIT, slot.queries, q);
         api_.vkCmdDispatch(cb, gx, gy, gz);
+        if (profiling_) {
+            api_.vkCmdWriteTimestamp(cb, VK_PIPELINE_STAGE_BOTTOM_OF_PIPE_BIT, slot.queries, q + 1);
+            slot.timed.push_back(profile_key(s, dtype));
+        }
         recorded_++;
     }
     void begin() {
@@ -400,11 +438,47 @@ private:
         VkCommandBufferBeginInfo bi{VK_STRUCTURE_TYPE_COMMAND_BUFFER_BEGIN_INFO};
         bi.flags = VK_COMMAND_BUFFER_USAGE_ONE_TIME_SUBMIT_BIT;
         dev_.check(api_.vkBeginCommandBuffer(s.cb, &bi), "recording commands");
+        if (profiling_) api_.vkCmdResetQueryPool(s.cb, s.queries, 0, 2 * kTimedDispatches);
         recording_ = true;
     }
     void wait(Slot &s) {
         s.running = false;
         dev_.check(api_.vkWaitForFences(dev_.device(), 1, &s.fence, VK_TRUE, UINT64_MAX), "running a pass");
+        if (profiling_ && !s.timed.empty()) collect(s);
+    }
+    // A finished command buffer's timestamps into the totals.
+    void collect(Slot &s) {
+        const uint32_t n = 2 * (uint32_t)s.timed.size();
+        std::vector<uint64_t> ticks(n);
+        dev_.check(api_.vkGetQueryPoolResults(dev_.device(), s.queries, 0, n, n * sizeof(uint64_t), ticks.data(),
+                                              sizeof(uint64_t), VK_QUERY_RESULT_64_BIT | VK_QUERY_RESULT_WAIT_BIT),
+                   "reading timestamps");
+        const uint64_t mask = dev_.timestamp_bits() >= 64 ? ~0ull : (1ull << dev_.timestamp_bits()) - 1;
+        for (size_t i = 0; i < s.timed.size(); i++) {
+            Timing &t = timings_[s.timed[i]];
+            t.dispatches++;
+            t.ns += (double)((ticks[2 * i + 1] - ticks[2 * i]) & mask) * dev_.timestamp_ns();
+        }
+        s.timed.clear();
+    }
+    // FASTLLM_VULKAN_PROFILE=1: the device time of every shader (matmul and embed per weight dtype),
+    // logged at info level when the backend goes (its model is freed).
+    void log_profile() const {
+        double total = 0;
+        uint64_t dispatches = 0;
+        std::vector<std::pair<double, uint32_t>> rows;
+        for (const auto &[key, t] : timings_) total += t.ns, dispatches += t.dispatches, rows.push_back({t.ns, key});
+        std::sort(rows.rbegin(), rows.rend());
+        log(FASTLLM_LOG_INFO, "vulkan profile (%s): %llu dispatches, %.3f ms of device time", dev_.info().name.c_str(),
+            (unsigned long long)dispatches, total / 1e6);
+        for (const auto &[ns, key] : rows) {
+            const Shader s = (Shader)(key >> 16);
+            const bool by_dtype = s == Shader::Matmul || s == Shader::Embed;
+            const Timing &t = timings_.at(key);
+            log(FASTLLM_LOG_INFO, "vulkan profile: %-9s %-6s %8llu dispatches %11.3f ms %10.1f us each %5.1f%%",
+                vk::shader_name(s), by_dtype ? dtype_name((DType)(key & 0xffff)) : "", (unsigned long long)t.dispatches,
+                ns / 1e6, ns / 1e3 / (double)t.dispatches, total > 0 ? 100 * ns / total : 0.0);
+        }
     }
     // Hands what is recorded to the device without waiting; the slot after it is next, waited for
     // if still running, so at most two submissions run behind the host (a cancel stops a pass
@@ -444,6 +518,8 @@ private:
     std::unordered_map<const void *, char *> weights_;  // the file's data -> the device's copy
     std::unordered_map<const RopeTable *, char *> ropes_;
     float *acts_ = nullptr;  // [max_batch, max_k] in the workspace
+    bool profiling_ = false;
+    std::map<uint32_t, Timing> timings_;  // by profile_key
 };
 
 }  // namespace

@@ -304,6 +304,14 @@ Device::Device(int index) {
 
 void Device::init() {
     api_.vkGetPhysicalDeviceMemoryProperties(physical_, &mem_props_);
+    VkPhysicalDeviceProperties props{};
+    api_.vkGetPhysicalDeviceProperties(physical_, &props);
+    uint32_t n_fams = 0;
+    api_.vkGetPhysicalDeviceQueueFamilyProperties(physical_, &n_fams, nullptr);
+    std::vector<VkQueueFamilyProperties> fams(n_fams);
+    api_.vkGetPhysicalDeviceQueueFamilyProperties(physical_, &n_fams, fams.data());
+    if (queue_family_ < n_fams && fams[queue_family_].timestampValidBits > 0 && props.limits.timestampPeriod > 0)
+        timestamp_ns_ = props.limits.timestampPeriod, timestamp_bits_ = fams[queue_family_].timestampValidBits;
     const char *st = std::getenv("FASTLLM_VULKAN_STAGING");
     staged_only_ = st && std::strcmp(st, "1") == 0;
 

@@ -33,7 +33,8 @@ namespace fastllm::vk {
     X(vkDestroyCommandPool) X(vkAllocateCommandBuffers) X(vkBeginCommandBuffer) X(vkEndCommandBuffer)                \
     X(vkResetCommandBuffer) X(vkCmdBindPipeline) X(vkCmdPushConstants) X(vkCmdDispatch) X(vkCmdPipelineBarrier)      \
     X(vkCmdCopyBuffer) X(vkQueueSubmit) X(vkCreateFence) X(vkDestroyFence) X(vkWaitForFences) X(vkResetFences)       \
-    X(vkCreateShaderModule) X(vkDestroyShaderModule) X(vkCreatePipelineLayout) X(vkCreateComputePipelines)
+    X(vkCreateShaderModule) X(vkDestroyShaderModule) X(vkCreatePipelineLayout) X(vkCreateComputePipelines)        \
+    X(vkCreateQueryPool) X(vkDestroyQueryPool) X(vkCmdResetQueryPool) X(vkCmdWriteTimestamp) X(vkGetQueryPoolResults)
 
 struct Api {
 #define FASTLLM_VK_MEMBER(name) PFN_##name name = nullptr;
@@ -139,6 +140,9 @@ public:
     }
     void check(VkResult r, const char *what) const;
     uint32_t queue_family() const { return queue_family_; }
+    // Nanoseconds a tick of the queue's timestamps and the ticks' valid bits (0: the queue has none).
+    double timestamp_ns() const { return timestamp_ns_; }
+    uint32_t timestamp_bits() const { return timestamp_bits_; }
 
 private:
     explicit Device(int index);
@@ -156,6 +160,8 @@ private:
     VkQueue queue_ = VK_NULL_HANDLE;
     uint32_t queue_family_ = 0;
     VkPhysicalDeviceMemoryProperties mem_props_{};
+    double timestamp_ns_ = 0;
+    uint32_t timestamp_bits_ = 0;
     DeviceInfo info_;
     bool staged_only_ = false;  // FASTLLM_VULKAN_STAGING=1: never map device memory (tests the staged path)
     VkPipelineLayout layout_ = VK_NULL_HANDLE;
@@ -173,7 +179,8 @@ private:
 // Barrier: the writes of every command before it visible to every command after it.
 void full_barrier(const Api &api, VkCommandBuffer cb);
 
-// The embedded SPIR-V of a shader.
+// The embedded SPIR-V of a shader, and its name (its .comp file's).
 const uint32_t *shader_code(Shader s, size_t *bytes);
+const char *shader_name(Shader s);
 
 }  // namespace fastllm::vk

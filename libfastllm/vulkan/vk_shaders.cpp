@@ -35,21 +35,28 @@ const uint32_t kAttention[] =
 const uint32_t kQuantize[] =
 #include "quantize.spv.h"
     ;
+
+struct Code {
+    const uint32_t *code;
+    size_t bytes;
+    const char *name;
+};
+const Code &code_of(Shader s) {
+    static const Code table[(int)Shader::Count] = {
+        {kMatmul, sizeof kMatmul, "matmul"},       {kEmbed, sizeof kEmbed, "embed"},
+        {kNorm, sizeof kNorm, "norm"},             {kGlu, sizeof kGlu, "glu"},
+        {kSoftcap, sizeof kSoftcap, "softcap"},    {kQkvRope, sizeof kQkvRope, "qkv_rope"},
+        {kKvStore, sizeof kKvStore, "kv_store"},   {kKvShift, sizeof kKvShift, "kv_shift"},
+        {kAttention, sizeof kAttention, "attention"}, {kQuantize, sizeof kQuantize, "quantize"},
+    };
+    return table[(int)s];
+}
 }  // namespace
 
 const uint32_t *shader_code(Shader s, size_t *bytes) {
-    struct Code {
-        const uint32_t *code;
-        size_t bytes;
-    };
-    static const Code table[(int)Shader::Count] = {
-        {kMatmul, sizeof kMatmul}, {kEmbed, sizeof kEmbed},       {kNorm, sizeof kNorm},
-        {kGlu, sizeof kGlu},       {kSoftcap, sizeof kSoftcap},   {kQkvRope, sizeof kQkvRope},
-        {kKvStore, sizeof kKvStore}, {kKvShift, sizeof kKvShift}, {kAttention, sizeof kAttention},
-        {kQuantize, sizeof kQuantize},
-    };
-    *bytes = table[(int)s].bytes;
-    return table[(int)s].code;
+    *bytes = code_of(s).bytes;
+    return code_of(s).code;
 }
+const char *shader_name(Shader s) { return code_of(s).name; }
 
 }  // namespace fastllm::vk
