@@ -333,7 +333,11 @@ def test_profile_gives_each_shaders_device_time(vulkan, stories_flm):
     assert head, out["lines"]
     assert rows[("attention", "")][0] == layers * passes  # one a layer a pass
     assert rows[("embed", "f32")][0] == passes
-    assert rows[("matmul", "f32")][0] >= (4 * layers + 1) * passes  # q/k/v, o, up/gate, down; the head
+    # a layer's matmuls (q/k/v, o, up/gate, down): the prompt's rows on matmul_rows, a token's on
+    # matmul, as is the head (the prompt's last row only)
+    per_pass = rows[("matmul_rows", "f32")][0]
+    assert per_pass >= 4 * layers and per_pass % layers == 0
+    assert rows[("matmul", "f32")][0] == (passes - 1) * (per_pass + 1) + 1
     assert {"norm", "qkv_rope", "kv_store", "glu"} <= {name for name, _ in rows}
     assert sum(n for n, _ in rows.values()) == int(head.group(2))
     assert all(ms > 0 for _, ms in rows.values())

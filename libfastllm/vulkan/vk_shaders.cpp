@@ -8,6 +8,9 @@ namespace {
 const uint32_t kMatmul[] =
 #include "matmul.spv.h"
     ;
+const uint32_t kMatmulRows[] =
+#include "matmul_rows.spv.h"
+    ;
 const uint32_t kEmbed[] =
 #include "embed.spv.h"
     ;
@@ -43,7 +46,8 @@ struct Code {
 };
 const Code &code_of(Shader s) {
     static const Code table[(int)Shader::Count] = {
-        {kMatmul, sizeof kMatmul, "matmul"},       {kEmbed, sizeof kEmbed, "embed"},
+        {kMatmul, sizeof kMatmul, "matmul"},       {kMatmulRows, sizeof kMatmulRows, "matmul_rows"},
+        {kEmbed, sizeof kEmbed, "embed"},
         {kNorm, sizeof kNorm, "norm"},             {kGlu, sizeof kGlu, "glu"},
         {kSoftcap, sizeof kSoftcap, "softcap"},    {kQkvRope, sizeof kQkvRope, "qkv_rope"},
         {kKvStore, sizeof kKvStore, "kv_store"},   {kKvShift, sizeof kKvShift, "kv_shift"},

@@ -1,0 +1,52 @@
+#version 450
+// y[T, N] = x[T, K] . W[N, K]^T (+ bias) for a pass of several rows (matmul.comp takes a decode
+// row): as matmul.comp, a workgroup computes 8 outputs n for a block of 8 rows, its subgroups'
+// invocations striding over K and summing with subgroupAdd, but a subgroup takes OG outputs at once,
+// so that each activation it loads serves OG weight rows. On lavapipe a load, not its bytes, is what
+// costs (a cached activation's as much as a streamed weight's: FASTLLM_VULKAN_PROFILE), and with one
+// output at a time 8 of a block's 9 loads were activations: SmolLM2-135M's 19-token prompt 14.5-15.4
+// -> 6.5-7.0 s. A decode row stays on matmul.comp: one shader for both made stories260K's decoding
+// matmuls 1.5x slower there. Accumulates in f32.
+#extension GL_KHR_shader_subgroup_basic : require
+#extension GL_KHR_shader_subgroup_arithmetic : require
+#include "common.glsl"
+layout(local_size_x = 64) in;
+layout(constant_id = 0) const uint DTYPE = 0u;
+layout(push_constant) uniform Push {
+    Matrix w;
+    uint64_t bias, x, y;
+    uint T;
+} p;
+const uint ROWS = 8u, OUTS = 8u, OG = 4u;
+
+void main() {
+    const uint block = gl_WorkGroupID.x + gl_WorkGroupID.y * gl_NumWorkGroups.x;
+    const uint t0 = gl_WorkGroupID.z * ROWS, nt = min(ROWS, p.T - t0), K = p.w.cols;
+    for (uint o0 = gl_SubgroupID * OG; o0 < OUTS; o0 += gl_NumSubgroups * OG) {
+        const uint n0 = block * OUTS + o0;
+        if (n0 >= p.w.rows) break;
+        const uint ng = min(OG, p.w.rows - n0);
+        float acc[OG * ROWS];
+        for (uint i = 0u; i < OG * ROWS; i++) acc[i] = 0.0;
+        for (uint c = gl_SubgroupInvocationID; c < K; c += gl_SubgroupSize) {
+            float w[OG];
+            for (uint g = 0u; g < OG; g++) w[g] = g < ng ? weight_at(DTYPE, p.w, n0 + g, c) : 0.0;
+            for (uint j = 0u; j < ROWS; j++) {
+                if (j >= nt) break;
+                const float x = Floats(p.x).v[(t0 + j) * K + c];
+                for (uint g = 0u; g < OG; g++) acc[g * ROWS + j] += w[g] * x;
+            }
+        }
+        for (uint g = 0u; g < OG; g++) {
+            if (g >= ng) break;
+            for (uint j = 0u; j < ROWS; j++) {
+                if (j >= nt) break;
+                float v = subgroupAdd(acc[g * ROWS + j]);
+                if (subgroupElect()) {
+                    if (p.bias != 0ul) v += Floats(p.bias).v[n0 + g];
+                    Floats(p.y).v[(t0 + j) * p.w.rows + n0 + g] = v;
+                }
+            }
+        }
+    }
+}
