@@ -4,8 +4,8 @@
 // invocations striding over K and summing with subgroupAdd, but a subgroup takes OG outputs at once,
 // so that each activation it loads serves OG weight rows. On lavapipe a load, not its bytes, is what
 // costs (a cached activation's as much as a streamed weight's: FASTLLM_VULKAN_PROFILE), and with one
-// output at a time 8 of a block's 9 loads were activations: SmolLM2-135M's 19-token prompt 14.5-15.4
-// -> 6.5-7.0 s. A decode row stays on matmul.comp: one shader for both made stories260K's decoding
+// output at a time 8 of a block's 9 loads were activations: SmolLM2-135M's 19-token prompt 14.2-15.4
+// -> 6.0-7.0 s. A decode row stays on matmul.comp: one shader for both made stories260K's decoding
 // matmuls 1.5x slower there. Accumulates in f32.
 #extension GL_KHR_shader_subgroup_basic : require
 #extension GL_KHR_shader_subgroup_arithmetic : require
