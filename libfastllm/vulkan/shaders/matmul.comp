@@ -4,17 +4,7 @@
 // by side) and summing with subgroupAdd, so no barrier is needed whatever the subgroup size (8 on
 // lavapipe, 32 on NVIDIA, 64 on AMD). Each weight is read once for the block's rows (a GEMV for a
 // decode row, weight reuse for a prompt). Accumulates in f32.
-#extension GL_KHR_shader_subgroup_basic : require
-#extension GL_KHR_shader_subgroup_arithmetic : require
-#include "common.glsl"
-layout(local_size_x = 64) in;
-layout(constant_id = 0) const uint DTYPE = 0u;
-layout(push_constant) uniform Push {
-    Matrix w;
-    uint64_t bias, x, y;
-    uint T;
-} p;
-const uint ROWS = 8u, OUTS = 8u;
+#include "matmul.glsl"
 
 void main() {
     const uint block = gl_WorkGroupID.x + gl_WorkGroupID.y * gl_NumWorkGroups.x;
@@ -37,11 +27,8 @@ void main() {
         }
         for (uint j = 0u; j < ROWS; j++) {
             if (j >= nt) break;
-            float v = subgroupAdd(acc[j]);
-            if (subgroupElect()) {
-                if (p.bias != 0ul) v += Floats(p.bias).v[n];
-                Floats(p.y).v[(t0 + j) * p.w.rows + n] = v;
-            }
+            const float v = subgroupAdd(acc[j]);
+            if (subgroupElect()) store(t0 + j, n, v);
         }
     }
 }

@@ -7,17 +7,8 @@
 // output at a time 8 of a block's 9 loads were activations: SmolLM2-135M's 19-token prompt 14.2-15.4
 // -> 6.0-7.0 s. A decode row stays on matmul.comp: one shader for both made stories260K's decoding
 // matmuls 1.5x slower there. Accumulates in f32.
-#extension GL_KHR_shader_subgroup_basic : require
-#extension GL_KHR_shader_subgroup_arithmetic : require
-#include "common.glsl"
-layout(local_size_x = 64) in;
-layout(constant_id = 0) const uint DTYPE = 0u;
-layout(push_constant) uniform Push {
-    Matrix w;
-    uint64_t bias, x, y;
-    uint T;
-} p;
-const uint ROWS = 8u, OUTS = 8u, OG = 4u;
+#include "matmul.glsl"
+const uint OG = 4u;  // outputs a subgroup takes at once
 
 void main() {
     const uint block = gl_WorkGroupID.x + gl_WorkGroupID.y * gl_NumWorkGroups.x;
@@ -41,11 +32,8 @@ void main() {
             if (g >= ng) break;
             for (uint j = 0u; j < ROWS; j++) {
                 if (j >= nt) break;
-                float v = subgroupAdd(acc[g * ROWS + j]);
-                if (subgroupElect()) {
-                    if (p.bias != 0ul) v += Floats(p.bias).v[n0 + g];
-                    Floats(p.y).v[(t0 + j) * p.w.rows + n0 + g] = v;
-                }
+                const float v = subgroupAdd(acc[g * ROWS + j]);
+                if (subgroupElect()) store(t0 + j, n0 + g, v);
             }
         }
     }
