@@ -184,9 +184,12 @@ public:
             dispatch(Shader::Quantize, 0, &q, sizeof q, gx, (g + gx - 1) / gx, 1);
             pc.x = addr(acts_);
         }
-        const uint32_t blocks = (uint32_t)(W.rows() + 7) / 8, gx = std::min<uint32_t>(blocks, 65535);  // 8 outputs a workgroup
-        dispatch(T > 1 ? Shader::MatmulRows : Shader::Matmul, (uint32_t)W.dtype, &pc, sizeof pc, gx, (blocks + gx - 1) / gx,
-                 (uint32_t)(T + 7) / 8);
+        // A workgroup: 8 outputs (matmul, matmul_rows) or a tile of 16 (matmul_quant), for 8 rows.
+        const bool quant = dtype_is_quantized(W.dtype);
+        const uint32_t outs = quant ? 16 : 8, blocks = (uint32_t)(W.rows() + outs - 1) / outs;
+        const uint32_t gx = std::min<uint32_t>(blocks, 65535);
+        dispatch(quant ? Shader::MatmulQuant : T > 1 ? Shader::MatmulRows : Shader::Matmul, (uint32_t)W.dtype, &pc, sizeof pc,
+                 gx, (blocks + gx - 1) / gx, (uint32_t)(T + 7) / 8);
     }
     void norm(NormKind kind, float eps, const Tensor &w, const Tensor &b, const float *x, int rows, int n,
               float *out) override {
@@ -474,7 +477,7 @@ private:
             (unsigned long long)dispatches, total / 1e6);
         for (const auto &[ns, key] : rows) {
             const Shader s = (Shader)(key >> 16);
-            const bool by_dtype = s == Shader::Matmul || s == Shader::MatmulRows || s == Shader::Embed;
+            const bool by_dtype = s == Shader::Matmul || s == Shader::MatmulRows || s == Shader::MatmulQuant || s == Shader::Embed;
             const Timing &t = timings_.at(key);
             log(FASTLLM_LOG_INFO, "vulkan profile: %-11s %-6s %8llu dispatches %11.3f ms %10.1f us each %5.1f%%",
                 vk::shader_name(s), by_dtype ? dtype_name((DType)(key & 0xffff)) : "", (unsigned long long)t.dispatches,

@@ -54,7 +54,7 @@ struct DeviceInfo {
 };
 
 // The compute shaders (vk_shaders.cpp embeds their SPIR-V).
-enum class Shader { Matmul, MatmulRows, Embed, Norm, Glu, Softcap, QkvRope, KvStore, KvShift, Attention, Quantize, Count };
+enum class Shader { Matmul, MatmulRows, MatmulQuant, Embed, Norm, Glu, Softcap, QkvRope, KvStore, KvShift, Attention, Quantize, Count };
 
 class Device;
 

@@ -11,6 +11,9 @@ const uint32_t kMatmul[] =
 const uint32_t kMatmulRows[] =
 #include "matmul_rows.spv.h"
     ;
+const uint32_t kMatmulQuant[] =
+#include "matmul_quant.spv.h"
+    ;
 const uint32_t kEmbed[] =
 #include "embed.spv.h"
     ;
@@ -47,7 +50,7 @@ struct Code {
 const Code &code_of(Shader s) {
     static const Code table[(int)Shader::Count] = {
         {kMatmul, sizeof kMatmul, "matmul"},       {kMatmulRows, sizeof kMatmulRows, "matmul_rows"},
-        {kEmbed, sizeof kEmbed, "embed"},
+        {kMatmulQuant, sizeof kMatmulQuant, "matmul_quant"}, {kEmbed, sizeof kEmbed, "embed"},
         {kNorm, sizeof kNorm, "norm"},             {kGlu, sizeof kGlu, "glu"},
         {kSoftcap, sizeof kSoftcap, "softcap"},    {kQkvRope, sizeof kQkvRope, "qkv_rope"},
         {kKvStore, sizeof kKvStore, "kv_store"},   {kKvShift, sizeof kKvShift, "kv_shift"},

@@ -916,8 +916,8 @@ static void test_device_backend(const char *device) {
     const DType dtypes[] = {DType::F32, DType::F16, DType::BF16, DType::Q8, DType::Q4_32, DType::Q4_64, DType::Q4_128,
                             DType::Q4M_32, DType::Q6, DType::Q4K, DType::Q6K, DType::Q3K, DType::Q5K};
     // one row (a decode step), a few, a prompt's worth; rows of a tile and tails; K of one and many
-    // super-blocks and groups
-    const int shapes[][3] = {{1, 37, 64}, {3, 16, 128}, {9, 70, 256}, {20, 33, 384}, {1, 5, 1536}};
+    // super-blocks and groups; rows of a float W that are no whole 64-bit loads (K % 4 != 0)
+    const int shapes[][3] = {{1, 37, 64}, {3, 16, 128}, {9, 70, 256}, {20, 33, 384}, {1, 5, 1536}, {1, 9, 30}, {5, 9, 30}};
     for (DType dt : dtypes)
         for (auto &sh : shapes) {
             const int T = sh[0], N = sh[1], K = sh[2];

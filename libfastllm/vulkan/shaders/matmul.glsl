@@ -1,6 +1,7 @@
-// matmul.glsl — what the two matmul shaders share (matmul.comp: a decode row; matmul_rows.comp:
-// a pass of several rows): y[T, N] = x[T, K] . W[N, K]^T (+ bias), a workgroup of 64 computing 8
-// outputs n for a block of 8 rows, its weights specialised by dtype (constant 0).
+// matmul.glsl — what the matmul shaders share (matmul.comp: a decode row, matmul_rows.comp: a pass
+// of several rows, both of an F32, F16 or BF16 W; matmul_quant.comp: a quantized W):
+// y[T, N] = x[T, K] . W[N, K]^T (+ bias), a workgroup of 64 computing OUTS outputs n (16, a tile,
+// for matmul_quant) for a block of ROWS rows, its weights specialised by dtype (constant 0).
 #extension GL_KHR_shader_subgroup_basic : require
 #extension GL_KHR_shader_subgroup_arithmetic : require
 #include "common.glsl"

@@ -1,0 +1,52 @@
+#version 450
+// y[T, N] = x[T, K] . W[N, K]^T (+ bias) for a quantized W, every pass (matmul.comp and
+// matmul_rows.comp take f32, f16 and bf16). A workgroup takes one tile of 16 weight rows (the
+// layout of cpu/tile_layout.h) for a block of up to 8 rows of x: its 64 invocations are 4 lanes of
+// 4 weight rows each, times 16 slices of K. A chunk of the tile holds 4 columns of its 16 rows, a
+// row's 4 codes in one word, so a lane reads 4 words side by side (the 4 lanes of a slice the
+// chunk's 64 bytes), its rows' scales once a group, and each activation once for its 4 rows; the
+// slices' sums are added in shared memory at the end, in a fixed order. Accumulates in f32.
+#include "matmul.glsl"
+const uint R = 4u, SLICES = 16u;  // weight rows a lane; slices of K
+shared float part[SLICES * ROWS * 16u];
+
+void main() {
+    const uint tile = gl_WorkGroupID.x + gl_WorkGroupID.y * gl_NumWorkGroups.x;
+    const uint t0 = gl_WorkGroupID.z * ROWS, nt = min(ROWS, p.T - t0), K = p.w.cols;
+    const uint id = gl_LocalInvocationID.x, lane = id % 4u, slice = id / 4u, r0 = tile * 16u + lane * R;
+    const uint bits = dtype_bits(DTYPE), G = dtype_group(DTYPE);
+    const float offset = dtype_has_min(DTYPE) ? 0.0 : float(1u << (bits - 1u));
+    const uint64_t codes = tile_codes_base(p.w, tile);
+    float acc[R * ROWS];
+    for (uint i = 0u; i < R * ROWS; i++) acc[i] = 0.0;
+    const uint n4 = K / 4u, per = (n4 + SLICES - 1u) / SLICES, c_end = min(n4, (slice + 1u) * per);  // K: 32s
+    uint g_at = ~0u;
+    vec4 scale, mn;
+    for (uint c4 = slice * per; c4 < c_end; c4++) {
+        const uint c = c4 * 4u;
+        if (c / G != g_at) {
+            g_at = c / G;
+            group_scales4(DTYPE, p.w, r0, g_at, scale, mn);
+        }
+        const uvec4 q = tile_codes16(codes, bits, lane * R, c);
+        vec4 w[R];
+        for (uint i = 0u; i < R; i++)
+            w[i] = (vec4(q[i] & 255u, q[i] >> 8 & 255u, q[i] >> 16 & 255u, q[i] >> 24) - offset) * scale[i] + mn[i];
+        for (uint j = 0u; j < ROWS; j++) {
+            if (j >= nt) break;
+            const vec4 x = floats4_at(p.x, (t0 + j) * K + c);
+            for (uint i = 0u; i < R; i++) acc[j * R + i] += dot(w[i], x);
+        }
+    }
+    for (uint j = 0u; j < ROWS; j++) {
+        if (j >= nt) break;
+        for (uint i = 0u; i < R; i++) part[(slice * ROWS + j) * 16u + lane * R + i] = acc[j * R + i];
+    }
+    barrier();
+    for (uint e = id; e < nt * 16u; e += 64u) {
+        const uint j = e / 16u, l = e % 16u, n = tile * 16u + l;
+        float v = 0.0;
+        for (uint s = 0u; s < SLICES; s++) v += part[(s * ROWS + j) * 16u + l];
+        if (n < p.w.rows) store(t0 + j, n, v);
+    }
+}
