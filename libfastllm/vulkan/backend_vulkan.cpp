@@ -29,7 +29,7 @@ constexpr int kSlots = 3;             // command buffers: one recording, up to t
 // a millisecond on lavapipe, tens of microseconds on a GPU.
 constexpr int kFlushDispatches = 40;
 constexpr uint64_t kRingStart = 64 << 10;  // per-pass parameters (row positions, block tables, tokens); grows
-constexpr int kMaxHeadDim = 512;      // attention keeps 8 output values per invocation of 64
+constexpr int kMaxHeadDim = 512;      // attention keeps 8 output values per invocation of 64 (two vec4)
 constexpr int kMaxKvDim = 4096;       // kv_row.glsl's shared row
 constexpr uint32_t kTimedDispatches = 256;  // FASTLLM_VULKAN_PROFILE: a command buffer's timestamp pairs
 

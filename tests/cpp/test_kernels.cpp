@@ -993,7 +993,7 @@ static void test_device_backend(const char *device) {
 
     // attention over caches of every type in the device's memory, against the reference over the
     // same rows in host caches; a context shift's rotation of the keys
-    for (int hd : {16, 24, 64}) {  // 16, 24: heads split by key as well (attention.comp)
+    for (int hd : {6, 16, 24, 64, 160}) {  // all but 160 split by key as well (attention.comp); 6: no whole 64-bit loads
         const int n_heads = 8, n_kv = 2, pos0 = 41, T = 5, kv_dim = n_kv * hd, P = pos0 + T;
         std::vector<float> q = randn((size_t)T * n_heads * hd), kc = randn((size_t)P * kv_dim), vc = randn((size_t)P * kv_dim);
         const AttentionShape shapes[] = {{n_heads, n_kv, hd, 0.25f, 0.0f, 0}, {n_heads, n_kv, hd, 0.25f, 0.0f, 3},

@@ -138,6 +138,18 @@ float kv_at(uint64_t row, uint type, uint i) {
     return uintBitsToFloat(Words(row).v[block / 4u]) * float(code);
 }
 
+// Values i..i+3 (i % 4 == 0) of a KV row whose values are a multiple of 4: f16 as one 64-bit load,
+// f32 as two, q8 as a word of codes and its block's scale.
+vec4 kv_at4(uint64_t row, uint type, uint i) {
+    if (type == KV_F32) return floats4_at(row, i);
+    if (type == KV_F16) {
+        const uvec2 w = unpackUint2x32(Pairs(row).v[i >> 2]);
+        return vec4(unpackHalf2x16(w.x), unpackHalf2x16(w.y));
+    }
+    const uint block = (i / 32u) * 36u, w = Words(row).v[(block + 4u + i % 32u) >> 2];
+    return uintBitsToFloat(Words(row).v[block / 4u]) * vec4(ivec4(w << 24, w << 16, w << 8, w) >> 24);
+}
+
 // f32 to f16 bits, rounded to nearest even as the CPU's conversion (packHalf2x16 may truncate).
 uint half_bits(float f) {
     const uint x = floatBitsToUint(f), sign = (x >> 16) & 0x8000u, e = (x >> 23) & 255u;
