@@ -345,6 +345,17 @@ def test_profile_gives_each_shaders_device_time(vulkan, stories_flm):
     assert _profile(stories_flm)[0]["lines"] == []
 
 
+def test_quantized_matmuls_run_on_matmul_quant(vulkan, tmp_path):
+    """A quantized weight's matmuls, a prompt's rows and a token's alike, go to matmul_quant.comp,
+    the shader of the tile layout; none to the float weights' shaders."""
+    path = convert(STORIES / "hf", tmp_path / "stories-int8.flm", dtype="int8")
+    out, rows = _profile(path, FASTLLM_VULKAN_PROFILE="1")
+    passes, layers = 4, out["layers"]
+    n = rows[("matmul_quant", "q8")][0]  # stories260K's ffn rows (172) are no multiple of 32: f16
+    assert n >= 3 * layers * passes and n % (layers * passes) == 0, rows
+    assert not [k for k in rows if k[0] in ("matmul", "matmul_rows") and k[1] == "q8"], rows
+
+
 def test_the_server_runs_on_the_device(vulkan, stories_flm):
     """fastllm-server --device vulkan answers as the CPU does (greedy)."""
     import urllib.request
