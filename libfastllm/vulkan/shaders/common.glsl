@@ -16,6 +16,11 @@ vec4 floats4_at(uint64_t base, uint i) {
     const uvec2 a = unpackUint2x32(Pairs(base).v[i >> 1]), b = unpackUint2x32(Pairs(base).v[(i >> 1) + 1u]);
     return uintBitsToFloat(uvec4(a, b));
 }
+// Halves i..i+3 (i % 4 == 0) as f32, one 64-bit load.
+vec4 halves4_at(uint64_t base, uint i) {
+    const uvec2 w = unpackUint2x32(Pairs(base).v[i >> 2]);
+    return vec4(unpackHalf2x16(w.x), unpackHalf2x16(w.y));
+}
 
 float f16_at(uint64_t base, uint i) {
     const uint w = Words(base).v[i >> 1];
@@ -75,10 +80,6 @@ uvec4 tile_codes16(uint64_t codes, uint bits, uint i0, uint c) {
 // The scales and mins (0 without one) of group g of rows r0..r0+3 (r0 % 4 == 0) of a quantized
 // matrix of dtype t: a code q stands for scale * q + mn with a min, scale * (q - 2^(bits-1)) without.
 // A tile keeps a group's 16 rows' scales side by side, so the 4 rows' are one 64-bit load.
-vec4 halves4_at(uint64_t base, uint i) {  // i % 4 == 0
-    const uvec2 w = unpackUint2x32(Pairs(base).v[i >> 2]);
-    return vec4(unpackHalf2x16(w.x), unpackHalf2x16(w.y));
-}
 vec4 bytes4_at(uint64_t base, uint i) {  // i % 4 == 0
     const uint w = Words(base).v[i >> 2];
     return vec4(w & 255u, w >> 8 & 255u, w >> 16 & 255u, w >> 24);
@@ -123,8 +124,8 @@ float weight_at(const uint t, Matrix m, uint r, uint c) {
 vec4 weights4_at(const uint t, Matrix m, uint r, uint c) {
     const uint i = r * m.cols + c;
     if (t == F32) return floats4_at(m.base, i);
+    if (t == F16) return halves4_at(m.base, i);
     const uvec2 w = unpackUint2x32(Pairs(m.base).v[i >> 2]);
-    if (t == F16) return vec4(unpackHalf2x16(w.x), unpackHalf2x16(w.y));
     return uintBitsToFloat(uvec4(w.x << 16, w.x & 0xffff0000u, w.y << 16, w.y & 0xffff0000u));
 }
 
@@ -142,10 +143,7 @@ float kv_at(uint64_t row, uint type, uint i) {
 // f32 as two, q8 as a word of codes and its block's scale.
 vec4 kv_at4(uint64_t row, uint type, uint i) {
     if (type == KV_F32) return floats4_at(row, i);
-    if (type == KV_F16) {
-        const uvec2 w = unpackUint2x32(Pairs(row).v[i >> 2]);
-        return vec4(unpackHalf2x16(w.x), unpackHalf2x16(w.y));
-    }
+    if (type == KV_F16) return halves4_at(row, i);
     const uint block = (i / 32u) * 36u, w = Words(row).v[(block + 4u + i % 32u) >> 2];
     return uintBitsToFloat(Words(row).v[block / 4u]) * vec4(ivec4(w << 24, w << 16, w << 8, w) >> 24);
 }
