@@ -6,6 +6,8 @@ with the GPU's and the CPU's names.
     python3 bench/bench_device.py --shape tinyllama --variants f16,int8,q4_k_m --n_prompt 512 --n_gen 128 [--profile]
 
 --profile adds a round with FASTLLM_VULKAN_PROFILE=1 and prints each shader's device time.
+--before OLD.so compares another build's library on the device with this build's (alternating
+rounds, both on --device) instead of the device with the CPU: a shader change's before and after.
 
 The models are random-weight checkpoints of the shape (bench_speed.SHAPES), converted by this
 tree's converter (needs torch and transformers to make the checkpoint).
@@ -39,10 +41,14 @@ print(json.dumps({{"pp": r.prompt_tok_s, "tg": r.generate_tok_s, "backend": r.ba
 """
 
 
-def one_round(model: Path, device: str, args, profile: bool = False) -> dict:
+def one_round(model: Path, device: str, args, profile: bool = False, library: Path | None = None) -> dict:
     code = ROUND.format(python=str(REPO / "bindings" / "python"), model=str(model), n_prompt=args.n_prompt,
                         n_gen=args.n_gen, threads=args.threads, device=device, profile=profile)
-    env = dict(os.environ, FASTLLM_VULKAN_PROFILE="1") if profile else None
+    env = dict(os.environ)
+    if profile:
+        env["FASTLLM_VULKAN_PROFILE"] = "1"
+    if library:
+        env["FASTLLM_LIBRARY"] = str(library)
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, env=env).stdout
     lines = out.strip().splitlines()
     for line in lines[:-1] if profile else []:
@@ -62,6 +68,7 @@ def main() -> int:
     ap.add_argument("--work_dir", type=Path, default=Path("/tmp/fastllm-device-bench"))
     ap.add_argument("--profile", action="store_true",
                     help="then one more device round with FASTLLM_VULKAN_PROFILE=1: each shader's share of its device time")
+    ap.add_argument("--before", type=Path, help="another build's library: its device rounds against this build's, not the CPU's")
     args = ap.parse_args()
 
     from bench_before_after import cpu_name
@@ -77,18 +84,20 @@ def main() -> int:
         model = args.work_dir / f"{args.shape}-{variant}.flm"
         if not model.exists():
             convert(str(hf), str(model), dtype=variant, progress=False)
-        rounds = {"cpu": [], args.device: []}
+        # (label, device, library): the two sides of the comparison, alternating which goes first
+        sides = [("before", args.device, args.before.resolve()), ("after", args.device, None)] if args.before else \
+            [("cpu", "cpu", None), (args.device, args.device, None)]
+        rounds = {label: [] for label, _, _ in sides}
         for i in range(args.repeat + 1):
-            order = ["cpu", args.device] if i % 2 == 0 else [args.device, "cpu"]
-            for device in order:
-                r = one_round(model, device, args)
+            for label, device, library in sides if i % 2 == 0 else sides[::-1]:
+                r = one_round(model, device, args, library=library)
                 if i > 0:
-                    rounds[device].append(r)
-                print(f"  {variant} round {i} {device:8s} pp {r['pp']:9.1f}  tg {r['tg']:8.2f}  ({r['backend']})", flush=True)
-        med = {d: (statistics.median(x["pp"] for x in v), statistics.median(x["tg"] for x in v)) for d, v in rounds.items()}
-        (cp, ct), (gp, gt) = med["cpu"], med[args.device]
-        print(f"{variant}: cpu pp {cp:.1f} tg {ct:.2f} | {args.device} pp {gp:.1f} tg {gt:.2f} | "
-              f"{args.device}/cpu pp {gp / cp:.2f}x tg {gt / ct:.2f}x", flush=True)
+                    rounds[label].append(r)
+                print(f"  {variant} round {i} {label:8s} pp {r['pp']:9.1f}  tg {r['tg']:8.2f}  ({r['backend']})", flush=True)
+        med = {k: (statistics.median(x["pp"] for x in v), statistics.median(x["tg"] for x in v)) for k, v in rounds.items()}
+        (a, (a_pp, a_tg)), (b, (b_pp, b_tg)) = med.items()
+        print(f"{variant}: {a} pp {a_pp:.1f} tg {a_tg:.2f} | {b} pp {b_pp:.1f} tg {b_tg:.2f} | "
+              f"{b}/{a} pp {b_pp / a_pp:.2f}x tg {b_tg / a_tg:.2f}x", flush=True)
         if args.profile:  # apart from the timed rounds: the timestamps add a little work to each dispatch
             print(f"  {variant} profile (pp{args.n_prompt} + tg{args.n_gen}):", flush=True)
             one_round(model, args.device, args, profile=True)
