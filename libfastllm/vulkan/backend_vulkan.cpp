@@ -477,10 +477,9 @@ private:
             (unsigned long long)dispatches, total / 1e6);
         for (const auto &[ns, key] : rows) {
             const Shader s = (Shader)(key >> 16);
-            const bool by_dtype = s == Shader::Matmul || s == Shader::MatmulRows || s == Shader::MatmulQuant || s == Shader::Embed;
             const Timing &t = timings_.at(key);
-            log(FASTLLM_LOG_INFO, "vulkan profile: %-11s %-6s %8llu dispatches %11.3f ms %10.1f us each %5.1f%%",
-                vk::shader_name(s), by_dtype ? dtype_name((DType)(key & 0xffff)) : "", (unsigned long long)t.dispatches,
+            log(FASTLLM_LOG_INFO, "vulkan profile: %-12s %-6s %8llu dispatches %11.3f ms %10.1f us each %5.1f%%",
+                vk::shader_name(s), vk::shader_by_dtype(s) ? dtype_name((DType)(key & 0xffff)) : "", (unsigned long long)t.dispatches,
                 ns / 1e6, ns / 1e3 / (double)t.dispatches, total > 0 ? 100 * ns / total : 0.0);
         }
     }

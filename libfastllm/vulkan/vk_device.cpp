@@ -130,6 +130,14 @@ Instance &instance_of_loader() {
     return *in;
 }
 
+std::vector<VkQueueFamilyProperties> queue_families(const Api &api, VkPhysicalDevice pd) {
+    uint32_t n = 0;
+    api.vkGetPhysicalDeviceQueueFamilyProperties(pd, &n, nullptr);
+    std::vector<VkQueueFamilyProperties> fams(n);
+    api.vkGetPhysicalDeviceQueueFamilyProperties(pd, &n, fams.data());
+    return fams;
+}
+
 // What a physical device is, and whether it has what the shaders need.
 DeviceInfo describe(const Api &api, VkPhysicalDevice pd, int index, uint32_t *compute_family) {
     VkPhysicalDeviceProperties props;
@@ -149,10 +157,8 @@ DeviceInfo describe(const Api &api, VkPhysicalDevice pd, int index, uint32_t *co
     uint64_t biggest = 0;
     for (uint32_t i = 0; i < mem.memoryHeapCount; i++)
         if (mem.memoryHeaps[i].flags & VK_MEMORY_HEAP_DEVICE_LOCAL_BIT) biggest = std::max<uint64_t>(biggest, mem.memoryHeaps[i].size);
-    uint32_t n = 0;
-    api.vkGetPhysicalDeviceQueueFamilyProperties(pd, &n, nullptr);
-    std::vector<VkQueueFamilyProperties> fams(n);
-    api.vkGetPhysicalDeviceQueueFamilyProperties(pd, &n, fams.data());
+    const std::vector<VkQueueFamilyProperties> fams = queue_families(api, pd);
+    const uint32_t n = (uint32_t)fams.size();
     int family = -1;
     for (uint32_t i = 0; i < n && family < 0; i++)
         if (fams[i].queueFlags & VK_QUEUE_COMPUTE_BIT) family = (int)i;
@@ -242,11 +248,8 @@ Device::Device(VkInstance instance, VkPhysicalDevice physical, VkDevice device, 
     info_ = describe(api_, physical_, -1, &compute_family);
     info_.name += " (the application's)";
     if (!info_.usable) fail(FASTLLM_ERR_UNSUPPORTED, "vulkan: the application's device %s lacks %s", info_.name.c_str(), info_.missing.c_str());
-    uint32_t n = 0;
-    api_.vkGetPhysicalDeviceQueueFamilyProperties(physical_, &n, nullptr);
-    std::vector<VkQueueFamilyProperties> fams(n);
-    api_.vkGetPhysicalDeviceQueueFamilyProperties(physical_, &n, fams.data());
-    if (queue_family >= n || !(fams[queue_family].queueFlags & VK_QUEUE_COMPUTE_BIT) || queue_index >= fams[queue_family].queueCount)
+    const std::vector<VkQueueFamilyProperties> fams = queue_families(api_, physical_);
+    if (queue_family >= fams.size() || !(fams[queue_family].queueFlags & VK_QUEUE_COMPUTE_BIT) || queue_index >= fams[queue_family].queueCount)
         fail(FASTLLM_ERR_INVALID_ARGUMENT, "vulkan: queue %u of family %u is not a compute queue of the device", queue_index, queue_family);
     queue_family_ = queue_family;
     api_.vkGetDeviceQueue(device_, queue_family_, queue_index, &queue_);
@@ -306,11 +309,8 @@ void Device::init() {
     api_.vkGetPhysicalDeviceMemoryProperties(physical_, &mem_props_);
     VkPhysicalDeviceProperties props{};
     api_.vkGetPhysicalDeviceProperties(physical_, &props);
-    uint32_t n_fams = 0;
-    api_.vkGetPhysicalDeviceQueueFamilyProperties(physical_, &n_fams, nullptr);
-    std::vector<VkQueueFamilyProperties> fams(n_fams);
-    api_.vkGetPhysicalDeviceQueueFamilyProperties(physical_, &n_fams, fams.data());
-    if (queue_family_ < n_fams && fams[queue_family_].timestampValidBits > 0 && props.limits.timestampPeriod > 0)
+    const std::vector<VkQueueFamilyProperties> fams = queue_families(api_, physical_);
+    if (queue_family_ < fams.size() && fams[queue_family_].timestampValidBits > 0 && props.limits.timestampPeriod > 0)
         timestamp_ns_ = props.limits.timestampPeriod, timestamp_bits_ = fams[queue_family_].timestampValidBits;
     const char *st = std::getenv("FASTLLM_VULKAN_STAGING");
     staged_only_ = st && std::strcmp(st, "1") == 0;

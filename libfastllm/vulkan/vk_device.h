@@ -179,8 +179,10 @@ private:
 // Barrier: the writes of every command before it visible to every command after it.
 void full_barrier(const Api &api, VkCommandBuffer cb);
 
-// The embedded SPIR-V of a shader, and its name (its .comp file's).
+// The embedded SPIR-V of a shader, its name (its .comp file's), and whether its constant 0 is a
+// weight dtype (the matmuls, embed) rather than unused.
 const uint32_t *shader_code(Shader s, size_t *bytes);
 const char *shader_name(Shader s);
+bool shader_by_dtype(Shader s);
 
 }  // namespace fastllm::vk

@@ -46,15 +46,22 @@ struct Code {
     const uint32_t *code;
     size_t bytes;
     const char *name;
+    bool by_dtype;  // specialised by a weight dtype (constant 0)
 };
 const Code &code_of(Shader s) {
     static const Code table[(int)Shader::Count] = {
-        {kMatmul, sizeof kMatmul, "matmul"},       {kMatmulRows, sizeof kMatmulRows, "matmul_rows"},
-        {kMatmulQuant, sizeof kMatmulQuant, "matmul_quant"}, {kEmbed, sizeof kEmbed, "embed"},
-        {kNorm, sizeof kNorm, "norm"},             {kGlu, sizeof kGlu, "glu"},
-        {kSoftcap, sizeof kSoftcap, "softcap"},    {kQkvRope, sizeof kQkvRope, "qkv_rope"},
-        {kKvStore, sizeof kKvStore, "kv_store"},   {kKvShift, sizeof kKvShift, "kv_shift"},
-        {kAttention, sizeof kAttention, "attention"}, {kQuantize, sizeof kQuantize, "quantize"},
+        {kMatmul, sizeof kMatmul, "matmul", true},
+        {kMatmulRows, sizeof kMatmulRows, "matmul_rows", true},
+        {kMatmulQuant, sizeof kMatmulQuant, "matmul_quant", true},
+        {kEmbed, sizeof kEmbed, "embed", true},
+        {kNorm, sizeof kNorm, "norm", false},
+        {kGlu, sizeof kGlu, "glu", false},
+        {kSoftcap, sizeof kSoftcap, "softcap", false},
+        {kQkvRope, sizeof kQkvRope, "qkv_rope", false},
+        {kKvStore, sizeof kKvStore, "kv_store", false},
+        {kKvShift, sizeof kKvShift, "kv_shift", false},
+        {kAttention, sizeof kAttention, "attention", false},
+        {kQuantize, sizeof kQuantize, "quantize", false},
     };
     return table[(int)s];
 }
@@ -65,5 +72,6 @@ const uint32_t *shader_code(Shader s, size_t *bytes) {
     return code_of(s).code;
 }
 const char *shader_name(Shader s) { return code_of(s).name; }
+bool shader_by_dtype(Shader s) { return code_of(s).by_dtype; }
 
 }  // namespace fastllm::vk

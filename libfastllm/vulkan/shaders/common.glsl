@@ -80,10 +80,8 @@ uvec4 tile_codes16(uint64_t codes, uint bits, uint i0, uint c) {
 // The scales and mins (0 without one) of group g of rows r0..r0+3 (r0 % 4 == 0) of a quantized
 // matrix of dtype t: a code q stands for scale * q + mn with a min, scale * (q - 2^(bits-1)) without.
 // A tile keeps a group's 16 rows' scales side by side, so the 4 rows' are one 64-bit load.
-vec4 bytes4_at(uint64_t base, uint i) {  // i % 4 == 0
-    const uint w = Words(base).v[i >> 2];
-    return vec4(w & 255u, w >> 8 & 255u, w >> 16 & 255u, w >> 24);
-}
+vec4 bytes4(uint w) { return vec4(w & 255u, w >> 8 & 255u, w >> 16 & 255u, w >> 24); }  // a word's 4 bytes
+vec4 bytes4_at(uint64_t base, uint i) { return bytes4(Words(base).v[i >> 2]); }  // i % 4 == 0
 void group_scales4(const uint t, Matrix m, uint r0, uint g, out vec4 scale, out vec4 mn) {
     const uint G = dtype_group(t), tile = r0 / 16u, lane = r0 % 16u;
     const uint per_tile = (m.cols / G) * 16u, n_tiles = (m.rows + 15u) / 16u;

@@ -39,7 +39,7 @@ void main() {
             for (uint h = 0u; h < 4u; h++) {
                 const uvec4 q = tile_codes16(codes, bits, 4u * h, c);
                 for (uint i = 0u; i < 4u; i++)
-                    a16[4u * h + i] += dot((vec4(q[i] & 255u, q[i] >> 8 & 255u, q[i] >> 16 & 255u, q[i] >> 24) - offset) * sc[h][i] + mn4[h][i], x);
+                    a16[4u * h + i] += dot((bytes4(q[i]) - offset) * sc[h][i] + mn4[h][i], x);
             }
         }
         for (uint i = 0u; i < 16u; i++) part[id * 16u + i] = a16[i];
@@ -65,7 +65,7 @@ void main() {
         const uvec4 q = tile_codes16(codes, bits, lane * R, c);
         vec4 w[R];
         for (uint i = 0u; i < R; i++)
-            w[i] = (vec4(q[i] & 255u, q[i] >> 8 & 255u, q[i] >> 16 & 255u, q[i] >> 24) - offset) * scale[i] + mn[i];
+            w[i] = (bytes4(q[i]) - offset) * scale[i] + mn[i];
         for (uint j = 0u; j < ROWS; j++) {
             if (j >= nt) break;
             const vec4 x = floats4_at(p.x, (t0 + j) * K + c);
