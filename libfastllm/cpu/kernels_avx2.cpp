@@ -403,9 +403,10 @@ inline void decode_pair(const uint8_t *cb, int j, __m256i &lo, __m256i &hi) {
 }
 
 // f(j) for j = from, from + step, ... < to; with kUnroll the loop is unrolled (bounds that are
-// constants where it is inlined).
+// constants where it is inlined). It and its lambdas are forced inline: left calls, the sums they
+// capture lived in memory (q3_k_m pp128 at 0.71x).
 template <bool kUnroll, typename F>
-inline void for_chunks(int from, int to, int step, F &&f) {
+__attribute__((always_inline)) inline void for_chunks(int from, int to, int step, F &&f) {
     if constexpr (kUnroll) {
 #pragma GCC unroll 8
         for (int j = from; j < to; j += step) f(j);
@@ -501,13 +502,13 @@ void tile_dot(const QuantTile &w, int half0, int n, const QuantActs &x0, float *
             if (stream) prefetch_ahead(cb, 128 * kBits);
             const uint8_t *c = kKScales ? w.k_scale_code + (size_t)b * kTileRows + r0 : nullptr;
             // One token (decoding): the chunks' loops unrolled, so that decode_pair's shifts and offsets
-            // are constants (q3k from cache, one thread: 21 -> 27 GB/s); a prompt's passes measured
-            // 0.91-0.96x so unrolled (q6_k, q3_k_m pp128) and keep them rolled.
-            for_chunks<NT == 1>(0, 8, kChunks, [&](int j0) {
+            // are constants (q3k from cache, one thread: 21 -> 25-27 GB/s; q3_k_m tg 1.09-1.12x); a
+            // prompt's passes measured 0.91-0.96x so unrolled (q6_k, q3_k_m pp128) and keep them rolled.
+            for_chunks<NT == 1>(0, 8, kChunks, [&](int j0) __attribute__((always_inline)) {
                 __m256i lo16[NT][H], hi16[NT][H];
                 for (int t = 0; t < NT; t++)
                     for (int h = 0; h < H; h++) lo16[t][h] = hi16[t][h] = _mm256_setzero_si256();
-                for_chunks<NT == 1>(j0, j0 + kChunks, 1, [&](int j) {
+                for_chunks<NT == 1>(j0, j0 + kChunks, 1, [&](int j) __attribute__((always_inline)) {
                     __m256i lo[H], hi[H];
                     if constexpr (kPre) {
                         lo[0] = _mm256_load_si256((const __m256i *)(pre + ((size_t)(b / 2) * 8 + j) * 64));

@@ -170,12 +170,18 @@ void quantize_acts(const float *x, int n, const QuantActs &out) {
 // block's scale, activation scale and zero-point / minimum term are applied once, 16 rows wide.
 // q4 chunks carry two blocks (low and high nibbles); q6 adds the top 2 bits of each code from 4
 // more chunks per pair of blocks. NT tokens share every load and unpack.
-// stream: the weights come from memory (kStreamTokens tokens or fewer), and are prefetched.
-template <int kBits, int NT>
-void tile_dot(const QuantTile &w, int n, const QuantActs &x0, float *y, size_t ldy, __mmask16 rm, bool stream) {
+// kStream: the weights come from memory (kStreamTokens tokens or fewer), and are prefetched. kK,
+// kMin: the tile's scales are a K format's (codes times factors), and it has minimums. All three are
+// decided once per tile, so that the loop over blocks tests none of them: decoding streams from
+// memory at a rate a third of the kernel's own from cache, yet a test of a run-time `stream` before
+// each block's prefetches alone cost 10% of it (q6k, one thread, AMD EPYC Zen 5: 0.87-0.96 of a plain
+// read of the bytes against 1.02-1.05 without the test).
+template <int kBits, int NT, bool kK, bool kMin, bool kStream>
+void tile_dot(const QuantTile &w, int n, const QuantActs &x0, float *y, size_t ldy, __mmask16 rm) {
     const int n_blocks = n / kActBlock;
-    const float zero = w.has_min() ? 0.0f : (float)(1 << (kBits - 1));
-    const int group_shift = w.group == 128 ? 2 : w.group == 64 ? 1 : 0;  // block -> group, without a division
+    constexpr float zero = kMin ? 0.0f : (float)(1 << (kBits - 1));
+    // block -> group, without a division (K formats: a group is a block)
+    const int group_shift = kK || w.group == 32 ? 0 : w.group == 128 ? 2 : 1;
     const int8_t *q[NT];
     const float *d[NT], *ds[NT];
     for (int t = 0; t < NT; t++) {
@@ -194,9 +200,9 @@ void tile_dot(const QuantTile &w, int n, const QuantActs &x0, float *y, size_t l
     // The AMX kernel does the same operations, for the same bits.
     auto finish_block = [&](int b, const __m512i *sum) {
         const int g = b >> group_shift;
-        const __m512 ws = group_scale(w, g);
-        if (w.has_min()) {
-            const __m512 mn = group_min(w, g);
+        const __m512 ws = kK ? k_value(w.k_scale, w.k_scale_code, g) : _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(w.scales + g * kTileRows)));
+        if constexpr (kMin) {
+            const __m512 mn = kK ? k_value(w.k_min, w.k_min_code, g) : _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(w.mins + g * kTileRows)));
             for (int t = 0; t < NT; t++) {
                 const __m512 f = _mm512_mul_ps(_mm512_cvtepi32_ps(sum[t]), _mm512_set1_ps(d[t][b]));
                 acc[t] = _mm512_fmadd_ps(f, ws, acc[t]);
@@ -214,7 +220,7 @@ void tile_dot(const QuantTile &w, int n, const QuantActs &x0, float *y, size_t l
             __m512i sum[NT], sum2[NT];  // two chains per token: vpdpbusd's latency, not its throughput, would bind
             for (int t = 0; t < NT; t++) sum[t] = _mm512_setzero_si512(), sum2[t] = _mm512_setzero_si512();
             const uint8_t *cb = w.codes + b * 512;
-            if (stream) prefetch_ahead(cb, 512);
+            if (kStream) prefetch_ahead(cb, 512);
             for (int j = 0; j < 8; j += 2) {
                 const __m512i w0 = _mm512_loadu_si512((const void *)(cb + j * 64));
                 const __m512i w1 = _mm512_loadu_si512((const void *)(cb + j * 64 + 64));
@@ -231,7 +237,7 @@ void tile_dot(const QuantTile &w, int n, const QuantActs &x0, float *y, size_t l
             __m512i lo_sum[NT], hi_sum[NT];
             for (int t = 0; t < NT; t++) lo_sum[t] = _mm512_setzero_si512(), hi_sum[t] = _mm512_setzero_si512();
             const uint8_t *cb = w.codes + (b / 2) * 128 * kBits;
-            if (stream) prefetch_ahead(cb, 128 * kBits);
+            if (kStream) prefetch_ahead(cb, 128 * kBits);
             for (int j = 0; j < 8; j++) {
                 __m512i lo, hi;
                 decode_pair<kBits>(cb, j, lo, hi);
@@ -247,25 +253,52 @@ void tile_dot(const QuantTile &w, int n, const QuantActs &x0, float *y, size_t l
     for (int t = 0; t < NT; t++) _mm512_mask_storeu_ps(y + t * ldy, rm, acc[t]);
 }
 
-template <int kBits>
-void dot_rows_quant(const QuantTile &w, int rows, int n, const QuantActs &x, int n_tok, float *y, size_t ldy) {
+template <int kBits, bool kK, bool kMin, bool kStream>
+void tile_passes(const QuantTile &w, int rows, int n, const QuantActs &x, int n_tok, float *y, size_t ldy) {
     const __mmask16 rm = (__mmask16)((1u << rows) - 1);
     constexpr int NT = 8;
     int t = 0;
-    const bool stream = n_tok <= kStreamTokens;
-    for (; t + NT <= n_tok; t += NT) tile_dot<kBits, NT>(w, n, token_acts(x, n, t), y + t * ldy, ldy, rm, stream);
+    for (; t + NT <= n_tok; t += NT) tile_dot<kBits, NT, kK, kMin, kStream>(w, n, token_acts(x, n, t), y + t * ldy, ldy, rm);
     const QuantActs rest = token_acts(x, n, t);
     float *yr = y + t * ldy;
     switch (n_tok - t) {
-    case 7: tile_dot<kBits, 7>(w, n, rest, yr, ldy, rm, stream); break;
-    case 6: tile_dot<kBits, 6>(w, n, rest, yr, ldy, rm, stream); break;
-    case 5: tile_dot<kBits, 5>(w, n, rest, yr, ldy, rm, stream); break;
-    case 4: tile_dot<kBits, 4>(w, n, rest, yr, ldy, rm, stream); break;
-    case 3: tile_dot<kBits, 3>(w, n, rest, yr, ldy, rm, stream); break;
-    case 2: tile_dot<kBits, 2>(w, n, rest, yr, ldy, rm, stream); break;
-    case 1: tile_dot<kBits, 1>(w, n, rest, yr, ldy, rm, stream); break;
+    case 7: tile_dot<kBits, 7, kK, kMin, kStream>(w, n, rest, yr, ldy, rm); break;
+    case 6: tile_dot<kBits, 6, kK, kMin, kStream>(w, n, rest, yr, ldy, rm); break;
+    case 5: tile_dot<kBits, 5, kK, kMin, kStream>(w, n, rest, yr, ldy, rm); break;
+    case 4: tile_dot<kBits, 4, kK, kMin, kStream>(w, n, rest, yr, ldy, rm); break;
+    case 3: tile_dot<kBits, 3, kK, kMin, kStream>(w, n, rest, yr, ldy, rm); break;
+    case 2: tile_dot<kBits, 2, kK, kMin, kStream>(w, n, rest, yr, ldy, rm); break;
+    case 1: tile_dot<kBits, 1, kK, kMin, kStream>(w, n, rest, yr, ldy, rm); break;
     default: break;
     }
+}
+
+template <int kBits, bool kK, bool kMin>
+void dot_rows_form(const QuantTile &w, int rows, int n, const QuantActs &x, int n_tok, float *y, size_t ldy) {
+    static_assert(kStreamTokens <= 8, "a streaming call is one pass");
+    if (n_tok <= kStreamTokens) return tile_passes<kBits, kK, kMin, true>(w, rows, n, x, n_tok, y, ldy);
+    tile_passes<kBits, kK, kMin, false>(w, rows, n, x, n_tok, y, ldy);
+}
+
+// Whether a dtype of the table has codes of this width and this kind of scales: only those forms are
+// compiled.
+constexpr bool has_form(int bits, bool k, bool min) {
+    for (const DTypeTraits &d : kDTypes)
+        if (d.quantized && d.bits == bits && d.k_scales == k && d.has_min == min) return true;
+    return false;
+}
+
+template <int kBits>
+void dot_rows_quant(const QuantTile &w, int rows, int n, const QuantActs &x, int n_tok, float *y, size_t ldy) {
+    const bool k = w.k_scale != nullptr, min = w.has_min();
+    if constexpr (has_form(kBits, false, false))
+        if (!k && !min) return dot_rows_form<kBits, false, false>(w, rows, n, x, n_tok, y, ldy);
+    if constexpr (has_form(kBits, false, true))
+        if (!k && min) return dot_rows_form<kBits, false, true>(w, rows, n, x, n_tok, y, ldy);
+    if constexpr (has_form(kBits, true, false))
+        if (k && !min) return dot_rows_form<kBits, true, false>(w, rows, n, x, n_tok, y, ldy);
+    if constexpr (has_form(kBits, true, true))
+        if (k && min) return dot_rows_form<kBits, true, true>(w, rows, n, x, n_tok, y, ldy);
 }
 
 void geglu(const float *gate_up, int n, float *out) {
