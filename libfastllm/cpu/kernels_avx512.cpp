@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <vector>
 
 #include "cpu/kernels.h"
 #include "cpu/kernels_avx512.h"
@@ -176,8 +177,14 @@ void quantize_acts(const float *x, int n, const QuantActs &out) {
 // memory at a rate a third of the kernel's own from cache, yet a test of a run-time `stream` before
 // each block's prefetches alone cost 10% of it (q6k, one thread, AMD EPYC Zen 5: 0.87-0.96 of a plain
 // read of the bytes against 1.02-1.05 without the test).
+// A prompt's passes (not streaming) over 3-, 5- and 6-bit codes read them from pre, where
+// unpack_tile decoded the tile once for all of them.
+template <int kBits>
+constexpr bool kDecodeOnce = kBits == 3 || kBits == 5 || kBits == 6;
+
 template <int kBits, int NT, bool kK, bool kMin, bool kStream>
-void tile_dot(const QuantTile &w, int n, const QuantActs &x0, float *y, size_t ldy, __mmask16 rm) {
+void tile_dot(const QuantTile &w, int n, const QuantActs &x0, float *y, size_t ldy, __mmask16 rm, const uint8_t *pre) {
+    constexpr bool kPre = !kStream && kDecodeOnce<kBits>;
     const int n_blocks = n / kActBlock;
     constexpr float zero = kMin ? 0.0f : (float)(1 << (kBits - 1));
     // block -> group, without a division (K formats: a group is a block)
@@ -240,7 +247,12 @@ void tile_dot(const QuantTile &w, int n, const QuantActs &x0, float *y, size_t l
             if (kStream) prefetch_ahead(cb, 128 * kBits);
             for (int j = 0; j < 8; j++) {
                 __m512i lo, hi;
-                decode_pair<kBits>(cb, j, lo, hi);
+                if constexpr (kPre) {
+                    lo = _mm512_load_si512((const void *)(pre + ((size_t)(b / 2) * 8 + j) * 128));
+                    hi = _mm512_load_si512((const void *)(pre + ((size_t)(b / 2) * 8 + j) * 128 + 64));
+                } else {
+                    decode_pair<kBits>(cb, j, lo, hi);
+                }
                 for (int t = 0; t < NT; t++) {
                     lo_sum[t] = _mm512_dpbusd_epi32(lo_sum[t], lo, bcast(q[t] + b * kActBlock + 4 * j));
                     hi_sum[t] = _mm512_dpbusd_epi32(hi_sum[t], hi, bcast(q[t] + (b + 1) * kActBlock + 4 * j));
@@ -254,30 +266,60 @@ void tile_dot(const QuantTile &w, int n, const QuantActs &x0, float *y, size_t l
 }
 
 template <int kBits, bool kK, bool kMin, bool kStream>
-void tile_passes(const QuantTile &w, int rows, int n, const QuantActs &x, int n_tok, float *y, size_t ldy) {
+void tile_passes(const QuantTile &w, int rows, int n, const QuantActs &x, int n_tok, float *y, size_t ldy, const uint8_t *pre) {
     const __mmask16 rm = (__mmask16)((1u << rows) - 1);
     constexpr int NT = 8;
     int t = 0;
-    for (; t + NT <= n_tok; t += NT) tile_dot<kBits, NT, kK, kMin, kStream>(w, n, token_acts(x, n, t), y + t * ldy, ldy, rm);
+    for (; t + NT <= n_tok; t += NT) tile_dot<kBits, NT, kK, kMin, kStream>(w, n, token_acts(x, n, t), y + t * ldy, ldy, rm, pre);
     const QuantActs rest = token_acts(x, n, t);
     float *yr = y + t * ldy;
     switch (n_tok - t) {
-    case 7: tile_dot<kBits, 7, kK, kMin, kStream>(w, n, rest, yr, ldy, rm); break;
-    case 6: tile_dot<kBits, 6, kK, kMin, kStream>(w, n, rest, yr, ldy, rm); break;
-    case 5: tile_dot<kBits, 5, kK, kMin, kStream>(w, n, rest, yr, ldy, rm); break;
-    case 4: tile_dot<kBits, 4, kK, kMin, kStream>(w, n, rest, yr, ldy, rm); break;
-    case 3: tile_dot<kBits, 3, kK, kMin, kStream>(w, n, rest, yr, ldy, rm); break;
-    case 2: tile_dot<kBits, 2, kK, kMin, kStream>(w, n, rest, yr, ldy, rm); break;
-    case 1: tile_dot<kBits, 1, kK, kMin, kStream>(w, n, rest, yr, ldy, rm); break;
+    case 7: tile_dot<kBits, 7, kK, kMin, kStream>(w, n, rest, yr, ldy, rm, pre); break;
+    case 6: tile_dot<kBits, 6, kK, kMin, kStream>(w, n, rest, yr, ldy, rm, pre); break;
+    case 5: tile_dot<kBits, 5, kK, kMin, kStream>(w, n, rest, yr, ldy, rm, pre); break;
+    case 4: tile_dot<kBits, 4, kK, kMin, kStream>(w, n, rest, yr, ldy, rm, pre); break;
+    case 3: tile_dot<kBits, 3, kK, kMin, kStream>(w, n, rest, yr, ldy, rm, pre); break;
+    case 2: tile_dot<kBits, 2, kK, kMin, kStream>(w, n, rest, yr, ldy, rm, pre); break;
+    case 1: tile_dot<kBits, 1, kK, kMin, kStream>(w, n, rest, yr, ldy, rm, pre); break;
     default: break;
     }
 }
 
+// The thread's bytes for a tile's decoded codes (n x 16, 64-byte aligned): the kernels get no
+// scratch, and a thread runs one tile at a time. AVX2's decoded_codes is its twin, not shared:
+// each ISA's file keeps its helpers to itself (kernels_avx512.h).
+inline uint8_t *decoded_tile(int n) {
+    static thread_local std::vector<uint8_t> bytes;
+    if (bytes.size() < (size_t)n * 16 + 64) bytes.resize((size_t)n * 16 + 64);
+    return bytes.data() + (64 - (uintptr_t)bytes.data() % 64) % 64;
+}
+
+// A tile's 3-, 5- or 6-bit codes decoded by decode_pair into bytes: for each pair of blocks and
+// chunk j, the first block's 64 bytes, then the second's. The one pass that reads the tile from
+// memory, so it prefetches.
+template <int kBits>
+void unpack_tile(const QuantTile &w, int n, uint8_t *out) {
+    for (int b = 0; b < n / kActBlock; b += 2) {
+        const uint8_t *cb = w.codes + (size_t)(b / 2) * 128 * kBits;
+        prefetch_ahead(cb, 128 * kBits);
+        for (int j = 0; j < 8; j++, out += 128) {
+            __m512i lo, hi;
+            decode_pair<kBits>(cb, j, lo, hi);
+            _mm512_store_si512((void *)out, lo);
+            _mm512_store_si512((void *)(out + 64), hi);
+        }
+    }
+}
+
+// 3-, 5- and 6-bit codes cost about as many instructions to decode as 8 tokens' products take, so a
+// prompt decodes each tile once (32 KiB at K = 2048, read back from L1 or L2) for all its passes.
 template <int kBits, bool kK, bool kMin>
 void dot_rows_form(const QuantTile &w, int rows, int n, const QuantActs &x, int n_tok, float *y, size_t ldy) {
     static_assert(kStreamTokens <= 8, "a streaming call is one pass");
-    if (n_tok <= kStreamTokens) return tile_passes<kBits, kK, kMin, true>(w, rows, n, x, n_tok, y, ldy);
-    tile_passes<kBits, kK, kMin, false>(w, rows, n, x, n_tok, y, ldy);
+    if (n_tok <= kStreamTokens) return tile_passes<kBits, kK, kMin, true>(w, rows, n, x, n_tok, y, ldy, nullptr);
+    uint8_t *pre = nullptr;
+    if constexpr (kDecodeOnce<kBits>) unpack_tile<kBits>(w, n, pre = decoded_tile(n));
+    tile_passes<kBits, kK, kMin, false>(w, rows, n, x, n_tok, y, ldy, pre);
 }
 
 // Whether a dtype of the table has codes of this width and this kind of scales: only those forms are
