@@ -177,10 +177,10 @@ void quantize_acts(const float *x, int n, const QuantActs &out) {
 // memory at a rate a third of the kernel's own from cache, yet a test of a run-time `stream` before
 // each block's prefetches alone cost 10% of it (q6k, one thread, AMD EPYC Zen 5: 0.87-0.96 of a plain
 // read of the bytes against 1.02-1.05 without the test).
-// A prompt's passes (not streaming) over 3-, 5- and 6-bit codes read them from pre, where
+// A prompt's passes (not streaming) over codes narrower than a byte read them from pre, where
 // unpack_tile decoded the tile once for all of them.
 template <int kBits>
-constexpr bool kDecodeOnce = kBits == 3 || kBits == 5 || kBits == 6;
+constexpr bool kDecodeOnce = kBits < 8;
 
 template <int kBits, int NT, bool kK, bool kMin, bool kStream>
 void tile_dot(const QuantTile &w, int n, const QuantActs &x0, float *y, size_t ldy, __mmask16 rm, const uint8_t *pre) {
@@ -222,22 +222,27 @@ void tile_dot(const QuantTile &w, int n, const QuantActs &x0, float *y, size_t l
             }
         }
     };
-    if (kBits == 8) {
+    if constexpr (kBits == 8 || kPre) {
+        // One block at a time, from q8's own codes or a prompt's decoded ones. Decoding takes two
+        // chains of sums a token (vpdpbusd's latency, not its throughput, would bind); 8 tokens take
+        // one, so that their sums and outputs fill 16 of the 32 registers (a pair of blocks at a
+        // time, as below, spilled: q5k's 8-token passes were a third moves to and from the stack).
+        constexpr int kChains = NT < 4 ? 2 : 1;
+        constexpr size_t kStep = kBits == 8 ? 64 : 128;  // between a block's chunks
         for (int b = 0; b < n_blocks; b++) {
-            __m512i sum[NT], sum2[NT];  // two chains per token: vpdpbusd's latency, not its throughput, would bind
-            for (int t = 0; t < NT; t++) sum[t] = _mm512_setzero_si512(), sum2[t] = _mm512_setzero_si512();
-            const uint8_t *cb = w.codes + b * 512;
+            __m512i sum[kChains][NT];
+            for (int c = 0; c < kChains; c++)
+                for (int t = 0; t < NT; t++) sum[c][t] = _mm512_setzero_si512();
+            const uint8_t *cb = kBits == 8 ? w.codes + (size_t)b * 512 : pre + (size_t)(b / 2) * 1024 + (b % 2) * 64;
             if (kStream) prefetch_ahead(cb, 512);
-            for (int j = 0; j < 8; j += 2) {
-                const __m512i w0 = _mm512_loadu_si512((const void *)(cb + j * 64));
-                const __m512i w1 = _mm512_loadu_si512((const void *)(cb + j * 64 + 64));
-                for (int t = 0; t < NT; t++) {
-                    sum[t] = _mm512_dpbusd_epi32(sum[t], w0, bcast(q[t] + b * kActBlock + 4 * j));
-                    sum2[t] = _mm512_dpbusd_epi32(sum2[t], w1, bcast(q[t] + b * kActBlock + 4 * j + 4));
-                }
+            for (int j = 0; j < 8; j++) {
+                const __m512i v = _mm512_loadu_si512((const void *)(cb + j * kStep));
+                for (int t = 0; t < NT; t++)
+                    sum[j % kChains][t] = _mm512_dpbusd_epi32(sum[j % kChains][t], v, bcast(q[t] + b * kActBlock + 4 * j));
             }
-            for (int t = 0; t < NT; t++) sum[t] = _mm512_add_epi32(sum[t], sum2[t]);
-            finish_block(b, sum);
+            if (kChains == 2)
+                for (int t = 0; t < NT; t++) sum[0][t] = _mm512_add_epi32(sum[0][t], sum[kChains - 1][t]);
+            finish_block(b, sum[0]);
         }
     } else {
         for (int b = 0; b < n_blocks; b += 2) {
@@ -247,12 +252,7 @@ void tile_dot(const QuantTile &w, int n, const QuantActs &x0, float *y, size_t l
             if (kStream) prefetch_ahead(cb, 128 * kBits);
             for (int j = 0; j < 8; j++) {
                 __m512i lo, hi;
-                if constexpr (kPre) {
-                    lo = _mm512_load_si512((const void *)(pre + ((size_t)(b / 2) * 8 + j) * 128));
-                    hi = _mm512_load_si512((const void *)(pre + ((size_t)(b / 2) * 8 + j) * 128 + 64));
-                } else {
-                    decode_pair<kBits>(cb, j, lo, hi);
-                }
+                decode_pair<kBits>(cb, j, lo, hi);
                 for (int t = 0; t < NT; t++) {
                     lo_sum[t] = _mm512_dpbusd_epi32(lo_sum[t], lo, bcast(q[t] + b * kActBlock + 4 * j));
                     hi_sum[t] = _mm512_dpbusd_epi32(hi_sum[t], hi, bcast(q[t] + (b + 1) * kActBlock + 4 * j));
@@ -311,8 +311,10 @@ void unpack_tile(const QuantTile &w, int n, uint8_t *out) {
     }
 }
 
-// 3-, 5- and 6-bit codes cost about as many instructions to decode as 8 tokens' products take, so a
-// prompt decodes each tile once (32 KiB at K = 2048, read back from L1 or L2) for all its passes.
+// A prompt decodes each tile once (32 KiB at K = 2048, read back from L1 or L2) for all its passes
+// of 8 tokens, which then go a block at a time, as q8's do (AMD EPYC Zen 5, TinyLlama-1.1B shape,
+// pp128: decoding once 1.14-1.19x for 3-, 5- and 6-bit codes, then a block at a time 1.11-1.33x; for
+// 4-bit codes, both at once, int4 1.40x, q4_k_m 1.24x).
 template <int kBits, bool kK, bool kMin>
 void dot_rows_form(const QuantTile &w, int rows, int n, const QuantActs &x, int n_tok, float *y, size_t ldy) {
     static_assert(kStreamTokens <= 8, "a streaming call is one pass");
