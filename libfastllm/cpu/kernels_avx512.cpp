@@ -207,9 +207,9 @@ void tile_dot(const QuantTile &w, int n, const QuantActs &x0, float *y, size_t l
     // The AMX kernel does the same operations, for the same bits.
     auto finish_block = [&](int b, const __m512i *sum) {
         const int g = b >> group_shift;
-        const __m512 ws = kK ? k_value(w.k_scale, w.k_scale_code, g) : _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(w.scales + g * kTileRows)));
+        const __m512 ws = group_scale<kK>(w, g);
         if constexpr (kMin) {
-            const __m512 mn = kK ? k_value(w.k_min, w.k_min_code, g) : _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(w.mins + g * kTileRows)));
+            const __m512 mn = group_min<kK>(w, g);
             for (int t = 0; t < NT; t++) {
                 const __m512 f = _mm512_mul_ps(_mm512_cvtepi32_ps(sum[t]), _mm512_set1_ps(d[t][b]));
                 acc[t] = _mm512_fmadd_ps(f, ws, acc[t]);
@@ -294,7 +294,7 @@ inline uint8_t *decoded_tile(int n) {
     return bytes.data() + (64 - (uintptr_t)bytes.data() % 64) % 64;
 }
 
-// A tile's 3-, 5- or 6-bit codes decoded by decode_pair into bytes: for each pair of blocks and
+// A tile's codes narrower than a byte decoded by decode_pair into bytes: for each pair of blocks and
 // chunk j, the first block's 64 bytes, then the second's. The one pass that reads the tile from
 // memory, so it prefetches.
 template <int kBits>
@@ -332,6 +332,7 @@ constexpr bool has_form(int bits, bool k, bool min) {
     return false;
 }
 
+// One of the forms returns: quant_tile sets the scales' pointers from the same table.
 template <int kBits>
 void dot_rows_quant(const QuantTile &w, int rows, int n, const QuantActs &x, int n_tok, float *y, size_t ldy) {
     const bool k = w.k_scale != nullptr, min = w.has_min();

@@ -89,13 +89,23 @@ __attribute__((always_inline)) inline __m512 k_value(const uint16_t *factor, con
     const __m512 c = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(code + g * kTileRows))));
     return _mm512_mul_ps(_mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(factor + (g / 8) * kTileRows))), c);
 }
+// kK: a K format's (8-bit codes times f16 factors), known where the caller is compiled; without it,
+// the tile says.
+template <bool kK>
 __attribute__((always_inline)) inline __m512 group_scale(const QuantTile &w, int64_t g) {
-    if (w.k_scale) return k_value(w.k_scale, w.k_scale_code, g);  // K formats: 8-bit codes times f16 factors
+    if constexpr (kK) return k_value(w.k_scale, w.k_scale_code, g);
     return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(w.scales + g * kTileRows)));
 }
+template <bool kK>
 __attribute__((always_inline)) inline __m512 group_min(const QuantTile &w, int64_t g) {
-    if (w.k_min) return k_value(w.k_min, w.k_min_code, g);
+    if constexpr (kK) return k_value(w.k_min, w.k_min_code, g);
     return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(w.mins + g * kTileRows)));
+}
+__attribute__((always_inline)) inline __m512 group_scale(const QuantTile &w, int64_t g) {
+    return w.k_scale ? group_scale<true>(w, g) : group_scale<false>(w, g);
+}
+__attribute__((always_inline)) inline __m512 group_min(const QuantTile &w, int64_t g) {
+    return w.k_min ? group_min<true>(w, g) : group_min<false>(w, g);
 }
 
 }  // namespace
