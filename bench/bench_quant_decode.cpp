@@ -81,7 +81,7 @@ int main(int argc, char **argv) {
     const bool cache = argc > 4 && std::string(argv[4]) == "cache";
     const int repeat = cache ? 200 : 1;
     std::vector<const KernelTable *> tables;
-    for (Isa isa : {Isa::Avx512, Isa::Avx2, Isa::NeonDot, Isa::Neon})  // amx: the avx512 kernel decodes
+    for (Isa isa : {Isa::Avx512, Isa::AvxVnni, Isa::Avx2, Isa::NeonDot, Isa::Neon})  // amx: the avx512 kernel decodes
         if (const KernelTable *k = kernels_for(isa)) tables.push_back(k);
     if (tables.empty()) tables.push_back(&kernels());
     ThreadPool pool(threads);

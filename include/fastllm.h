@@ -82,7 +82,7 @@ FASTLLM_API const char *fastllm_status_name(fastllm_status status);
 /* Message of the last failure on the calling thread ("" if none). Valid until the next call into
  * the library from the same thread. */
 FASTLLM_API const char *fastllm_last_error(void);
-/* Instruction set the kernels use (static storage): "amx", "avx512", "avx2" or "scalar" on x86-64;
+/* Instruction set the kernels use (static storage): "amx", "avx512", "avxvnni", "avx2" or "scalar" on x86-64;
  * "neon_dotprod", "neon" or "scalar" on aarch64; "scalar" elsewhere. The environment variable
  * FASTLLM_ISA, set to one of these names of the machine's architecture, forces a lower level than
  * the CPU supports (a level the CPU lacks gives the best one below it; other names are ignored). */

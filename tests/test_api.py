@@ -22,7 +22,7 @@ def test_version_and_isa():
     header = (REPO / "include" / "fastllm.h").read_text()  # the one place the version is written
     parts = [re.search(rf"#define FASTLLM_VERSION_{p} (\d+)", header).group(1) for p in ("MAJOR", "MINOR", "PATCH")]
     assert fastllm.__version__ == ".".join(parts)
-    assert fastllm.isa() in ("scalar", "avx2", "avx512", "amx")
+    assert fastllm.isa() in ("scalar", "avx2", "avxvnni", "avx512", "amx")
 
 
 def test_model_info(stories_model):
@@ -194,11 +194,11 @@ def test_close_twice_and_use_after_close(stories_flm):
 
 
 # Each architecture's kernel levels, lowest first (kernels.cpp); elsewhere only scalar.
-ISA_LEVELS = {"x86_64": ["scalar", "avx2", "avx512", "amx"], "AMD64": ["scalar", "avx2", "avx512", "amx"],
+ISA_LEVELS = {"x86_64": ["scalar", "avx2", "avxvnni", "avx512", "amx"], "AMD64": ["scalar", "avx2", "avxvnni", "avx512", "amx"],
               "aarch64": ["scalar", "neon", "neon_dotprod"], "arm64": ["scalar", "neon", "neon_dotprod"]}
 
 
-@pytest.mark.parametrize("isa", ["scalar", "avx2", "avx512", "amx", "neon", "neon_dotprod"])
+@pytest.mark.parametrize("isa", ["scalar", "avx2", "avxvnni", "avx512", "amx", "neon", "neon_dotprod"])
 def test_every_isa_level_generates_the_golden_text(stories_flm, isa):
     """FASTLLM_ISA forces a lower level; levels the CPU lacks fall back to the best it has below,
     and a level of another architecture is ignored."""

@@ -25,7 +25,7 @@ bool device_is_gpu(const std::string &device);
 // A backend for a model's passes on a resolved device. Throws Error when it cannot be made (a
 // Vulkan device missing or lacking a feature: FASTLLM_ERR_UNSUPPORTED naming it).
 std::unique_ptr<Backend> make_backend(const BackendOptions &options);
-// The instruction-set level the CPU backend's kernels use ("avx512", "avx2", "neon", "scalar").
+// The instruction-set level the CPU backend's kernels use ("avx512", "avxvnni", "avx2", "neon", "scalar").
 const char *cpu_kernels_name();
 
 // The machine's GPU devices (Vulkan); empty, with *why, when there are none or no Vulkan.

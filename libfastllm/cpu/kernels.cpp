@@ -12,6 +12,7 @@ const char *isa_name(Isa isa) {
     switch (isa) {
     case Isa::Scalar: return "scalar";
     case Isa::Avx2: return "avx2";
+    case Isa::AvxVnni: return "avxvnni";
     case Isa::Avx512: return "avx512";
     case Isa::Neon: return "neon";
     case Isa::NeonDot: return "neon_dotprod";
@@ -24,7 +25,7 @@ namespace {
 
 // This architecture's levels, best first; FASTLLM_ISA lowers the choice to one of them.
 #if defined(__x86_64__)
-constexpr Isa kLevels[] = {Isa::Amx, Isa::Avx512, Isa::Avx2, Isa::Scalar};
+constexpr Isa kLevels[] = {Isa::Amx, Isa::Avx512, Isa::AvxVnni, Isa::Avx2, Isa::Scalar};
 #elif defined(__aarch64__)
 constexpr Isa kLevels[] = {Isa::NeonDot, Isa::Neon, Isa::Scalar};
 #else
@@ -37,6 +38,7 @@ bool cpu_supports(Isa isa) {
     switch (isa) {
     case Isa::Scalar: return true;
     case Isa::Avx2: return f.avx2;
+    case Isa::AvxVnni: return f.avx_vnni;
     case Isa::Avx512: return f.avx512;
     case Isa::Neon: return f.neon;
     case Isa::NeonDot: return f.neon_dotprod;
@@ -62,6 +64,7 @@ const KernelTable *kernels_for(Isa isa) {
     switch (isa) {
     case Isa::Scalar: return scalar_kernels();
     case Isa::Avx2: return avx2_kernels();
+    case Isa::AvxVnni: return avxvnni_kernels();
     case Isa::Avx512: return avx512_kernels();
     case Isa::Neon: return neon_kernels();
     case Isa::NeonDot: return neon_dot_kernels();

@@ -23,7 +23,7 @@ namespace fastllm {
 // Neon: the Advanced SIMD of every aarch64 CPU; NeonDot: Neon plus the int8 dot product (SDOT,
 // Armv8.2's optional DotProd: Cortex-A55/A75 and later, Neoverse, Apple M). Amx: AVX-512 with a
 // prompt's quantized products on Intel's tile matrix unit (AMX-INT8, Sapphire Rapids and later).
-enum class Isa { Scalar = 0, Avx2 = 1, Avx512 = 2, Neon = 3, NeonDot = 4, Amx = 5 };
+enum class Isa { Scalar = 0, Avx2 = 1, Avx512 = 2, Neon = 3, NeonDot = 4, Amx = 5, AvxVnni = 6 };
 const char *isa_name(Isa isa);
 
 // Activations quantized to int8 in blocks of 32 for the integer dot products: x[i] ~ d[b] * q[i]
@@ -164,6 +164,7 @@ void set_scalar_kv_kernels(KernelTable &t);
 // Per-ISA factories (each defined in its own file; absent ones return nullptr).
 const KernelTable *scalar_kernels();
 const KernelTable *avx2_kernels();
+const KernelTable *avxvnni_kernels();
 const KernelTable *avx512_kernels();
 const KernelTable *amx_kernels();
 const KernelTable *neon_kernels();

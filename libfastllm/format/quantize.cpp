@@ -115,10 +115,10 @@ struct RowScratch {
 };
 
 // The searches' width in lanes: the widest the CPU has (AVX-512's 16, AVX2's 8, else the baseline's
-// 4), lowered as the kernels are by FASTLLM_ISA=avx2 or scalar.
+// 4), lowered as the kernels are by FASTLLM_ISA=avxvnni or avx2 (AVX2's width) or scalar.
 quant::LaneSearch lane_search() {
     const char *isa = std::getenv("FASTLLM_ISA");
-    const bool scalar = isa && !std::strcmp(isa, "scalar"), avx2 = scalar || (isa && !std::strcmp(isa, "avx2"));
+    const bool scalar = isa && !std::strcmp(isa, "scalar"), avx2 = scalar || (isa && (!std::strcmp(isa, "avx2") || !std::strcmp(isa, "avxvnni")));
     const platform::CpuFeatures &cpu = platform::cpu_features();
     if (quant::kAvx512Search.search && cpu.avx512 && !avx2) return quant::kAvx512Search;
     if (quant::kAvx2Search.search && cpu.avx2 && !scalar) return quant::kAvx2Search;

@@ -29,6 +29,8 @@ CpuFeatures detect() {
     f.avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && f16c;
     f.avx512 = f.avx2 && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
                __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512vnni");
+    // AVX-VNNI (leaf 7 subleaf 1, EAX bit 4): vpdpbusd on 256-bit vectors, VEX-encoded
+    f.avx_vnni = f.avx2 && __get_cpuid_count(7, 1, &a, &b, &c, &d) && (a >> 4 & 1);
     // CPUID leaf 7, EDX bits 24 and 25: AMX-TILE, AMX-INT8. Linux hands out the tiles' 8 KiB of
     // state only to a process that asks (arch_prctl ARCH_REQ_XCOMP_PERM for XFEATURE_XTILEDATA,
     // 18); it refuses where the system does not save that state, or a thread's signal stack is too

@@ -1074,7 +1074,7 @@ static void test_device_backend(const char *device) {
 // test_kernels [ISA...]: the kernel tables of the ISAs named (default: all), then the rest.
 // Under QEMU a run per emulated CPU tests only its new level (tests/test_platforms.py).
 int main(int argc, char **argv) {
-    for (Isa isa : {Isa::Scalar, Isa::Avx2, Isa::Avx512, Isa::Amx, Isa::Neon, Isa::NeonDot}) {
+    for (Isa isa : {Isa::Scalar, Isa::Avx2, Isa::AvxVnni, Isa::Avx512, Isa::Amx, Isa::Neon, Isa::NeonDot}) {
         bool named = argc == 1;
         for (int i = 1; i < argc; i++) named |= std::strcmp(argv[i], isa_name(isa)) == 0;
         if (!named) continue;

@@ -71,7 +71,7 @@ namespace FastLLM
         /// <summary>The native library's ABI version (equal to Native.AbiVersion once loaded).</summary>
         public static int AbiVersion { get { EnsureLoaded(); return Native.fastllm_abi_version(); } }
 
-        /// <summary>The instruction set its CPU kernels use: "amx", "avx512", "avx2", "neon", "scalar", ...</summary>
+        /// <summary>The instruction set its CPU kernels use: "amx", "avx512", "avxvnni", "avx2", "neon", "scalar", ...</summary>
         public static string Isa { get { EnsureLoaded(); return Utf8.FromPtr(Native.fastllm_isa()); } }
 
         /// <summary>The library's diagnostics (model loaded, failures, timings). A handler runs on the

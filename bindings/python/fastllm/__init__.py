@@ -15,7 +15,7 @@ library_path = _clib.path
 
 
 def isa() -> str:
-    """Instruction set the kernels use on this CPU ("amx", "avx512", "avx2" or "scalar" on x86-64)."""
+    """Instruction set the kernels use on this CPU ("amx", "avx512", "avxvnni", "avx2" or "scalar" on x86-64)."""
     return _clib.fastllm_isa().decode()
 
 

@@ -1,0 +1,78 @@
+// kernels_avx2.h — what the AVX2 table (kernels_avx2.cpp) and the AVX-VNNI one (kernels_avxvnni.cpp)
+// share: decoding a tile half's codes 8 rows wide, and a thread's bytes for them decoded once.
+// Included by those two files only; everything here has internal linkage, so that the linker
+// cannot pick one file's copy of a helper for the other's table.
+#pragma once
+#if defined(__x86_64__) || defined(_M_X64)
+#include <immintrin.h>
+
+#include <cstdint>
+#include <vector>
+
+#include "cpu/kernels.h"
+
+namespace fastllm {
+namespace {
+
+// Each byte's bit `from` moved to bit `to` (other bits to be masked off by the caller).
+inline __m256i bits_to(__m256i v, int from, int to) {
+    return from >= to ? _mm256_srl_epi16(v, _mm_cvtsi32_si128(from - to)) : _mm256_sll_epi16(v, _mm_cvtsi32_si128(to - from));
+}
+
+// Chunk j of the pair of blocks at cb (one half of a tile): lo holds block b's codes, hi block b + 1's,
+// one unsigned byte each.
+template <int kBits>
+inline void decode_pair(const uint8_t *cb, int j, __m256i &lo, __m256i &hi) {
+    const __m256i low4 = _mm256_set1_epi8(0x0F), top2 = _mm256_set1_epi8(0x30), top1 = _mm256_set1_epi8(0x10),
+                  three = _mm256_set1_epi8(3), four = _mm256_set1_epi8(4);
+    if (kBits == 3) {  // low 2 bits at 2 (j / 4) (+ 4 for block b + 1) of chunk j % 4, top bit j / 2 (+ 4) of chunk 4 + j % 2
+        const __m256i l = _mm256_loadu_si256((const __m256i *)(cb + (j % 4) * 64));
+        const __m256i h = _mm256_loadu_si256((const __m256i *)(cb + (4 + j % 2) * 64));
+        lo = _mm256_or_si256(_mm256_and_si256(bits_to(l, 2 * (j / 4), 0), three), _mm256_and_si256(bits_to(h, j / 2, 2), four));
+        hi = _mm256_or_si256(_mm256_and_si256(bits_to(l, 4 + 2 * (j / 4), 0), three),
+                             _mm256_and_si256(bits_to(h, 4 + j / 2, 2), four));
+    } else {
+        const __m256i v = _mm256_loadu_si256((const __m256i *)(cb + j * 64));
+        lo = _mm256_and_si256(v, low4), hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), low4);
+    }
+    if (kBits == 5) {  // bits 2 (j % 4), 2 (j % 4) + 1 of top chunk j / 4 to bit 4 of each code
+        const __m256i h = _mm256_loadu_si256((const __m256i *)(cb + (8 + j / 4) * 64));
+        lo = _mm256_or_si256(lo, _mm256_and_si256(bits_to(h, 2 * (j % 4), 4), top1));
+        hi = _mm256_or_si256(hi, _mm256_and_si256(bits_to(h, 2 * (j % 4) + 1, 4), top1));
+    }
+    if (kBits == 6) {  // bits 4s, 4s + 2 of the top-bits chunk (s = j % 2) to bit 4 of each code
+        const __m256i h = _mm256_loadu_si256((const __m256i *)(cb + (8 + j / 2) * 64));
+        const __m256i hl = j % 2 ? h : _mm256_slli_epi16(h, 4);
+        const __m256i hh = j % 2 ? _mm256_srli_epi16(h, 2) : _mm256_slli_epi16(h, 2);
+        lo = _mm256_or_si256(lo, _mm256_and_si256(hl, top2));
+        hi = _mm256_or_si256(hi, _mm256_and_si256(hh, top2));
+    }
+}
+
+// The thread's bytes for a half's decoded codes (n x 8 bytes, 32-byte aligned), one buffer for every
+// code width: the kernels get no scratch, and a thread runs one tile at a time.
+inline uint8_t *decoded_codes(int n) {
+    static thread_local std::vector<uint8_t> bytes;
+    if (bytes.size() < (size_t)n * 8 + 32) bytes.resize((size_t)n * 8 + 32);
+    return bytes.data() + (32 - (uintptr_t)bytes.data() % 32) % 32;
+}
+
+// One half's codes of a tile (3, 5, 6 bits), decoded by decode_pair into bytes: for each pair of
+// blocks and chunk j, the first block's 32 bytes, then the second's.
+template <int kBits>
+void unpack_half(const QuantTile &w, int half, int n, uint8_t *out, bool stream) {
+    for (int b = 0; b < n / kActBlock; b += 2) {
+        const uint8_t *cb = w.codes + (size_t)(b / 2) * 128 * kBits;
+        if (stream) prefetch_ahead(cb, 128 * kBits);
+        for (int j = 0; j < 8; j++, out += 64) {
+            __m256i lo, hi;
+            decode_pair<kBits>(cb + half * 32, j, lo, hi);
+            _mm256_store_si256((__m256i *)out, lo);
+            _mm256_store_si256((__m256i *)(out + 32), hi);
+        }
+    }
+}
+
+}  // namespace
+}  // namespace fastllm
+#endif

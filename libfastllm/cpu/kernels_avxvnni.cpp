@@ -1,0 +1,216 @@
+// AVX-VNNI kernels: the AVX2 table with its quantized products on 256-bit vpdpbusd, for the CPUs
+// that have the instruction without AVX-512 (Intel's cores from Alder Lake on; AMD's Zen 5 has
+// both). This file alone is compiled with -mavx2 -mfma -mf16c -mavxvnni, and builds empty where the
+// compiler lacks the flag; its table is used only when CPUID reports AVX-VNNI.
+#if (defined(__x86_64__) || defined(_M_X64)) && defined(__AVXVNNI__)
+#include <immintrin.h>
+
+#include <algorithm>
+#include <cstring>
+
+#include "cpu/kernels.h"
+#include "cpu/kernels_avx2.h"
+
+namespace fastllm {
+
+namespace {
+
+inline __m256 f16x8(const uint16_t *p) { return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p)); }
+inline __m256 u8x8(const uint8_t *p) { return _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)p))); }
+
+// Half h's 8 rows' scale of group g, and their minimum; kK: a K format's (8-bit codes times f16
+// factors).
+template <bool kK>
+inline __m256 half_scale(const QuantTile &w, int64_t g, int h) {
+    if constexpr (kK) return _mm256_mul_ps(f16x8(w.k_scale + (g / 8) * kTileRows + h * 8), u8x8(w.k_scale_code + g * kTileRows + h * 8));
+    return f16x8(w.scales + g * kTileRows + h * 8);
+}
+template <bool kK>
+inline __m256 half_min(const QuantTile &w, int64_t g, int h) {
+    if constexpr (kK) return _mm256_mul_ps(f16x8(w.k_min + (g / 8) * kTileRows + h * 8), u8x8(w.k_min_code + g * kTileRows + h * 8));
+    return f16x8(w.mins + g * kTileRows + h * 8);
+}
+
+// The AVX-512 kernel's arithmetic (kernels_avx512.cpp) on halves of 8 rows: one vpdpbusd with 4
+// bytes of a token's activations broadcast advances a half's 8 rows into int32 sums, and each
+// block's scales (and zero point or minimum) are applied in f32. H halves from half0 (8H rows) and
+// NT tokens share every load. Two paths:
+// - kBits < 8 and one token (decoding): both halves a pair of blocks at a time, each 64-byte line
+//   read once, the codes decoded by decode_pair;
+// - q8's own codes, or codes decoded once into pre by unpack_half (one half, H = 1): a block at a
+//   time, NT tokens' sums and outputs in 2NT of the 16 registers.
+// kStream: the weights come from memory, and are prefetched. kK, kMin as half_scale, half_min.
+template <int kBits, int NT, int H, bool kK, bool kMin, bool kStream>
+void tile_dot(const QuantTile &w, int half0, int n, const QuantActs &x0, float *y, size_t ldy, int n_rows, const uint8_t *pre) {
+    const int n_blocks = n / kActBlock;
+    constexpr float zero = kMin ? 0.0f : (float)(1 << (kBits - 1));
+    const int group_shift = kK || w.group == 32 ? 0 : w.group == 128 ? 2 : 1;  // block -> group
+    const int8_t *q[NT];
+    const float *d[NT], *ds[NT];
+    for (int t = 0; t < NT; t++) {
+        const QuantActs a = token_acts(x0, n, t);
+        q[t] = a.q, d[t] = a.d, ds[t] = a.ds;
+    }
+    __m256 acc[H][NT];
+    for (int h = 0; h < H; h++)
+        for (int t = 0; t < NT; t++) acc[h][t] = _mm256_setzero_ps();
+    auto bcast = [](const int8_t *p) {
+        int32_t four;
+        std::memcpy(&four, p, 4);
+        return _mm256_set1_epi32(four);
+    };
+    // As the AVX-512 kernel: (d * sum - zero * ds) * scale, or d * sum * scale + min * ds.
+    auto finish_block = [&](int b, int h, const __m256i *sum) {
+        const int g = b >> group_shift;
+        const __m256 ws = half_scale<kK>(w, g, half0 + h);
+        if constexpr (kMin) {
+            const __m256 mn = half_min<kK>(w, g, half0 + h);
+            for (int t = 0; t < NT; t++) {
+                const __m256 f = _mm256_mul_ps(_mm256_cvtepi32_ps(sum[t]), _mm256_set1_ps(d[t][b]));
+                acc[h][t] = _mm256_fmadd_ps(mn, _mm256_set1_ps(ds[t][b]), _mm256_fmadd_ps(f, ws, acc[h][t]));
+            }
+        } else {
+            for (int t = 0; t < NT; t++) {
+                const __m256 f = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sum[t]), _mm256_set1_ps(d[t][b]), _mm256_set1_ps(-zero * ds[t][b]));
+                acc[h][t] = _mm256_fmadd_ps(f, ws, acc[h][t]);
+            }
+        }
+    };
+    if constexpr (kBits == 8 || H == 1) {
+        static_assert(kBits == 8 || H == 1, "decoded codes are one half's");
+        // Decoding takes two chains of sums a token and half (vpdpbusd's latency would bind).
+        constexpr int kChains = NT * H < 4 ? 2 : 1;
+        for (int b = 0; b < n_blocks; b++) {
+            __m256i sum[kChains][H][NT];
+            for (int c = 0; c < kChains; c++)
+                for (int h = 0; h < H; h++)
+                    for (int t = 0; t < NT; t++) sum[c][h][t] = _mm256_setzero_si256();
+            // q8: chunk j of block b, half h at 64 j + 32 h; decoded codes: chunk j of the pair's
+            // block b % 2 at 64 j + 32 (b % 2)
+            const uint8_t *cb = kBits == 8 ? w.codes + (size_t)b * 512 + half0 * 32 : pre + (size_t)(b / 2) * 512 + (b % 2) * 32;
+            if (kStream && kBits == 8) prefetch_ahead(w.codes + (size_t)b * 512, 512);
+            for (int j = 0; j < 8; j++)
+                for (int h = 0; h < H; h++) {
+                    const __m256i v = _mm256_loadu_si256((const __m256i *)(cb + j * 64 + h * 32));
+                    for (int t = 0; t < NT; t++)
+                        sum[j % kChains][h][t] = _mm256_dpbusd_avx_epi32(sum[j % kChains][h][t], v, bcast(q[t] + b * kActBlock + 4 * j));
+                }
+            for (int h = 0; h < H; h++) {
+                if (kChains == 2)
+                    for (int t = 0; t < NT; t++) sum[0][h][t] = _mm256_add_epi32(sum[0][h][t], sum[kChains - 1][h][t]);
+                finish_block(b, h, sum[0][h]);
+            }
+        }
+    } else {
+        static_assert(NT == 1, "decode_pair's path is one token's");
+        for (int b = 0; b < n_blocks; b += 2) {
+            __m256i lo_sum[H], hi_sum[H];
+            for (int h = 0; h < H; h++) lo_sum[h] = hi_sum[h] = _mm256_setzero_si256();
+            const uint8_t *cb = w.codes + (size_t)(b / 2) * 128 * kBits;
+            if (kStream) prefetch_ahead(cb, 128 * kBits);
+#pragma GCC unroll 8
+            for (int j = 0; j < 8; j++) {
+                const __m256i xl = bcast(q[0] + b * kActBlock + 4 * j), xh = bcast(q[0] + (b + 1) * kActBlock + 4 * j);
+                for (int h = 0; h < H; h++) {
+                    __m256i lo, hi;
+                    decode_pair<kBits>(cb + (half0 + h) * 32, j, lo, hi);
+                    lo_sum[h] = _mm256_dpbusd_avx_epi32(lo_sum[h], lo, xl);
+                    hi_sum[h] = _mm256_dpbusd_avx_epi32(hi_sum[h], hi, xh);
+                }
+            }
+            for (int h = 0; h < H; h++) finish_block(b, h, &lo_sum[h]), finish_block(b + 1, h, &hi_sum[h]);
+        }
+    }
+    for (int h = 0; h < H; h++)
+        for (int t = 0; t < NT; t++) {
+            const int rows = std::min(8, n_rows - h * 8);
+            if (rows == 8) {
+                _mm256_storeu_ps(y + t * ldy + h * 8, acc[h][t]);
+            } else if (rows > 0) {
+                alignas(32) float tmp[8];
+                _mm256_store_ps(tmp, acc[h][t]);
+                std::memcpy(y + t * ldy + h * 8, tmp, sizeof(float) * (size_t)rows);
+            }
+        }
+}
+
+// One half's passes, 4 tokens at a time.
+template <int kBits, bool kK, bool kMin, bool kStream>
+void half_passes(const QuantTile &w, int half, int n, const QuantActs &x, int n_tok, float *yh, size_t ldy, int n_rows,
+                 const uint8_t *pre) {
+    constexpr int NT = 4;
+    int t = 0;
+    for (; t + NT <= n_tok; t += NT)
+        tile_dot<kBits, NT, 1, kK, kMin, kStream>(w, half, n, token_acts(x, n, t), yh + t * ldy, ldy, n_rows, pre);
+    const QuantActs rest = token_acts(x, n, t);
+    switch (n_tok - t) {
+    case 3: tile_dot<kBits, 3, 1, kK, kMin, kStream>(w, half, n, rest, yh + t * ldy, ldy, n_rows, pre); break;
+    case 2: tile_dot<kBits, 2, 1, kK, kMin, kStream>(w, half, n, rest, yh + t * ldy, ldy, n_rows, pre); break;
+    case 1: tile_dot<kBits, 1, 1, kK, kMin, kStream>(w, half, n, rest, yh + t * ldy, ldy, n_rows, pre); break;
+    default: break;
+    }
+}
+
+// One token takes both halves in one pass; more take a half at a time, codes narrower than a byte
+// decoded once a half for all their passes (unpack_half prefetches when streaming).
+template <int kBits, bool kK, bool kMin>
+void dot_rows_form(const QuantTile &w, int rows, int n, const QuantActs &x, int n_tok, float *y, size_t ldy) {
+    if (n_tok == 1) return tile_dot<kBits, 1, 2, kK, kMin, true>(w, 0, n, x, y, ldy, rows, nullptr);
+    const bool stream = n_tok <= kStreamTokens;
+    for (int half = 0; half * 8 < rows; half++) {
+        const int n_rows = std::min(8, rows - half * 8);
+        uint8_t *pre = nullptr;
+        if constexpr (kBits < 8) unpack_half<kBits>(w, half, n, pre = decoded_codes(n), stream && half == 0);
+        if (stream) half_passes<kBits, kK, kMin, true>(w, half, n, x, n_tok, y + half * 8, ldy, n_rows, pre);
+        else half_passes<kBits, kK, kMin, false>(w, half, n, x, n_tok, y + half * 8, ldy, n_rows, pre);
+    }
+}
+
+// Whether a dtype of the table has codes of this width and this kind of scales: only those forms are
+// compiled.
+constexpr bool has_form(int bits, bool k, bool min) {
+    for (const DTypeTraits &d : kDTypes)
+        if (d.quantized && d.bits == bits && d.k_scales == k && d.has_min == min) return true;
+    return false;
+}
+
+// One of the forms returns: quant_tile sets the scales' pointers from the same table.
+template <int kBits>
+void dot_rows_quant(const QuantTile &w, int rows, int n, const QuantActs &x, int n_tok, float *y, size_t ldy) {
+    const bool k = w.k_scale != nullptr, min = w.has_min();
+    if constexpr (has_form(kBits, false, false))
+        if (!k && !min) return dot_rows_form<kBits, false, false>(w, rows, n, x, n_tok, y, ldy);
+    if constexpr (has_form(kBits, false, true))
+        if (!k && min) return dot_rows_form<kBits, false, true>(w, rows, n, x, n_tok, y, ldy);
+    if constexpr (has_form(kBits, true, false))
+        if (k && !min) return dot_rows_form<kBits, true, false>(w, rows, n, x, n_tok, y, ldy);
+    if constexpr (has_form(kBits, true, true))
+        if (k && min) return dot_rows_form<kBits, true, true>(w, rows, n, x, n_tok, y, ldy);
+}
+
+KernelTable::QuantDot quant_for_bits(int bits) {
+    return bits == 8 ? dot_rows_quant<8> : bits == 6 ? dot_rows_quant<6> : bits == 5 ? dot_rows_quant<5>
+         : bits == 3 ? dot_rows_quant<3> : dot_rows_quant<4>;
+}
+
+}  // namespace
+
+const KernelTable *avxvnni_kernels() {
+    static const KernelTable *table = []() -> const KernelTable * {
+        const KernelTable *avx2 = avx2_kernels();
+        if (!avx2) return nullptr;  // not built: cannot happen where this file is
+        static KernelTable t = with_quant_kernels(*avx2, quant_for_bits);
+        t.isa = Isa::AvxVnni;
+        t.acts_by_block = false;
+        return &t;
+    }();
+    return table;
+}
+
+}  // namespace fastllm
+#else
+#include "cpu/kernels.h"
+namespace fastllm {
+const KernelTable *avxvnni_kernels() { return nullptr; }
+}  // namespace fastllm
+#endif
