@@ -76,8 +76,7 @@ void tile_dot(const QuantTile &w, int half0, int n, const QuantActs &x0, float *
             }
         }
     };
-    if constexpr (kBits == 8 || H == 1) {
-        static_assert(kBits == 8 || H == 1, "decoded codes are one half's");
+    if constexpr (kBits == 8 || H == 1) {  // decoded codes are one half's
         // Decoding takes two chains of sums a token and half (vpdpbusd's latency would bind).
         constexpr int kChains = NT * H < 4 ? 2 : 1;
         for (int b = 0; b < n_blocks; b++) {
