@@ -12,6 +12,7 @@
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
+#include <type_traits>
 
 #include "arch/kv_format.h"
 #include "base/half.h"
@@ -122,6 +123,29 @@ struct KernelTable {
 // The bf16 halves (uint16_t) of 128 rows (queries, keys or values) of hd values, in the tile
 // products' layouts: twice 128 * hd.
 inline size_t attn_tile_halves(int hd) { return (size_t)2 * KernelTable::kAttnKeys * hd; }
+
+// Calls f(std::bool_constant<kK>, std::bool_constant<kMin>) for the form of the tile's scales (kK:
+// a K format's codes times factors; kMin: minimums), so that a kernel decides them once per tile.
+// Only the forms a dtype of kBits-wide codes has are compiled (kDTypes), and one of them is the
+// tile's: quant_tile sets its pointers from the same table. Each ISA's file passes its own lambda,
+// so no instantiation is shared between files compiled for different instruction sets.
+constexpr bool has_scale_form(int bits, bool k, bool min) {
+    for (const DTypeTraits &d : kDTypes)
+        if (d.quantized && d.bits == bits && d.k_scales == k && d.has_min == min) return true;
+    return false;
+}
+template <int kBits, typename F>
+inline void with_scale_form(const QuantTile &w, F &&f) {
+    const bool k = w.k_scale != nullptr, min = w.has_min();
+    if constexpr (has_scale_form(kBits, false, false))
+        if (!k && !min) return f(std::false_type{}, std::false_type{});
+    if constexpr (has_scale_form(kBits, false, true))
+        if (!k && min) return f(std::false_type{}, std::true_type{});
+    if constexpr (has_scale_form(kBits, true, false))
+        if (k && !min) return f(std::true_type{}, std::false_type{});
+    if constexpr (has_scale_form(kBits, true, true))
+        if (k && min) return f(std::true_type{}, std::true_type{});
+}
 
 // `plain` with dot_rows_quant of every quantized dtype set to the ISA's kernel for its code width
 // (for_bits(8 / 6 / 4)), so that a new quantized dtype is one row of kDTypes (tensor.h).

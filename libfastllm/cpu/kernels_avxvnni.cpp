@@ -165,26 +165,11 @@ void dot_rows_form(const QuantTile &w, int rows, int n, const QuantActs &x, int 
     }
 }
 
-// Whether a dtype of the table has codes of this width and this kind of scales: only those forms are
-// compiled.
-constexpr bool has_form(int bits, bool k, bool min) {
-    for (const DTypeTraits &d : kDTypes)
-        if (d.quantized && d.bits == bits && d.k_scales == k && d.has_min == min) return true;
-    return false;
-}
-
-// One of the forms returns: quant_tile sets the scales' pointers from the same table.
 template <int kBits>
 void dot_rows_quant(const QuantTile &w, int rows, int n, const QuantActs &x, int n_tok, float *y, size_t ldy) {
-    const bool k = w.k_scale != nullptr, min = w.has_min();
-    if constexpr (has_form(kBits, false, false))
-        if (!k && !min) return dot_rows_form<kBits, false, false>(w, rows, n, x, n_tok, y, ldy);
-    if constexpr (has_form(kBits, false, true))
-        if (!k && min) return dot_rows_form<kBits, false, true>(w, rows, n, x, n_tok, y, ldy);
-    if constexpr (has_form(kBits, true, false))
-        if (k && !min) return dot_rows_form<kBits, true, false>(w, rows, n, x, n_tok, y, ldy);
-    if constexpr (has_form(kBits, true, true))
-        if (k && min) return dot_rows_form<kBits, true, true>(w, rows, n, x, n_tok, y, ldy);
+    with_scale_form<kBits>(w, [&](auto k, auto min) {
+        dot_rows_form<kBits, decltype(k)::value, decltype(min)::value>(w, rows, n, x, n_tok, y, ldy);
+    });
 }
 
 KernelTable::QuantDot quant_for_bits(int bits) {
