@@ -24,6 +24,8 @@ namespace fastllm {
 // Neon: the Advanced SIMD of every aarch64 CPU; NeonDot: Neon plus the int8 dot product (SDOT,
 // Armv8.2's optional DotProd: Cortex-A55/A75 and later, Neoverse, Apple M). Amx: AVX-512 with a
 // prompt's quantized products on Intel's tile matrix unit (AMX-INT8, Sapphire Rapids and later).
+// AvxVnni: AVX2 with AVX-VNNI's 256-bit vpdpbusd for the quantized products (Intel's cores without
+// AVX-512 from Alder Lake on; between Avx2 and Avx512).
 enum class Isa { Scalar = 0, Avx2 = 1, Avx512 = 2, Neon = 3, NeonDot = 4, Amx = 5, AvxVnni = 6 };
 const char *isa_name(Isa isa);
 

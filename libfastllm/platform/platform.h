@@ -39,9 +39,9 @@ void *open_library(const char *name);
 void *library_symbol(void *library, const char *name);
 
 // The instruction-set levels the kernels use (cpu/kernels.h) that this CPU and system run: avx2
-// includes FMA and F16C, avx_vnni is avx2 plus AVX-VNNI, avx512 F + BW + VL + VNNI; amx is avx512 plus AMX-TILE and AMX-INT8 with
-// the tile data granted by the system (Linux asks that a process request it); neon_dotprod is
-// ARMv8.2's SDOT/UDOT. Asked once per process (platform/cpu_features.cpp).
+// includes FMA and F16C, avx_vnni is avx2 plus AVX-VNNI, avx512 F + BW + VL + VNNI; amx is avx512
+// plus AMX-TILE and AMX-INT8 with the tile data granted by the system (Linux asks that a process
+// request it); neon_dotprod is ARMv8.2's SDOT/UDOT. Asked once per process (platform/cpu_features.cpp).
 struct CpuFeatures {
     bool avx2 = false, avx_vnni = false, avx512 = false, amx = false, neon = false, neon_dotprod = false;
     bool amx_bf16 = false;  // amx, AMX-BF16 and AVX512-BF16 (every AMX CPU so far): the attention's products
