@@ -428,8 +428,6 @@ void tile_dot(const QuantTile &w, int half0, int n, const QuantActs &x0, float *
         std::memcpy(&eight, c, 8);
         return _mm256_shuffle_epi8(_mm256_set1_epi64x(eight), dup);
     };
-    auto code_f32 = [](const uint8_t *c) { return _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)c))); };
-    auto f16x8 = [](const uint16_t *p) { return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p)); };
     const int8_t *q[NT];
     const float *d[NT], *ds[NT];
     for (int t = 0; t < NT; t++) {
@@ -520,7 +518,7 @@ void tile_dot(const QuantTile &w, int half0, int n, const QuantActs &x0, float *
             }
             // K formats: the super-block's terms before its f16 factors
             for (int h = 0; h < H; h++) {
-                const __m256 mc = code_f32(mcode + (size_t)bb * kTileRows + r0 + h * 8);
+                const __m256 mc = u8x8(mcode + (size_t)bb * kTileRows + r0 + h * 8);
                 for (int t = 0; t < NT; t++) {
                     sacc[t][h] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s[p][t][h]), _mm256_set1_ps(d[t][bb]), sacc[t][h]);
                     macc[t][h] = _mm256_fmadd_ps(mc, _mm256_set1_ps(ds[t][bb]), macc[t][h]);
@@ -538,16 +536,7 @@ void tile_dot(const QuantTile &w, int half0, int n, const QuantActs &x0, float *
         }
     }
     for (int t = 0; t < NT; t++)
-        for (int h = 0; h < H; h++) {
-            const int rows = std::min(8, n_rows - h * 8);
-            if (rows == 8) {
-                _mm256_storeu_ps(y + t * ldy + h * 8, acc[t][h]);
-            } else if (rows > 0) {
-                alignas(32) float tmp[8];
-                _mm256_store_ps(tmp, acc[t][h]);
-                std::memcpy(y + t * ldy + h * 8, tmp, sizeof(float) * (size_t)rows);
-            }
-        }
+        for (int h = 0; h < H; h++) store_rows8(y + t * ldy + h * 8, acc[t][h], n_rows - h * 8);
 }
 
 // The passes over one half of a tile for a prompt's tokens, NT at a time.

@@ -1,5 +1,6 @@
 // kernels_avx2.h — what the AVX2 table (kernels_avx2.cpp) and the AVX-VNNI one (kernels_avxvnni.cpp)
-// share: decoding a tile half's codes 8 rows wide, and a thread's bytes for them decoded once.
+// share: decoding a tile half's codes 8 rows wide, a thread's bytes for them decoded once, widening a
+// half's scales and storing its outputs.
 // Included by those two files only; everything here has internal linkage, so that the linker
 // cannot pick one file's copy of a helper for the other's table.
 #pragma once
@@ -7,12 +8,28 @@
 #include <immintrin.h>
 
 #include <cstdint>
+#include <cstring>
 #include <vector>
 
 #include "cpu/kernels.h"
 
 namespace fastllm {
 namespace {
+
+// 8 f16 values, and 8 unsigned bytes, widened to f32 (a half's scales, a K format's scale codes).
+inline __m256 f16x8(const uint16_t *p) { return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p)); }
+inline __m256 u8x8(const uint8_t *p) { return _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)p))); }
+
+// A half's 8 outputs to y, only the first `rows` of them (none when rows <= 0).
+inline void store_rows8(float *y, __m256 v, int rows) {
+    if (rows >= 8) {
+        _mm256_storeu_ps(y, v);
+    } else if (rows > 0) {
+        alignas(32) float tmp[8];
+        _mm256_store_ps(tmp, v);
+        std::memcpy(y, tmp, sizeof(float) * (size_t)rows);
+    }
+}
 
 // Each byte's bit `from` moved to bit `to` (other bits to be masked off by the caller).
 inline __m256i bits_to(__m256i v, int from, int to) {

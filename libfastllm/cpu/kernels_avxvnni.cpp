@@ -15,9 +15,6 @@ namespace fastllm {
 
 namespace {
 
-inline __m256 f16x8(const uint16_t *p) { return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p)); }
-inline __m256 u8x8(const uint8_t *p) { return _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)p))); }
-
 // Half h's 8 rows' scale of group g, and their minimum; kK: a K format's (8-bit codes times f16
 // factors).
 template <bool kK>
@@ -121,16 +118,7 @@ void tile_dot(const QuantTile &w, int half0, int n, const QuantActs &x0, float *
         }
     }
     for (int h = 0; h < H; h++)
-        for (int t = 0; t < NT; t++) {
-            const int rows = std::min(8, n_rows - h * 8);
-            if (rows == 8) {
-                _mm256_storeu_ps(y + t * ldy + h * 8, acc[h][t]);
-            } else if (rows > 0) {
-                alignas(32) float tmp[8];
-                _mm256_store_ps(tmp, acc[h][t]);
-                std::memcpy(y + t * ldy + h * 8, tmp, sizeof(float) * (size_t)rows);
-            }
-        }
+        for (int t = 0; t < NT; t++) store_rows8(y + t * ldy + h * 8, acc[h][t], n_rows - h * 8);
 }
 
 // One half's passes, 4 tokens at a time.
