@@ -4,9 +4,12 @@
 // o 2048 x 2048, gate-up 11264 x 2048, down 2048 x 5632) six times over, random codes and scales,
 // far more than the caches hold, so every weight comes from memory as in a decode step. Built with
 // the tests (it calls internal functions): build/bench_quant_decode [threads] [rounds] [dtypes]
-// (dtypes comma-separated .flm names: q8,q4,q4_g128,q4k,q6k by default) [cache]. With `cache`, one
+// (dtypes comma-separated .flm names: q8,q4,q4_g128,q4k,q6k by default) [cache | prompt]. With `cache`, one
 // 512 x 2048 matrix (0.3-1.1 MB, within L2 or the L3) passes 200 times a round instead: the kernels'
-// own rate with the weights in cache, the ceiling that memory's rate is measured against.
+// own rate with the weights in cache, the ceiling that memory's rate is measured against. With
+// `prompt`, 64 tokens pass through one 2048 x 2048 matrix 10 times a round, as a prompt's passes do
+// (the weights in cache, every pass of 8 tokens a block at a time): multiply-adds a second at each
+// level, the products' own rate, steadier than a whole prompt's tokens/s.
 #include <algorithm>
 #include <chrono>
 #include <cstdint>
@@ -78,15 +81,16 @@ static double read_all(const std::vector<Matrix> &ms, ThreadPool &pool) {
 int main(int argc, char **argv) {
     const int threads = argc > 1 ? std::atoi(argv[1]) : 2, rounds = argc > 2 ? std::atoi(argv[2]) : 9;
     const std::string list = argc > 3 ? argv[3] : "q8,q4,q4_g128,q4k,q6k";
-    const bool cache = argc > 4 && std::string(argv[4]) == "cache";
-    const int repeat = cache ? 200 : 1;
+    const std::string mode = argc > 4 ? argv[4] : "";
+    const bool cache = mode == "cache", prompt = mode == "prompt";
+    const int repeat = cache ? 200 : prompt ? 10 : 1, n_tok = prompt ? 64 : 1;
     std::vector<const KernelTable *> tables;
     for (Isa isa : {Isa::Avx512, Isa::AvxVnni, Isa::Avx2, Isa::NeonDot, Isa::Neon})  // amx: the avx512 kernel decodes
         if (const KernelTable *k = kernels_for(isa)) tables.push_back(k);
     if (tables.empty()) tables.push_back(&kernels());
     ThreadPool pool(threads);
-    std::printf("%s, %d threads, one token through %s; median of %d alternating rounds\n", cpu_name().c_str(), threads,
-                cache ? "a 512 x 2048 matrix in cache, 200 times" : "6 layers of the TinyLlama-1.1B shape", rounds);
+    std::printf("%s, %d threads, %s; median of %d alternating rounds\n", cpu_name().c_str(), threads,
+                prompt ? "64 tokens through a 2048 x 2048 matrix, 10 times" : cache ? "one token through a 512 x 2048 matrix in cache, 200 times" : "one token through 6 layers of the TinyLlama-1.1B shape", rounds);
     std::stringstream names(list);
     for (std::string name; std::getline(names, name, ',');) {
         DType dt = DType::F32;
@@ -99,25 +103,26 @@ int main(int argc, char **argv) {
         std::mt19937_64 rng(1);
         std::vector<Matrix> ms;
         if (cache) ms.push_back(random_matrix(dt, 512, 2048, rng));
-        for (int layer = 0; layer < (cache ? 0 : 6); layer++)
+        if (prompt) ms.push_back(random_matrix(dt, 2048, 2048, rng));
+        for (int layer = 0; layer < (cache || prompt ? 0 : 6); layer++)
             for (auto shape : {std::pair<int64_t, int64_t>{2560, 2048}, {2048, 2048}, {11264, 2048}, {2048, 5632}})
                 ms.push_back(random_matrix(dt, shape.first, shape.second, rng));
         size_t total = 0;
         for (const Matrix &m : ms) total += m.bytes * repeat;
-        std::vector<float> x(5632), y(11264);
+        std::vector<float> x(5632 * n_tok), y(11264 * n_tok);
         std::normal_distribution<float> nd;
         for (float &v : x) v = nd(rng);
-        std::vector<float> scratch(ops::matmul_scratch_floats(5632, threads, 1));
-        const ops::MatmulScratch sc = ops::make_matmul_scratch(scratch.data(), 5632, threads, 1);
+        std::vector<float> scratch(ops::matmul_scratch_floats(5632, threads, n_tok));
+        const ops::MatmulScratch sc = ops::make_matmul_scratch(scratch.data(), 5632, threads, n_tok);
         std::vector<std::vector<double>> secs(tables.size() + 1);
         for (int r = 0; r < rounds; r++) {
             double read_s = 0;
-            for (int k = 0; k < repeat; k++) read_s += read_all(ms, pool);
+            for (int k = 0; k < (prompt ? 0 : repeat); k++) read_s += read_all(ms, pool);
             secs[tables.size()].push_back(read_s);
             for (size_t i = 0; i < tables.size(); i++) {
                 const auto t0 = std::chrono::steady_clock::now();
                 for (int k = 0; k < repeat; k++)
-                    for (const Matrix &m : ms) ops::matmul(*tables[i], m.t, nullptr, x.data(), 1, y.data(), sc, pool);
+                    for (const Matrix &m : ms) ops::matmul(*tables[i], m.t, nullptr, x.data(), n_tok, y.data(), sc, pool);
                 secs[i].push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
             }
         }
@@ -126,10 +131,17 @@ int main(int argc, char **argv) {
             return v[v.size() / 2];
         };
         const double read_gbs = total / median(secs[tables.size()]) / 1e9;
-        std::printf("%-8s %6.0f MB  read %5.1f GB/s", name.c_str(), total / 1e6, read_gbs);
-        for (size_t i = 0; i < tables.size(); i++) {
-            const double gbs = total / median(secs[i]) / 1e9;
-            std::printf("  %s %5.1f GB/s (%3.0f%%)", isa_name(tables[i]->isa), gbs, 100 * gbs / read_gbs);
+        if (prompt) {  // the products' rate: multiply-adds a second
+            double macs = 0;
+            for (const Matrix &m : ms) macs += (double)m.t.rows() * m.t.cols() * n_tok * repeat;
+            std::printf("%-8s", name.c_str());
+            for (size_t i = 0; i < tables.size(); i++) std::printf("  %s %6.1f GMAC/s", isa_name(tables[i]->isa), macs / median(secs[i]) / 1e9);
+        } else {
+            std::printf("%-8s %6.0f MB  read %5.1f GB/s", name.c_str(), total / 1e6, read_gbs);
+            for (size_t i = 0; i < tables.size(); i++) {
+                const double gbs = total / median(secs[i]) / 1e9;
+                std::printf("  %s %5.1f GB/s (%3.0f%%)", isa_name(tables[i]->isa), gbs, 100 * gbs / read_gbs);
+            }
         }
         std::printf("\n");
     }
