@@ -308,6 +308,21 @@ void kv_dot_q8(const void *rows, size_t stride, int n, int off, const float *q, 
     }
 }
 
+// A q8 row to f32: each block's codes widened and times its scale, the same one rounding as the
+// portable kernel's.
+void kv_load_q8(const void *row, float *x, int n) {
+    const char *r = (const char *)row;
+    int b = 0;
+    for (; (b + 1) * kKvQ8Block <= n; b++) {
+        const __m256 d = _mm256_set1_ps(kv_q8_scale(r, b));
+        const int8_t *c = kv_q8_codes(r, b);
+        float *xb = x + b * kKvQ8Block;
+        _mm256_storeu_ps(xb, _mm256_mul_ps(d, codes8(c))), _mm256_storeu_ps(xb + 8, _mm256_mul_ps(d, codes8(c + 8)));
+        _mm256_storeu_ps(xb + 16, _mm256_mul_ps(d, codes8(c + 16))), _mm256_storeu_ps(xb + 24, _mm256_mul_ps(d, codes8(c + 24)));
+    }
+    for (int i = b * kKvQ8Block; i < n; i++) x[i] = kv_q8_scale(r, b) * (float)kv_q8_codes(r, b)[i % kKvQ8Block];
+}
+
 void kv_accum_q8(const float *a, int n, const void *rows, size_t stride, int off, int dim, float *y) {
     if (off % kKvQ8Block || dim % kKvQ8Block) return scalar_kernels()->kv_accum[(int)KvType::Q8](a, n, rows, stride, off, dim, y);
     for (int i = 0; i < dim; i += kKvQ8Block) {
@@ -700,7 +715,7 @@ const KernelTable *avx2_kernels() {
         t.kv_accum[f32] = kv_accum<load8_f32, load1_f32>, t.kv_accum[f16] = kv_accum<load8_f16, load1_f16>;
         t.kv_accum[q8] = kv_accum_q8;
         t.kv_store[f16] = kv_store_f16;
-        t.kv_load[f16] = to_f32<load8_f16, load1_f16>;
+        t.kv_load[f16] = to_f32<load8_f16, load1_f16>, t.kv_load[q8] = kv_load_q8;
         return t;
     }();
     return &table;

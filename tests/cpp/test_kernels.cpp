@@ -482,6 +482,15 @@ static void test_kv_kernels(const KernelTable &k) {
             }
             // f16: half an ulp (2^-11) of the largest; q8: half a step of 1/127 of a block's largest.
             const double bound = t == KvType::F32 ? 0 : t == KvType::F16 ? 4.9e-4 : 0.5 / 127 + 1e-6;
+            // kv_load: the reference's values, bit for bit (one rounding: code times scale), also for
+            // a row that ends inside a q8 block (dim 8, 16: 24 and 48 values)
+            for (int j = 0; j < n; j++) {
+                std::vector<float> got(row_n);
+                k.kv_load[(int)t](rows.data() + j * stride, got.data(), row_n);
+                ref::kv_load(t, rows.data() + j * stride, row_n, back.data());
+                CHECK(std::memcmp(got.data(), back.data(), sizeof(float) * (size_t)row_n) == 0, "kv_load %s %s, %d values: not the reference's",
+                      isa_name(k.isa), kv_type_name(t), row_n);
+            }
             CHECK(store_err <= bound, "kv_store %s %s rel err %g > %g", isa_name(k.isa), kv_type_name(t), store_err, bound);
             CHECK(ref_store_err <= bound, "ref::kv_store %s rel err %g > %g", kv_type_name(t), ref_store_err, bound);
             for (int h = 0; h < heads; h++) {
