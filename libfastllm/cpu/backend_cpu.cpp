@@ -134,7 +134,7 @@ void CpuBackend::act(Act kind, const float *x, size_t n, float *out) {
     });
 }
 
-void CpuBackend::softcap(float *x, size_t n, float cap) { ops::softcap(x, n, cap); }
+void CpuBackend::softcap(float *x, size_t n, float cap) { k_.softcap(x, n, cap); }
 
 // A task per row: the row's own adapters, one after another (rows never share an output), each
 // part as r dot products (a x) and r scaled adds of bt's rows: the two sums of attention over the

@@ -62,6 +62,11 @@ struct KernelTable {
     // out[i] = gelu(x[i]), the exact (erf) GELU of BERT's MLP, erf by Abramowitz and Stegun 7.1.26
     // (|error| < 1.5e-7) through the same exp; out may be x. MiniLM: std::erf took 20% of a pass.
     void (*gelu_erf)(const float *x, size_t n, float *out);
+    // x[i] = cap * tanh(x[i] / cap): Gemma 2's soft cap of attention scores and logits (a tanh a
+    // score: std::tanh took 6.5 ns a value, about what a score's products take at head_dim 256).
+    // SIMD tables: tanh(v) = (1 - t) / (1 + t), t = exp(-2|v|), v's sign; the last values go through
+    // the same vector steps, so that a value's result does not depend on its place in x.
+    void (*softcap)(float *x, size_t n, float cap);
     // x[i] = exp(x[i] - shift) for n elements; returns their sum (softmax).
     float (*exp_shift_sum)(float *x, int n, float shift);
     // The largest of x[0, n), n >= 1 (a softmax's shift).

@@ -389,8 +389,7 @@ void attn_step(const uint16_t *qt, int nq, int hd, const uint16_t *kt, const uin
             issue((r + 1) * (v + k) / kRows);
             const int i = i0 + r, a = i < nq ? lo[i] : 0, b = i < nq ? hi[i] : 0;
             float *si = s + (size_t)r * n32;
-            if (cap > 0)
-                for (int j = a; j < b; j++) si[j] = cap * std::tanh(si[j] * (1.0f / cap));
+            if (cap > 0 && a < b) softcap_row(si + a, (size_t)(b - a), cap);
             // 2^-126 for the first keys (m = -inf): exp2_16 takes finite input, and 1e-38 of a
             // total and sums still 0 is 0; a row without keys here keeps its state (2^0)
             const float m_old = a < b ? m[i] : 0.0f;

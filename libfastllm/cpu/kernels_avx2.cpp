@@ -100,6 +100,27 @@ void gelu_erf(const float *x, size_t n, float *out) {
     for (; i < n; i++) out[i] = gelu_erf_scalar(x[i]);
 }
 
+// cap * tanh(x / cap) (KernelTable::softcap); exp8 clamps a NaN to a number, so NaNs are put back.
+inline __m256 softcap8(__m256 x, __m256 cap, __m256 inv) {
+    const __m256 sign = _mm256_set1_ps(-0.0f), one = _mm256_set1_ps(1.0f), v = _mm256_mul_ps(x, inv);
+    const __m256 t = exp8(_mm256_mul_ps(_mm256_andnot_ps(sign, v), _mm256_set1_ps(-2.0f)));
+    const __m256 r = _mm256_div_ps(_mm256_sub_ps(one, t), _mm256_add_ps(one, t));
+    const __m256 y = _mm256_mul_ps(cap, _mm256_or_ps(r, _mm256_and_ps(sign, v)));
+    return _mm256_blendv_ps(y, x, _mm256_cmp_ps(x, x, _CMP_UNORD_Q));
+}
+
+void softcap(float *x, size_t n, float c) {
+    const __m256 cap = _mm256_set1_ps(c), inv = _mm256_set1_ps(1.0f / c);
+    size_t i = 0;
+    for (; i + 8 <= n; i += 8) _mm256_storeu_ps(x + i, softcap8(_mm256_loadu_ps(x + i), cap, inv));
+    if (i < n) {  // the same steps on a padded copy
+        float tail[8] = {};
+        std::memcpy(tail, x + i, (n - i) * sizeof(float));
+        _mm256_storeu_ps(tail, softcap8(_mm256_loadu_ps(tail), cap, inv));
+        std::memcpy(x + i, tail, (n - i) * sizeof(float));
+    }
+}
+
 float exp_shift_sum(float *x, int n, float shift) {
     __m256 acc = _mm256_setzero_ps();
     int i = 0;
@@ -694,6 +715,7 @@ const KernelTable kPlain = {
     swiglu,
     geglu,
     gelu_erf,
+    softcap,
     exp_shift_sum,
     reduce_max,
     quantize_acts,

@@ -413,6 +413,7 @@ const KernelTable kPlain = {
     swiglu,
     geglu,
     gelu_erf,
+    softcap_row,
     exp_shift_sum,
     reduce_max,
     quantize_acts,

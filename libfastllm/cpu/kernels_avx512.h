@@ -29,6 +29,20 @@ inline __m512 exp16(__m512 x) {
     return _mm512_scalef_ps(p, k);
 }
 
+// x[i] = cap * tanh(x[i] / cap) (KernelTable::softcap), 16 at a time, the last ones masked (the
+// same steps for every value). exp16 keeps a NaN a NaN.
+inline void softcap_row(float *x, size_t n, float c) {
+    const __m512 cap = _mm512_set1_ps(c), inv = _mm512_set1_ps(1.0f / c), one = _mm512_set1_ps(1.0f);
+    for (size_t i = 0; i < n; i += 16) {
+        const __mmask16 m = n - i >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << (n - i)) - 1);
+        const __m512 v = _mm512_mul_ps(_mm512_maskz_loadu_ps(m, x + i), inv);
+        const __m512 t = exp16(_mm512_mul_ps(_mm512_abs_ps(v), _mm512_set1_ps(-2.0f)));
+        const __m512 r = _mm512_div_ps(_mm512_sub_ps(one, t), _mm512_add_ps(one, t));
+        const __m512i sign = _mm512_and_si512(_mm512_castps_si512(v), _mm512_set1_epi32(INT32_MIN));
+        _mm512_mask_storeu_ps(x + i, m, _mm512_mul_ps(cap, _mm512_castsi512_ps(_mm512_or_si512(_mm512_castps_si512(r), sign))));
+    }
+}
+
 // Each byte's bit `from` moved to bit `to` (the caller masks the rest off).
 inline __m512i bits_to(__m512i v, int from, int to) {
     return from >= to ? _mm512_srl_epi16(v, _mm_cvtsi32_si128(from - to)) : _mm512_sll_epi16(v, _mm_cvtsi32_si128(to - from));

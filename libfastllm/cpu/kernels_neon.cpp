@@ -87,6 +87,26 @@ void gelu_erf(const float *x, size_t n, float *out) {
     for (; i < n; i++) out[i] = gelu_erf_scalar(x[i]);
 }
 
+// cap * tanh(x / cap) (KernelTable::softcap); vmaxq/vminq keep a NaN a NaN through exp4.
+inline float32x4_t softcap4(float32x4_t x, float cap, float inv) {
+    const float32x4_t v = vmulq_n_f32(x, inv), one = vdupq_n_f32(1.0f);
+    const float32x4_t t = exp4(vmulq_n_f32(vabsq_f32(v), -2.0f));
+    const float32x4_t r = vdivq_f32(vsubq_f32(one, t), vaddq_f32(one, t));
+    return vmulq_n_f32(vbslq_f32(vcltq_f32(v, vdupq_n_f32(0.0f)), vnegq_f32(r), r), cap);
+}
+
+void softcap(float *x, size_t n, float cap) {
+    const float inv = 1.0f / cap;
+    size_t i = 0;
+    for (; i + 4 <= n; i += 4) vst1q_f32(x + i, softcap4(vld1q_f32(x + i), cap, inv));
+    if (i < n) {  // the same steps on a padded copy
+        float tail[4] = {};
+        std::memcpy(tail, x + i, (n - i) * sizeof(float));
+        vst1q_f32(tail, softcap4(vld1q_f32(tail), cap, inv));
+        std::memcpy(x + i, tail, (n - i) * sizeof(float));
+    }
+}
+
 float exp_shift_sum(float *x, int n, float shift) {
     float32x4_t acc = vdupq_n_f32(0.0f);
     int i = 0;
@@ -400,6 +420,7 @@ const KernelTable kPlain = {
     swiglu,
     geglu,
     gelu_erf,
+    softcap,
     exp_shift_sum,
     reduce_max,
     quantize_acts,

@@ -141,6 +141,11 @@ void gelu_erf(const float *x, size_t n, float *out) {
     for (size_t i = 0; i < n; i++) out[i] = gelu_erf_scalar(x[i]);
 }
 
+void softcap(float *x, size_t n, float cap) {
+    const float inv = 1.0f / cap;
+    for (size_t i = 0; i < n; i++) x[i] = cap * std::tanh(x[i] * inv);
+}
+
 float exp_shift_sum(float *x, int n, float shift) {
     float sum = 0;
     for (int i = 0; i < n; i++) sum += (x[i] = std::exp(x[i] - shift));
@@ -224,6 +229,7 @@ const KernelTable kPlain = {Isa::Scalar,
                             swiglu,
                             geglu,
                             gelu_erf,
+                            softcap,
                             exp_shift_sum,
                             reduce_max,
                             quantize_acts,

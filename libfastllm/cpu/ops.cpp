@@ -211,10 +211,6 @@ void act(const KernelTable &k, Act kind, const float *x, size_t n, float *out) {
     }
 }
 
-void softcap(float *x, size_t n, float cap) {
-    const float inv = 1.0f / cap;
-    for (size_t i = 0; i < n; i++) x[i] = cap * std::tanh(x[i] * inv);
-}
 
 namespace {
 
@@ -480,7 +476,7 @@ void attend_blocks(const KernelTable &k, const float *q, const AttentionRun &run
                     std::fill(s, s + n, 0.0f);
                     continue;
                 }
-                if (sh.softcap > 0) softcap(s + lo, (size_t)(hi - lo), sh.softcap);
+                if (sh.softcap > 0) k.softcap(s + lo, (size_t)(hi - lo), sh.softcap);
                 const float m_new = std::max(blk.m[i], k.reduce_max(s + lo, hi - lo));
                 // exp(-87) for the first keys (m = -inf): the table's exp takes finite input, and 1e-38
                 // of a total and sums still 0 is 0
@@ -537,7 +533,7 @@ void attend_direct(const KernelTable &k, const float *q, const AttentionRun &run
             kdot(cache.k_row(layer, p), cache.row_bytes_k(), len, off, qh, hd, s + (p - p0));
         }
         for (int j = 0; j < n; j++) s[j] *= sh.scale;
-        if (sh.softcap > 0) softcap(s, (size_t)n, sh.softcap);
+        if (sh.softcap > 0) k.softcap(s, (size_t)n, sh.softcap);
         const float m_new = std::max(m, k.reduce_max(s, n)), alpha = std::exp(m - m_new);
         l = l * alpha + k.exp_shift_sum(s, n, m_new), m = m_new;
         if (alpha != 1.0f)

@@ -52,8 +52,6 @@ void geglu(const KernelTable &k, const float *gate_up, int n, float *out);
 void glu(const KernelTable &k, Act kind, const float *gate_up, int n, float *out);
 // out[i] = act(x[i]) (out may be x); the exact GELU by the table's kernel.
 void act(const KernelTable &k, Act kind, const float *x, size_t n, float *out);
-// x[i] = cap * tanh(x[i] / cap).
-void softcap(float *x, size_t n, float cap);
 
 // Working memory of attention: a block of queries, keys and values per thread.
 struct AttentionScratch {
