@@ -23,8 +23,9 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(REPO / "bindings" / "python"), str(REPO)]
 
 # name -> (transformers config class, model class, config): the LLaMA shapes, Qwen2.5-0.5B's (tied
-# head, GQA 7:1, vocab 152k) and Gemma-3-1B's (head_dim 256, 1 KV head, vocab 262k, 22 of 26 layers
-# with a window of 512)
+# head, GQA 7:1, vocab 152k), Gemma-3-1B's (head_dim 256, 1 KV head, vocab 262k, 22 of 26 layers
+# with a window of 512) and Gemma-2-2B's (head_dim 256, every other layer a window of 4096, scores
+# and logits soft-capped)
 SHAPES = {
     "tinyllama": ("LlamaConfig", "LlamaForCausalLM", dict(
         hidden_size=2048, intermediate_size=5632, num_hidden_layers=22, num_attention_heads=32, num_key_value_heads=4,
@@ -39,6 +40,10 @@ SHAPES = {
         hidden_size=1152, intermediate_size=6912, num_hidden_layers=26, num_attention_heads=4, num_key_value_heads=1,
         head_dim=256, vocab_size=262144, max_position_embeddings=32768, sliding_window=512, query_pre_attn_scalar=256,
         tie_word_embeddings=True)),
+    "gemma2-2b": ("Gemma2Config", "Gemma2ForCausalLM", dict(
+        hidden_size=2304, intermediate_size=9216, num_hidden_layers=26, num_attention_heads=8, num_key_value_heads=4,
+        head_dim=256, vocab_size=256000, max_position_embeddings=8192, sliding_window=4096, query_pre_attn_scalar=256,
+        attn_logit_softcapping=50.0, final_logit_softcapping=30.0, tie_word_embeddings=True)),
 }
 
 
