@@ -28,8 +28,10 @@ public:
 
 private:
     float uniform();  // [0, 1)
-    // The penalty and truncations: the survivors, with their probabilities (not renormalised after
-    // top-p / min-p), are candidates_[0, returned count); greedy returns 0. argmax: of the penalised logits.
+    // The penalty and truncations: the survivors, with their weights (probabilities over the top-k
+    // survivors times their sum; not renormalised after top-p / min-p), are candidates_[0, returned
+    // count), most likely first where top-p applied, else in no order; greedy returns 0. argmax: of
+    // the penalised logits.
     size_t distribution(float *logits, const int32_t *history, size_t n_history, int32_t &argmax);
 
     SamplingOptions p_;

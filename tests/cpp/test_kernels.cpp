@@ -815,6 +815,68 @@ static void test_sampler() {
     l = logits;
     CHECK(Sampler(p, V).sample(l.data(), nullptr, 0) == argmax, "tiny top_p picks the argmax");
 
+    // The draws follow the truncated distribution, worked out here the plain way (sort everything,
+    // cut, renormalise): every token drawn is a survivor, and each survivor's frequency is within 5
+    // standard deviations of its probability. A vocabulary past top-p's first sorted chunk (64).
+    {
+        const int V2 = 300, N = 40000;
+        std::vector<float> lg = randn(V2, 2.5f);
+        struct Case {
+            int top_k;
+            float top_p, min_p, temperature;
+        };
+        for (const Case c : {Case{0, 1.0f, 0.0f, 1.0f}, Case{20, 1.0f, 0.0f, 0.7f}, Case{0, 0.9f, 0.0f, 1.0f},
+                             Case{0, 0.995f, 0.0f, 1.5f}, Case{0, 1.0f, 0.05f, 1.0f}, Case{50, 0.8f, 0.02f, 1.2f}}) {
+            std::vector<std::pair<double, int>> order;
+            for (int i = 0; i < V2; i++) order.emplace_back(lg[i] / c.temperature, i);
+            std::sort(order.begin(), order.end(), [](auto a, auto b) { return a.first != b.first ? a.first > b.first : a.second < b.second; });
+            size_t n = c.top_k > 0 ? (size_t)c.top_k : order.size();
+            std::vector<double> w(n);
+            double sum = 0;
+            for (size_t i = 0; i < n; i++) sum += (w[i] = std::exp(order[i].first - order[0].first));
+            size_t keep = n;
+            double cum = 0;
+            if (c.top_p < 1)
+                for (size_t i = 0; i < n; i++)
+                    if ((cum += w[i] / sum) >= c.top_p) {
+                        keep = i + 1;
+                        break;
+                    }
+            if (c.min_p > 0)
+                for (size_t i = 0; i < keep; i++)
+                    if (w[i] < c.min_p) {
+                        keep = i;
+                        break;
+                    }
+            std::vector<double> want(V2, 0.0);
+            double kept_sum = 0;
+            for (size_t i = 0; i < keep; i++) kept_sum += w[i];
+            for (size_t i = 0; i < keep; i++) want[order[i].second] = w[i] / kept_sum;
+            SamplingOptions o;
+            o.temperature = c.temperature, o.top_k = c.top_k, o.top_p = c.top_p, o.min_p = c.min_p, o.seed = 7;
+            Sampler smp(o, V2);
+            std::vector<int> count(V2, 0);
+            for (int d = 0; d < N; d++) {
+                std::vector<float> cl = lg;
+                count[smp.sample(cl.data(), nullptr, 0)]++;
+            }
+            // tokens expected 10 times or more one by one, the rarer ones as one bucket
+            double worst = 0, rare_want = 0, rare_got = 0;
+            bool outside = false;
+            auto z = [&](double got, double p) { return p > 0 ? std::fabs(got / N - p) / std::sqrt(p * (1 - p) / N) : 0.0; };
+            for (int i = 0; i < V2; i++) {
+                if (want[i] == 0 && count[i] > 0) outside = true;
+                if (want[i] * N >= 10) worst = std::max(worst, z(count[i], want[i]));
+                else rare_want += want[i], rare_got += count[i];
+            }
+            if (rare_want * N >= 10) worst = std::max(worst, z(rare_got, rare_want));
+            else CHECK(rare_got <= 30, "sampler: %g draws of tokens expected %g times", rare_got, rare_want * N);
+            CHECK(!outside, "sampler top_k %d top_p %g min_p %g: drew a token the truncation removes", c.top_k, c.top_p, c.min_p);
+            CHECK(worst < 5.0, "sampler top_k %d top_p %g min_p %g: a frequency %g standard deviations off", c.top_k, c.top_p,
+                  c.min_p, worst);
+        }
+    }
+
     // A strong repetition penalty moves greedy away from a token already in the history.
     p = SamplingOptions{};
     p.temperature = 0;
