@@ -13,7 +13,7 @@ in the same run, with prompts of 200 tokens each from Tiny Shakespeare (none sha
     python3 bench/bench_server.py --model smollm2.flm --levels 1,8,32 --max_sessions 32 \
         --prompt_tokens 200 --prefill_chunk 0,256 --repeat 3
 
-Every request streams exactly --max_tokens tokens (ignore_eos, greedy) from one of a few short
+Every request streams exactly --max_tokens tokens (ignore_eos, greedy unless --temperature) from one of a few short
 prompts, so the levels do the same work per request. Latency is measured by the client; the time to
 first token is the server's (its "timings" extension), from a request's arrival to its first token. It stops by itself after
 --requests x levels requests.
@@ -93,9 +93,12 @@ def start_server(flm: Path, args, prefill_chunk: int | None = None) -> tuple[sub
     return proc, m[0]
 
 
+TEMPERATURE = 0.0  # --temperature: 0 greedy; 1 with top_p 1 is the OpenAI API's default sampling
+
+
 def request_body(i: int, max_tokens: int) -> dict:
-    return dict(model="bench", prompt=PROMPTS[i % len(PROMPTS)], max_tokens=max_tokens, temperature=0, stream=True,
-                stream_options={"include_usage": True}, ignore_eos=True)
+    return dict(model="bench", prompt=PROMPTS[i % len(PROMPTS)], max_tokens=max_tokens, temperature=TEMPERATURE,
+                stream=True, stream_options={"include_usage": True}, ignore_eos=True)
 
 
 class RawClient:
@@ -214,6 +217,8 @@ def main() -> int:
     ap.add_argument("--levels", default="1,2,4,8,16", help="concurrency levels")
     ap.add_argument("--requests", type=int, default=32, help="requests per level (at least the level)")
     ap.add_argument("--max_tokens", type=int, default=64)
+    ap.add_argument("--temperature", type=float, default=0.0,
+                    help="sampling temperature of every request (0: greedy; 1: the OpenAI API's default, no top-k)")
     ap.add_argument("--threads", type=int, default=2, help="server compute threads")
     ap.add_argument("--max_sessions", type=int, default=16)
     ap.add_argument("--n_ctx", type=int, default=0, help="server context per session (0 = the model's)")
@@ -228,6 +233,8 @@ def main() -> int:
     ap.add_argument("--prefill_chunk", help="comma list of the server's --prefill-chunk values, compared in one run")
     ap.add_argument("--repeat", type=int, default=1, help="runs per --prefill_chunk value, alternating their order")
     args = ap.parse_args()
+    global TEMPERATURE
+    TEMPERATURE = args.temperature
     args.levels = [int(x) for x in args.levels.split(",")]
     if args.url and args.prefill_chunk:
         raise SystemExit("--prefill_chunk starts its own servers: not with --url")
