@@ -513,40 +513,6 @@ void attend_blocks(const KernelTable &k, const float *q, const AttentionRun &run
     }
 }
 
-// Row r of a run against the keys of query head h, straight from the cache (kv_dot, kv_accum), a
-// step of kBlockKeys keys at a time, the softmax online (s: room for a step's scores).
-void attend_direct(const KernelTable &k, const float *q, const AttentionRun &run, int layer, const AttentionShape &sh,
-                   int r, int h, float *out, float *s) {
-    const KvCache &cache = *run.cache;
-    const int hd = sh.head_dim, off = h / (sh.n_heads / sh.n_kv_heads) * hd, row = run.first_row + r;
-    const auto kdot = k.kv_dot[(int)cache.type_k()];
-    const auto vacc = k.kv_accum[(int)cache.type_v()];
-    const int end = run.pos0 + (sh.causal ? r + 1 : run.T), begin = sh.window > 0 ? std::max(0, end - sh.window) : 0;
-    const float *qh = q + ((size_t)row * sh.n_heads + h) * hd;
-    float *o = out + ((size_t)row * sh.n_heads + h) * hd;
-    std::fill(o, o + hd, 0.0f);
-    float m = -INFINITY, l = 0.0f;
-    for (int p0 = begin, n; p0 < end; p0 += n) {
-        n = std::min(kBlockKeys, end - p0);
-        for (int p = p0, len; p < p0 + n; p += len) {  // the cache's blocks: runs of consecutive rows
-            len = KvCache::run_in_block(p, p0 + n);
-            kdot(cache.k_row(layer, p), cache.row_bytes_k(), len, off, qh, hd, s + (p - p0));
-        }
-        for (int j = 0; j < n; j++) s[j] *= sh.scale;
-        if (sh.softcap > 0) k.softcap(s, (size_t)n, sh.softcap);
-        const float m_new = std::max(m, k.reduce_max(s, n)), alpha = std::exp(m - m_new);
-        l = l * alpha + k.exp_shift_sum(s, n, m_new), m = m_new;
-        if (alpha != 1.0f)
-            for (int d = 0; d < hd; d++) o[d] *= alpha;
-        for (int p = p0, len; p < p0 + n; p += len) {
-            len = KvCache::run_in_block(p, p0 + n);
-            vacc(s + (p - p0), len, cache.v_row(layer, p), cache.row_bytes_v(), off, hd, o);
-        }
-    }
-    const float inv = 1.0f / l;
-    for (int d = 0; d < hd; d++) o[d] *= inv;
-}
-
 // Query heads per KV head from which a decoding row's heads go in a block together (attend_block)
 // rather than each straight from the cache (attend_direct). Generated tokens/s, 64 after a prompt
 // (bench_long_prompt.py --gen 64, AMX Xeon, 2 threads, medians of 3), direct / block:
@@ -557,6 +523,54 @@ void attend_direct(const KernelTable &k, const float *q, const AttentionRun &run
 // it converts and packs the keys and values before any product; with few heads that costs more
 // than it saves.
 constexpr int kDecodeGroupBlocked = 6;
+
+// Row r of a run against the keys of query heads [h0, h0 + hn) of KV head g, straight from the
+// cache (kv_dot, kv_accum), a step of kBlockKeys keys at a time, each head's softmax online (s: room
+// for hn steps' scores). A step's keys go to every head's scores before its values go to every
+// head's sums, so that the heads after the first read the step's rows from L1 (16 KiB at head_dim
+// 64 in f16): a task per head read the KV head's slice of the cache once per head (SmolLM2-135M,
+// 3 heads a KV head, 4096 deep: the attention 71% of a decoding step). Each head's operations and
+// their order are those of a head alone, so the grouping changes no result.
+void attend_direct(const KernelTable &k, const float *q, const AttentionRun &run, int layer, const AttentionShape &sh,
+                   int r, int g, int h0, int hn, float *out, float *s) {
+    const KvCache &cache = *run.cache;
+    const int hd = sh.head_dim, off = g * hd, row = run.first_row + r, h_first = g * (sh.n_heads / sh.n_kv_heads) + h0;
+    const auto kdot = k.kv_dot[(int)cache.type_k()];
+    const auto vacc = k.kv_accum[(int)cache.type_v()];
+    const int end = run.pos0 + (sh.causal ? r + 1 : run.T), begin = sh.window > 0 ? std::max(0, end - sh.window) : 0;
+    const float *qh = q + ((size_t)row * sh.n_heads + h_first) * hd;
+    float *o = out + ((size_t)row * sh.n_heads + h_first) * hd;
+    std::fill(o, o + (size_t)hn * hd, 0.0f);
+    float m[kDecodeGroupBlocked], l[kDecodeGroupBlocked];
+    std::fill(m, m + hn, -INFINITY);
+    std::fill(l, l + hn, 0.0f);
+    for (int p0 = begin, n; p0 < end; p0 += n) {
+        n = std::min(kBlockKeys, end - p0);
+        for (int i = 0; i < hn; i++)
+            for (int p = p0, len; p < p0 + n; p += len) {  // the cache's blocks: runs of consecutive rows
+                len = KvCache::run_in_block(p, p0 + n);
+                kdot(cache.k_row(layer, p), cache.row_bytes_k(), len, off, qh + (size_t)i * hd, hd, s + i * kBlockKeys + (p - p0));
+            }
+        for (int i = 0; i < hn; i++) {
+            float *si = s + i * kBlockKeys, *oi = o + (size_t)i * hd;
+            for (int j = 0; j < n; j++) si[j] *= sh.scale;
+            if (sh.softcap > 0) k.softcap(si, (size_t)n, sh.softcap);
+            const float m_new = std::max(m[i], k.reduce_max(si, n)), alpha = std::exp(m[i] - m_new);
+            l[i] = l[i] * alpha + k.exp_shift_sum(si, n, m_new), m[i] = m_new;
+            if (alpha != 1.0f)
+                for (int d = 0; d < hd; d++) oi[d] *= alpha;
+        }
+        for (int i = 0; i < hn; i++)
+            for (int p = p0, len; p < p0 + n; p += len) {
+                len = KvCache::run_in_block(p, p0 + n);
+                vacc(s + i * kBlockKeys + (p - p0), len, cache.v_row(layer, p), cache.row_bytes_v(), off, hd, o + (size_t)i * hd);
+            }
+    }
+    for (int i = 0; i < hn; i++) {
+        const float inv = 1.0f / l[i];
+        for (int d = 0; d < hd; d++) o[(size_t)i * hd + d] *= inv;
+    }
+}
 
 }  // namespace
 
@@ -610,7 +624,7 @@ void attention(const KernelTable &k, const float *q, const AttentionRun *runs, i
         return std::max((n_blocks + most - 1) / most, std::min(n_blocks, fill));
     };
     auto tasks_of = [&](const AttentionRun &r) {
-        return direct(r) ? (int64_t)r.T * sh.n_heads : n_groups(r) * blocks_for(r).per_rows;
+        return direct(r) ? (int64_t)r.T * decode.per_rows : n_groups(r) * blocks_for(r).per_rows;
     };
     int64_t total = 0;
     for (int i = 0; i < n_runs; i++) total += tasks_of(runs[i]);
@@ -622,8 +636,9 @@ void attention(const KernelTable &k, const float *q, const AttentionRun *runs, i
             while (task >= base + tasks_of(runs[i])) base += tasks_of(runs[i++]);
             const AttentionRun &run = runs[i];
             const int64_t local = task - base;
-            if (direct(run)) {
-                attend_direct(k, q, run, layer, sh, (int)(local / sh.n_heads), (int)(local % sh.n_heads), out, mem);
+            if (direct(run)) {  // (row, KV head, block of its heads), cut as a decoding block's
+                const int g = (int)(local % decode.per_rows / decode.head_blocks), h0 = (int)(local % decode.head_blocks) * decode.hn;
+                attend_direct(k, q, run, layer, sh, (int)(local / decode.per_rows), g, h0, std::min(decode.hn, group - h0), out, mem);
                 continue;
             }
             const Blocks &b = blocks_for(run);
