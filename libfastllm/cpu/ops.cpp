@@ -531,16 +531,54 @@ constexpr int kDecodeGroupBlocked = 6;
 // 64 in f16): a task per head read the KV head's slice of the cache once per head (SmolLM2-135M,
 // 3 heads a KV head, 4096 deep: the attention 71% of a decoding step). Each head's operations and
 // their order are those of a head alone, so the grouping changes no result.
+// The keys of decoding row r of a run: [begin, end).
+struct KeyRange {
+    int begin, end;
+};
+KeyRange row_keys(const AttentionRun &run, const AttentionShape &sh, int r) {
+    const int end = run.pos0 + (sh.causal ? r + 1 : run.T);
+    return {sh.window > 0 ? std::max(0, end - sh.window) : 0, end};
+}
+// In a model of fewer than kSplitKvHeads KV heads, a decoding row with kSplitKeys keys or more goes
+// in kKeyParts parts, each a task, their softmax states merged after the job (merge_parts): a row's
+// KV heads alone were too few tasks to share out (SmolLM2-135M: 3 KV heads, one row: 3 tasks on 2
+// threads, one thread idle a third of the time; decoding 4096 deep 1.22-1.42x). With 12 KV heads
+// (the 110M shape) the parts' merges cost more than they evened out (880 deep 0.89-0.99x). Decided
+// by the model and the row's own keys, so that a row's result does not depend on the rows,
+// sessions or threads it goes with.
+constexpr int kSplitKvHeads = 8, kSplitKeys = 512, kKeyParts = 4;
+int key_parts(const AttentionRun &run, const AttentionShape &sh, int r) {
+    const KeyRange kr = row_keys(run, sh, r);
+    return sh.n_kv_heads < kSplitKvHeads && kr.end - kr.begin >= kSplitKeys ? kKeyParts : 1;
+}
+// Part `part` of n_parts of a row's keys, its bounds on whole steps of kBlockKeys from begin.
+KeyRange key_part(KeyRange kr, int part, int n_parts) {
+    auto at = [&](int i) {
+        return i == n_parts ? kr.end : kr.begin + (int)((int64_t)(kr.end - kr.begin) * i / n_parts / kBlockKeys * kBlockKeys);
+    };
+    return {at(part), at(part + 1)};
+}
+
+// Row r of a run against keys [kr.begin, kr.end) of query heads [h0, h0 + hn) of KV head g, straight
+// from the cache (kv_dot, kv_accum), a step of kBlockKeys keys at a time, each head's softmax online
+// (s: room for hn steps' scores). A step's keys go to every head's scores before its values go to
+// every head's sums, so that the heads after the first read the step's rows from L1 (16 KiB at
+// head_dim 64 in f16): a task per head read the KV head's slice of the cache once per head
+// (SmolLM2-135M, 3 heads a KV head, 4096 deep: the attention 71% of a decoding step). Each head's
+// operations and their order are those of a head alone, so the grouping changes no result. With
+// `part` (a part of a row's keys), head i's state goes there instead of to out: its maximum, total
+// and unnormalised sums, part[i * (hd + 2) ...].
 void attend_direct(const KernelTable &k, const float *q, const AttentionRun &run, int layer, const AttentionShape &sh,
-                   int r, int g, int h0, int hn, float *out, float *s) {
+                   int r, KeyRange kr, int g, int h0, int hn, float *out, float *s, float *part) {
     const KvCache &cache = *run.cache;
     const int hd = sh.head_dim, off = g * hd, row = run.first_row + r, h_first = g * (sh.n_heads / sh.n_kv_heads) + h0;
     const auto kdot = k.kv_dot[(int)cache.type_k()];
     const auto vacc = k.kv_accum[(int)cache.type_v()];
-    const int end = run.pos0 + (sh.causal ? r + 1 : run.T), begin = sh.window > 0 ? std::max(0, end - sh.window) : 0;
+    const int begin = kr.begin, end = kr.end;
     const float *qh = q + ((size_t)row * sh.n_heads + h_first) * hd;
-    float *o = out + ((size_t)row * sh.n_heads + h_first) * hd;
-    std::fill(o, o + (size_t)hn * hd, 0.0f);
+    const size_t ostride = part ? (size_t)hd + 2 : (size_t)hd;
+    float *o = part ? part + 2 : out + ((size_t)row * sh.n_heads + h_first) * hd;
+    for (int i = 0; i < hn; i++) std::fill(o + i * ostride, o + i * ostride + hd, 0.0f);
     float m[kDecodeGroupBlocked], l[kDecodeGroupBlocked];
     std::fill(m, m + hn, -INFINITY);
     std::fill(l, l + hn, 0.0f);
@@ -552,7 +590,7 @@ void attend_direct(const KernelTable &k, const float *q, const AttentionRun &run
                 kdot(cache.k_row(layer, p), cache.row_bytes_k(), len, off, qh + (size_t)i * hd, hd, s + i * kBlockKeys + (p - p0));
             }
         for (int i = 0; i < hn; i++) {
-            float *si = s + i * kBlockKeys, *oi = o + (size_t)i * hd;
+            float *si = s + i * kBlockKeys, *oi = o + i * ostride;
             for (int j = 0; j < n; j++) si[j] *= sh.scale;
             if (sh.softcap > 0) k.softcap(si, (size_t)n, sh.softcap);
             const float m_new = std::max(m[i], k.reduce_max(si, n)), alpha = std::exp(m[i] - m_new);
@@ -563,12 +601,39 @@ void attend_direct(const KernelTable &k, const float *q, const AttentionRun &run
         for (int i = 0; i < hn; i++)
             for (int p = p0, len; p < p0 + n; p += len) {
                 len = KvCache::run_in_block(p, p0 + n);
-                vacc(s + i * kBlockKeys + (p - p0), len, cache.v_row(layer, p), cache.row_bytes_v(), off, hd, o + (size_t)i * hd);
+                vacc(s + i * kBlockKeys + (p - p0), len, cache.v_row(layer, p), cache.row_bytes_v(), off, hd, o + i * ostride);
             }
     }
     for (int i = 0; i < hn; i++) {
+        if (part) {
+            part[i * ostride] = m[i], part[i * ostride + 1] = l[i];
+            continue;
+        }
         const float inv = 1.0f / l[i];
-        for (int d = 0; d < hd; d++) o[(size_t)i * hd + d] *= inv;
+        for (int d = 0; d < hd; d++) o[i * ostride + d] *= inv;
+    }
+}
+
+// A row's heads [h0, h0 + hn) from the states of its n_parts parts (attend_direct's `part`, one
+// every per_part floats), in part order: the largest maximum, each part's total and sums scaled by
+// exp(its maximum - that), the sums over the total.
+void merge_parts(const float *parts, size_t per_part, int n_parts, int hn, int hd, float *out) {
+    const size_t ostride = (size_t)hd + 2;
+    for (int i = 0; i < hn; i++) {
+        float mx = -INFINITY;
+        for (int c = 0; c < n_parts; c++) mx = std::max(mx, parts[c * per_part + i * ostride]);
+        float *o = out + (size_t)i * hd;
+        std::fill(o, o + hd, 0.0f);
+        float l = 0.0f;
+        for (int c = 0; c < n_parts; c++) {
+            const float *pc = parts + c * per_part + i * ostride;
+            if (pc[1] == 0.0f) continue;  // a part without keys
+            const float w = std::exp(pc[0] - mx);
+            l += w * pc[1];
+            for (int d = 0; d < hd; d++) o[d] += w * pc[2 + d];
+        }
+        const float inv = 1.0f / l;
+        for (int d = 0; d < hd; d++) o[d] *= inv;
     }
 }
 
@@ -624,10 +689,34 @@ void attention(const KernelTable &k, const float *q, const AttentionRun *runs, i
         return std::max((n_blocks + most - 1) / most, std::min(n_blocks, fill));
     };
     auto tasks_of = [&](const AttentionRun &r) {
-        return direct(r) ? (int64_t)r.T * decode.per_rows : n_groups(r) * blocks_for(r).per_rows;
+        if (!direct(r)) return n_groups(r) * blocks_for(r).per_rows;
+        int64_t n = 0;
+        for (int row = 0; row < r.T; row++) n += decode.per_rows * key_parts(r, sh, row);
+        return n;
     };
     int64_t total = 0;
     for (int i = 0; i < n_runs; i++) total += tasks_of(runs[i]);
+    // the parts' states, a slot of decode.hn heads per task (the calling thread's, kept between calls)
+    static thread_local std::vector<float> part_states;
+    const size_t slot = (size_t)decode.hn * (sh.head_dim + 2);
+    bool any_parts = false;
+    for (int i = 0; i < n_runs && !any_parts; i++)
+        for (int row = 0; direct(runs[i]) && row < runs[i].T; row++) any_parts |= key_parts(runs[i], sh, row) > 1;
+    if (any_parts && part_states.size() < (size_t)total * slot) part_states.resize((size_t)total * slot);
+    float *const states = part_states.data();  // (the workers' part_states are their own)
+    // A direct run's tasks: row by row, each row's (KV head, block of heads) by (part of its keys).
+    struct DirectTask {
+        int row, n_parts, part;
+        int64_t blk;
+    };
+    auto direct_task = [&](const AttentionRun &run, int64_t local) {
+        for (int row = 0;; row++) {
+            const int n_parts = key_parts(run, sh, row);
+            const int64_t n = decode.per_rows * n_parts;
+            if (local < n) return DirectTask{row, n_parts, (int)(local % n_parts), local / n_parts};
+            local -= n;
+        }
+    };
     pool.parallel_for(total, [&](int64_t first, int64_t last, int tid) {
         float *mem = sc.blocks + (size_t)tid * sc.blocks_stride;
         int i = 0;
@@ -636,9 +725,11 @@ void attention(const KernelTable &k, const float *q, const AttentionRun *runs, i
             while (task >= base + tasks_of(runs[i])) base += tasks_of(runs[i++]);
             const AttentionRun &run = runs[i];
             const int64_t local = task - base;
-            if (direct(run)) {  // (row, KV head, block of its heads), cut as a decoding block's
-                const int g = (int)(local % decode.per_rows / decode.head_blocks), h0 = (int)(local % decode.head_blocks) * decode.hn;
-                attend_direct(k, q, run, layer, sh, (int)(local / decode.per_rows), g, h0, std::min(decode.hn, group - h0), out, mem);
+            if (direct(run)) {  // (row, KV head, block of its heads, part of its keys), cut as a decoding block's
+                const DirectTask t = direct_task(run, local);
+                const int g = (int)(t.blk / decode.head_blocks), h0 = (int)(t.blk % decode.head_blocks) * decode.hn;
+                attend_direct(k, q, run, layer, sh, t.row, key_part(row_keys(run, sh, t.row), t.part, t.n_parts), g, h0,
+                              std::min(decode.hn, group - h0), out, mem, t.n_parts > 1 ? states + (size_t)task * slot : nullptr);
                 continue;
             }
             const Blocks &b = blocks_for(run);
@@ -650,6 +741,22 @@ void attention(const KernelTable &k, const float *q, const AttentionRun *runs, i
             attend_blocks(k, q, run, layer, sh, bg, out, mem);
         }
     }, 1);  // one task at a time: a prompt's tasks are few, long, and uneven
+    if (!any_parts) return;
+    int64_t base = 0;
+    for (int i = 0; i < n_runs; base += tasks_of(runs[i++])) {
+        if (!direct(runs[i])) continue;
+        const AttentionRun &run = runs[i];
+        for (int64_t local = 0; local < tasks_of(run);) {
+            const DirectTask t = direct_task(run, local);
+            if (t.n_parts > 1) {
+                const int g = (int)(t.blk / decode.head_blocks), h0 = (int)(t.blk % decode.head_blocks) * decode.hn;
+                const int h = g * group + h0, row = run.first_row + t.row;
+                merge_parts(states + (size_t)(base + local) * slot, slot, t.n_parts, std::min(decode.hn, group - h0), sh.head_dim,
+                            out + ((size_t)row * sh.n_heads + h) * sh.head_dim);
+            }
+            local += t.n_parts;
+        }
+    }
 }
 
 }  // namespace ops

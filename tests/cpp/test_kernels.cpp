@@ -435,6 +435,40 @@ static void test_attention(const KernelTable &k) {
                   std::memcmp(out1.data(), out8.data(), out1.size() * sizeof(float)) == 0,
               "attention %s, 8 heads a KV head, window %d, rows %d: 1, 2 and 8 threads differ", isa_name(k.isa), window, T);
     }
+    // Decoding rows of 700-1000 keys with 3 heads a KV head (a task per KV head and part of the
+    // keys, the parts' softmax states merged): against the reference; the same bits on 1, 2 and 8
+    // threads; a row alone the same bits as in a step of 4 rows (the parts go by the row's own keys);
+    // with a window of 600 the parts start inside it; rows of 300 keys and a step crossing the
+    // threshold (the last rows split, the first not).
+    for (KvType kv : {KvType::F16, KvType::Q8})
+    for (int window : {0, 600})
+    for (int pos0 : {300, 509, 996}) {
+        const int n_heads = 9, n_kv = 3, hd = 64, T = 4, kv_dim = n_kv * hd;
+        std::vector<float> q = randn((size_t)T * n_heads * hd), kc = randn((size_t)(pos0 + T) * kv_dim),
+                           vc = randn((size_t)(pos0 + T) * kv_dim);
+        std::vector<float> out2((size_t)T * n_heads * hd), out8(out2.size()), out1(out2.size()), alone(out2.size());
+        std::vector<float> mem(ops::attention_scratch_floats(8, hd, kv_dim));
+        const ops::AttentionScratch scratch = ops::make_attention_scratch(mem.data(), hd, kv_dim);
+        const KvCache cache = make_cache(k, kv, kv, pos0 + T, kv_dim, kc, vc);
+        const AttentionShape sh{n_heads, n_kv, hd, 0.125f, 0.0f, window};
+        const AttentionRun run{0, T, pos0, &cache};
+        ops::attention(k, q.data(), &run, 1, 0, sh, out2.data(), scratch, g_pool);
+        ops::attention(k, q.data(), &run, 1, 0, sh, out8.data(), scratch, pool8);
+        ops::attention(k, q.data(), &run, 1, 0, sh, out1.data(), scratch, pool1);
+        for (int r = 0; r < T; r++) {  // each row as a step of its own
+            const AttentionRun one{r, 1, pos0 + r, &cache};
+            ops::attention(k, q.data(), &one, 1, 0, sh, alone.data(), scratch, g_pool);
+        }
+        const double e = rel_err(out2.data(), ref_attention(q.data(), T, pos0, cache, sh).data(), out2.size());
+        CHECK(e < 1e-5, "attention %s, long decoding rows after %d, %s cache, window %d: rel err %g", isa_name(k.isa), pos0,
+              kv_type_name(kv), window, e);
+        CHECK(std::memcmp(out2.data(), out8.data(), out2.size() * sizeof(float)) == 0 &&
+                  std::memcmp(out1.data(), out8.data(), out1.size() * sizeof(float)) == 0,
+              "attention %s, long decoding rows after %d, window %d: 1, 2 and 8 threads differ", isa_name(k.isa), pos0, window);
+        CHECK(std::memcmp(out2.data(), alone.data(), out2.size() * sizeof(float)) == 0,
+              "attention %s, long decoding rows after %d, window %d: a row alone differs from the step", isa_name(k.isa), pos0,
+              window);
+    }
     // A prompt's blocks of rows go in groups per task, as many groups as the threads want: on 1
     // thread 6 blocks of 18 rows go in one group (two at head_dim 128: max_group), on 8 threads in
     // six, which must not change a bit;
