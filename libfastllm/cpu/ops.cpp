@@ -656,7 +656,8 @@ void attention(const KernelTable &k, const float *q, const AttentionRun *runs, i
     // job per run would leave the threads waiting on each other 32 times per layer). A prompt's
     // run goes in blocks, a task per (block of rows, KV head, block of its query heads); so does a
     // decoding run whose KV heads have kDecodeGroupBlocked query heads or more, each of its tasks
-    // then taking a KV head's group of heads. Other decoding runs take a task per (row, head).
+    // then taking a KV head's group of heads. Other decoding runs take a task per (row, KV head, block of its
+    // heads, part of its keys: attend_direct, key_parts).
     const int group = sh.n_heads / sh.n_kv_heads;
     auto direct = [&](const AttentionRun &r) { return r.T < kAttentionBlockRows && group < kDecodeGroupBlocked; };
     // Decoding rows' groups are cut in as many blocks of heads as it takes to give every thread a
@@ -696,7 +697,8 @@ void attention(const KernelTable &k, const float *q, const AttentionRun *runs, i
     };
     int64_t total = 0;
     for (int i = 0; i < n_runs; i++) total += tasks_of(runs[i]);
-    // the parts' states, a slot of decode.hn heads per task (the calling thread's, kept between calls)
+    // The parts' states, a slot of decode.hn heads a task: their size follows the call's rows and
+    // keys, not the planned scratch's threads, so the calling thread keeps them between calls.
     static thread_local std::vector<float> part_states;
     const size_t slot = (size_t)decode.hn * (sh.head_dim + 2);
     bool any_parts = false;
