@@ -524,13 +524,6 @@ void attend_blocks(const KernelTable &k, const float *q, const AttentionRun &run
 // than it saves.
 constexpr int kDecodeGroupBlocked = 6;
 
-// Row r of a run against the keys of query heads [h0, h0 + hn) of KV head g, straight from the
-// cache (kv_dot, kv_accum), a step of kBlockKeys keys at a time, each head's softmax online (s: room
-// for hn steps' scores). A step's keys go to every head's scores before its values go to every
-// head's sums, so that the heads after the first read the step's rows from L1 (16 KiB at head_dim
-// 64 in f16): a task per head read the KV head's slice of the cache once per head (SmolLM2-135M,
-// 3 heads a KV head, 4096 deep: the attention 71% of a decoding step). Each head's operations and
-// their order are those of a head alone, so the grouping changes no result.
 // The keys of decoding row r of a run: [begin, end).
 struct KeyRange {
     int begin, end;

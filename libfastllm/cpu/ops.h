@@ -68,7 +68,8 @@ AttentionScratch make_attention_scratch(float *memory, int head_dim, int64_t kv_
 // A run of at least kAttentionBlockRows rows (a prompt) goes in blocks: a few rows of one KV head's
 // queries against 128 keys at a time, the softmax kept online (running maximum and sum), a task
 // taking several blocks so that each step's keys and values are converted once for all of them. Shorter runs (decoding) go so too when a KV head has
-// enough query heads; otherwise they take a task per (row, head), reading the cache in place.
+// enough query heads; otherwise they read the cache in place, a task per (row, KV head, block of
+// its heads, and for long rows of a model with few KV heads, part of the keys).
 constexpr int kAttentionBlockRows = 16;
 void attention(const KernelTable &k, const float *q, const AttentionRun *runs, int n_runs, int layer,
                const AttentionShape &shape, float *out, const AttentionScratch &scratch, ThreadPool &pool);
