@@ -435,11 +435,11 @@ static void test_attention(const KernelTable &k) {
                   std::memcmp(out1.data(), out8.data(), out1.size() * sizeof(float)) == 0,
               "attention %s, 8 heads a KV head, window %d, rows %d: 1, 2 and 8 threads differ", isa_name(k.isa), window, T);
     }
-    // Decoding rows of 700-1000 keys with 3 heads a KV head (a task per KV head and part of the
-    // keys, the parts' softmax states merged): against the reference; the same bits on 1, 2 and 8
-    // threads; a row alone the same bits as in a step of 4 rows (the parts go by the row's own keys);
-    // with a window of 600 the parts start inside it; rows of 300 keys and a step crossing the
-    // threshold (the last rows split, the first not).
+    // Decoding rows of 301 to 1000 keys with 3 heads a KV head (from 512 keys a task per KV head and
+    // part of the keys, the parts' softmax states merged): against the reference; the same bits on
+    // 1, 2 and 8 threads; a row alone the same bits as in a step of 4 rows (the parts go by the row's
+    // own keys); with a window of 600 the parts start inside it; rows of 301-304 keys (none split)
+    // and a step crossing the threshold (510-513 keys: the last rows split, the first not).
     for (KvType kv : {KvType::F16, KvType::Q8})
     for (int window : {0, 600})
     for (int pos0 : {300, 509, 996}) {
