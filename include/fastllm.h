@@ -532,7 +532,9 @@ typedef struct fastllm_sampling_params {
     float min_p;                /* 0 = off. default 0.05 */
     float repetition_penalty;   /* 1.0 = off (HF convention: divide positive logits). default 1.0 */
     int32_t repeat_last_n;      /* tokens the penalty looks back on; 0 = whole context. default 64 */
-    uint64_t seed;              /* same seed, same prompt, same params: same output. default 0 */
+    uint64_t seed;              /* same seed, same prompt, same params: same output (within a version
+                                 * of the library: a new one may draw other tokens for a seed, from the
+                                 * same distribution). default 0 */
     const char *const *stop;    /* stop strings (not included in the output); may be NULL */
     int32_t n_stop;
     int32_t ignore_eos;         /* 1: do not stop at end-of-sequence tokens. default 0 */
