@@ -689,26 +689,31 @@ void attention(const KernelTable &k, const float *q, const AttentionRun *runs, i
         return n;
     };
     int64_t total = 0;
-    for (int i = 0; i < n_runs; i++) total += tasks_of(runs[i]);
+    bool any_parts = false;  // some decoding row goes in parts: it has more tasks than its blocks of heads
+    for (int i = 0; i < n_runs; i++) {
+        const int64_t n = tasks_of(runs[i]);
+        total += n, any_parts |= direct(runs[i]) && n > runs[i].T * decode.per_rows;
+    }
     // The parts' states, a slot of decode.hn heads a task: their size follows the call's rows and
     // keys, not the planned scratch's threads, so the calling thread keeps them between calls.
     static thread_local std::vector<float> part_states;
     const size_t slot = (size_t)decode.hn * (sh.head_dim + 2);
-    bool any_parts = false;
-    for (int i = 0; i < n_runs && !any_parts; i++)
-        for (int row = 0; direct(runs[i]) && row < runs[i].T; row++) any_parts |= key_parts(runs[i], sh, row) > 1;
     if (any_parts && part_states.size() < (size_t)total * slot) part_states.resize((size_t)total * slot);
     float *const states = part_states.data();  // (the workers' part_states are their own)
     // A direct run's tasks: row by row, each row's (KV head, block of heads) by (part of its keys).
     struct DirectTask {
         int row, n_parts, part;
-        int64_t blk;
+        int g, h0, hn;  // KV head g's heads [h0, h0 + hn)
     };
     auto direct_task = [&](const AttentionRun &run, int64_t local) {
         for (int row = 0;; row++) {
             const int n_parts = key_parts(run, sh, row);
             const int64_t n = decode.per_rows * n_parts;
-            if (local < n) return DirectTask{row, n_parts, (int)(local % n_parts), local / n_parts};
+            if (local < n) {
+                const int64_t blk = local / n_parts;
+                const int g = (int)(blk / decode.head_blocks), h0 = (int)(blk % decode.head_blocks) * decode.hn;
+                return DirectTask{row, n_parts, (int)(local % n_parts), g, h0, std::min(decode.hn, group - h0)};
+            }
             local -= n;
         }
     };
@@ -722,9 +727,8 @@ void attention(const KernelTable &k, const float *q, const AttentionRun *runs, i
             const int64_t local = task - base;
             if (direct(run)) {  // (row, KV head, block of its heads, part of its keys), cut as a decoding block's
                 const DirectTask t = direct_task(run, local);
-                const int g = (int)(t.blk / decode.head_blocks), h0 = (int)(t.blk % decode.head_blocks) * decode.hn;
-                attend_direct(k, q, run, layer, sh, t.row, key_part(row_keys(run, sh, t.row), t.part, t.n_parts), g, h0,
-                              std::min(decode.hn, group - h0), out, mem, t.n_parts > 1 ? states + (size_t)task * slot : nullptr);
+                attend_direct(k, q, run, layer, sh, t.row, key_part(row_keys(run, sh, t.row), t.part, t.n_parts), t.g, t.h0, t.hn,
+                              out, mem, t.n_parts > 1 ? states + (size_t)task * slot : nullptr);
                 continue;
             }
             const Blocks &b = blocks_for(run);
@@ -744,9 +748,8 @@ void attention(const KernelTable &k, const float *q, const AttentionRun *runs, i
         for (int64_t local = 0; local < tasks_of(run);) {
             const DirectTask t = direct_task(run, local);
             if (t.n_parts > 1) {
-                const int g = (int)(t.blk / decode.head_blocks), h0 = (int)(t.blk % decode.head_blocks) * decode.hn;
-                const int h = g * group + h0, row = run.first_row + t.row;
-                merge_parts(states + (size_t)(base + local) * slot, slot, t.n_parts, std::min(decode.hn, group - h0), sh.head_dim,
+                const int h = t.g * group + t.h0, row = run.first_row + t.row;
+                merge_parts(states + (size_t)(base + local) * slot, slot, t.n_parts, t.hn, sh.head_dim,
                             out + ((size_t)row * sh.n_heads + h) * sh.head_dim);
             }
             local += t.n_parts;
