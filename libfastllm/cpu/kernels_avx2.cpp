@@ -375,33 +375,55 @@ void kv_store_f16(const float *x, int n, void *row) {
 
 inline float f16s(uint16_t h) { return _cvtsh_ss(h); }
 
-void quantize_acts(const float *x, int n, const QuantActs &out) {
+// 32 values to codes round(x * 127 / max|x|) (half to even) at q, and their scale max|x| / 127;
+// returns the codes' sum (the portable quantize_acts' and kv_q8_store_row's arithmetic).
+inline int32_t quantize32(const float *x, float &d, int8_t *q) {
     const __m256 sign = _mm256_set1_ps(-0.0f);
-    const __m256i order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
-    for (int b = 0; b < n / kActBlock; b++) {
-        const float *xb = x + b * kActBlock;
-        __m256 v[4];
-        __m256 amax = _mm256_setzero_ps();
-        for (int k = 0; k < 4; k++) {
-            v[k] = _mm256_loadu_ps(xb + 8 * k);
-            amax = _mm256_max_ps(amax, _mm256_andnot_ps(sign, v[k]));
-        }
-        __m128 m = _mm_max_ps(_mm256_castps256_ps128(amax), _mm256_extractf128_ps(amax, 1));
-        m = _mm_max_ps(m, _mm_movehl_ps(m, m));
-        m = _mm_max_ss(m, _mm_movehdup_ps(m));
-        const float mx = _mm_cvtss_f32(m), d = mx / 127.0f, id = d > 0 ? 127.0f / mx : 0.0f;
-        __m256i q[4];
-        for (int k = 0; k < 4; k++) q[k] = _mm256_cvtps_epi32(_mm256_mul_ps(v[k], _mm256_set1_ps(id)));
-        __m256i s = _mm256_add_epi32(_mm256_add_epi32(q[0], q[1]), _mm256_add_epi32(q[2], q[3]));
-        __m128i s4 = _mm_add_epi32(_mm256_castsi256_si128(s), _mm256_extracti128_si256(s, 1));
-        s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0x4E));
-        s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0xB1));
-        __m256i p16a = _mm256_packs_epi32(q[0], q[1]), p16b = _mm256_packs_epi32(q[2], q[3]);
-        __m256i p8 = _mm256_permutevar8x32_epi32(_mm256_packs_epi16(p16a, p16b), order);
-        _mm256_storeu_si256((__m256i *)(out.q + b * kActBlock), p8);
-        out.d[b] = d;
-        out.ds[b] = d * (float)_mm_cvtsi128_si32(s4);
+    __m256 v[4];
+    __m256 amax = _mm256_setzero_ps();
+    for (int k = 0; k < 4; k++) {
+        v[k] = _mm256_loadu_ps(x + 8 * k);
+        amax = _mm256_max_ps(amax, _mm256_andnot_ps(sign, v[k]));
     }
+    __m128 m = _mm_max_ps(_mm256_castps256_ps128(amax), _mm256_extractf128_ps(amax, 1));
+    m = _mm_max_ps(m, _mm_movehl_ps(m, m));
+    m = _mm_max_ss(m, _mm_movehdup_ps(m));
+    const float mx = _mm_cvtss_f32(m);
+    d = mx / 127.0f;
+    const float id = d > 0 ? 127.0f / mx : 0.0f;
+    __m256i c[4];
+    for (int k = 0; k < 4; k++) c[k] = _mm256_cvtps_epi32(_mm256_mul_ps(v[k], _mm256_set1_ps(id)));
+    __m256i s = _mm256_add_epi32(_mm256_add_epi32(c[0], c[1]), _mm256_add_epi32(c[2], c[3]));
+    __m128i s4 = _mm_add_epi32(_mm256_castsi256_si128(s), _mm256_extracti128_si256(s, 1));
+    s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0x4E));
+    s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0xB1));
+    const __m256i p16a = _mm256_packs_epi32(c[0], c[1]), p16b = _mm256_packs_epi32(c[2], c[3]);
+    const __m256i order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
+    _mm256_storeu_si256((__m256i *)q, _mm256_permutevar8x32_epi32(_mm256_packs_epi16(p16a, p16b), order));
+    return _mm_cvtsi128_si32(s4);
+}
+
+void quantize_acts(const float *x, int n, const QuantActs &out) {
+    for (int b = 0; b < n / kActBlock; b++) {
+        float d;
+        const int32_t sum = quantize32(x + b * kActBlock, d, out.q + b * kActBlock);
+        out.d[b] = d;
+        out.ds[b] = d * (float)sum;
+    }
+}
+
+// q8 KV rows (a prompt's keys and values, each as it is written): whole blocks here, the last
+// partial block the portable way (zero-padded); the same bytes as kv_q8_store_row.
+void kv_store_q8(const float *x, int n, void *row) {
+    const int full = n / kKvQ8Block;
+    for (int b = 0; b < full; b++) {
+        char *blk = (char *)row + (size_t)b * kKvQ8BlockBytes;
+        float d;
+        quantize32(x + b * kKvQ8Block, d, (int8_t *)blk + 4);
+        std::memcpy(blk, &d, 4);
+    }
+    if (n > full * kKvQ8Block)
+        kv_q8_store_row(x + full * kKvQ8Block, n - full * kKvQ8Block, (char *)row + (size_t)full * kKvQ8BlockBytes);
 }
 
 // f(j) for j = from, from + step, ... < to; with kUnroll the loop is unrolled (bounds that are
@@ -736,7 +758,7 @@ const KernelTable *avx2_kernels() {
         t.kv_dot[q8] = kv_dot_q8;
         t.kv_accum[f32] = kv_accum<load8_f32, load1_f32>, t.kv_accum[f16] = kv_accum<load8_f16, load1_f16>;
         t.kv_accum[q8] = kv_accum_q8;
-        t.kv_store[f16] = kv_store_f16;
+        t.kv_store[f16] = kv_store_f16, t.kv_store[q8] = kv_store_q8;
         t.kv_load[f16] = to_f32<load8_f16, load1_f16>, t.kv_load[q8] = kv_load_q8;
         return t;
     }();
