@@ -152,9 +152,9 @@ void CpuBackend::lora(const ForwardRow *rows, int T, int layer, int m, const flo
                 if (entry.second == 0.0f) continue;
                 for (const LoraPart &p : entry.first->parts(layer, m)) {
                     const LoraRows &a = p.a, &bt = p.bt;
-                    k_.kv_dot[(int)a.type](a.data, a.stride, a.n, 0, xt, (int)in, ax);
+                    k_.kv_dot[(int)a.type](a.data, a.stride, a.n, 0, xt, 1, (int)in, ax, 0);
                     for (int j = 0; j < a.n; j++) ax[j] *= entry.second;
-                    k_.kv_accum[(int)bt.type](ax, bt.n, bt.data, bt.stride, 0, (int)bt.len, yt + p.row0);
+                    k_.kv_accum[(int)bt.type](ax, 0, 1, bt.n, bt.data, bt.stride, 0, (int)bt.len, yt + p.row0, 0);
                 }
             }
         }

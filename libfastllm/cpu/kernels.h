@@ -44,6 +44,31 @@ struct QuantActs {
     size_t by_block_stride = 0;
 };
 
+// The SIMD kv_dot / kv_accum take a KV head's queries up to 4 at a time, their count a constant
+// of the code (registers): f(std::integral_constant<int, H>, h) for queries [h, h + H) of nq.
+template <typename F>
+inline void by_queries(int nq, F &&f) {
+    for (int h = 0; h < nq; h += 4) switch (nq - h) {
+        case 1: f(std::integral_constant<int, 1>{}, h); break;
+        case 2: f(std::integral_constant<int, 2>{}, h); break;
+        case 3: f(std::integral_constant<int, 3>{}, h); break;
+        default: f(std::integral_constant<int, 4>{}, h); break;
+        }
+}
+
+// A table's kv_dot / kv_accum from a kernel of one query: each query in turn.
+using KvDotOne = void (*)(const void *rows, size_t stride, int n, int off, const float *q, int dim, float *y);
+using KvAccumOne = void (*)(const float *a, int n, const void *rows, size_t stride, int off, int dim, float *y);
+template <KvDotOne One>
+void kv_dot_each(const void *rows, size_t stride, int n, int off, const float *q, int nq, int dim, float *y, size_t ldy) {
+    for (int i = 0; i < nq; i++) One(rows, stride, n, off, q + (size_t)i * dim, dim, y + (size_t)i * ldy);
+}
+template <KvAccumOne One>
+void kv_accum_each(const float *a, size_t lda, int nq, int n, const void *rows, size_t stride, int off, int dim,
+                   float *y, size_t ldy) {
+    for (int i = 0; i < nq; i++) One(a + (size_t)i * lda, n, rows, stride, off, dim, y + (size_t)i * ldy);
+}
+
 struct KernelTable {
     Isa isa;
     // y[r] = dot(row r of w, x) for r < rows; row r starts at (char*)w + r*stride, holds n weights
@@ -81,10 +106,16 @@ struct KernelTable {
     QuantDot dot_rows_quant[kNumDTypes];
     // The KV cache, read in place by attention; indexed by KvType (tensor.h has the row layouts).
     // Rows follow each other every `stride` bytes; a head is the values [off, off + dim) of a row.
-    // kv_dot: y[j] = dot(head of row j, q) for j < n (attention scores).
-    void (*kv_dot[kNumKvTypes])(const void *rows, size_t stride, int n, int off, const float *q, int dim, float *y);
-    // kv_accum: y[i] += sum over j < n of a[j] * value i of the head of row j (weighted values).
-    void (*kv_accum[kNumKvTypes])(const float *a, int n, const void *rows, size_t stride, int off, int dim, float *y);
+    // nq queries read the same rows (the query heads of one KV head), each row converted once for
+    // all of them; query i's results do not depend on nq or on the queries beside it, nor a row's
+    // on its place among the n.
+    // kv_dot: y[i * ldy + j] = dot(head of row j, q + i * dim) for j < n, i < nq (attention scores).
+    void (*kv_dot[kNumKvTypes])(const void *rows, size_t stride, int n, int off, const float *q, int nq, int dim,
+                                float *y, size_t ldy);
+    // kv_accum: y[i * ldy + d] += sum over j < n of a[i * lda + j] * value d of the head of row j,
+    // for d < dim, i < nq (weighted values).
+    void (*kv_accum[kNumKvTypes])(const float *a, size_t lda, int nq, int n, const void *rows, size_t stride, int off,
+                                  int dim, float *y, size_t ldy);
     // One row of n values to and from f32 (q8 rounds half to even, as quantize_acts does).
     void (*kv_store[kNumKvTypes])(const float *x, int n, void *row);
     void (*kv_load[kNumKvTypes])(const void *row, float *x, int n);

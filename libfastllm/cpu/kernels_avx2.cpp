@@ -230,32 +230,46 @@ void rows_to_f32(const void *src, size_t stride, int rows, int n, float *dst, si
         to_f32<Load8, Load1>((const char *)src + (size_t)r * stride, dst + (size_t)r * ldd, n);
 }
 
-// Attention's weighted values, y += sum_j a[j] * row j: 32 outputs at a time stay in registers
-// while all n rows pass.
-template <__m256 (*Load8)(const void *, int), float (*Load1)(const void *, int)>
-void kv_accum(const float *a, int n, const void *rows, size_t stride, int off, int dim, float *y) {
-    auto row = [&](int j) { return (const char *)rows + (size_t)j * stride; };
-    int i = 0;
-    for (; i + 32 <= dim; i += 32) {
-        __m256 y0 = _mm256_loadu_ps(y + i), y1 = _mm256_loadu_ps(y + i + 8), y2 = _mm256_loadu_ps(y + i + 16),
-               y3 = _mm256_loadu_ps(y + i + 24);
-        for (int j = 0; j < n; j++) {
-            const __m256 aj = _mm256_set1_ps(a[j]);
-            y0 = _mm256_fmadd_ps(aj, Load8(row(j), off + i), y0);
-            y1 = _mm256_fmadd_ps(aj, Load8(row(j), off + i + 8), y1);
-            y2 = _mm256_fmadd_ps(aj, Load8(row(j), off + i + 16), y2);
-            y3 = _mm256_fmadd_ps(aj, Load8(row(j), off + i + 24), y3);
+// Attention's weighted values of H queries, y_i += sum_j a_i[j] * row j: C vectors of a head's
+// outputs of each query stay in registers while all n rows pass, each row's vectors converted
+// once for the H queries. Each output is a chain of FMAs in row order whatever H and C, so a
+// query's sums do not depend on the queries beside it.
+template <__m256 (*Load8)(const void *, int), int H, int C>
+void accum_heads(const float *a, size_t lda, int n, const char *rows, size_t stride, int off, int i, float *y, size_t ldy) {
+    __m256 acc[H][C];
+    for (int h = 0; h < H; h++)
+        for (int c = 0; c < C; c++) acc[h][c] = _mm256_loadu_ps(y + h * ldy + i + 8 * c);
+    for (int j = 0; j < n; j++) {
+        const char *row = rows + (size_t)j * stride;
+        __m256 v[C];
+        for (int c = 0; c < C; c++) v[c] = Load8(row, off + i + 8 * c);
+        for (int h = 0; h < H; h++) {
+            const __m256 aj = _mm256_set1_ps(a[h * lda + j]);
+            for (int c = 0; c < C; c++) acc[h][c] = _mm256_fmadd_ps(aj, v[c], acc[h][c]);
         }
-        _mm256_storeu_ps(y + i, y0), _mm256_storeu_ps(y + i + 8, y1);
-        _mm256_storeu_ps(y + i + 16, y2), _mm256_storeu_ps(y + i + 24, y3);
     }
-    for (; i + 8 <= dim; i += 8) {
-        __m256 acc = _mm256_loadu_ps(y + i);
-        for (int j = 0; j < n; j++) acc = _mm256_fmadd_ps(_mm256_set1_ps(a[j]), Load8(row(j), off + i), acc);
-        _mm256_storeu_ps(y + i, acc);
-    }
-    for (; i < dim; i++)
-        for (int j = 0; j < n; j++) y[i] += a[j] * Load1(row(j), off + i);
+    for (int h = 0; h < H; h++)
+        for (int c = 0; c < C; c++) _mm256_storeu_ps(y + h * ldy + i + 8 * c, acc[h][c]);
+}
+
+// The widest C that leaves H queries' sums, C rows' vectors and a weight in 16 registers.
+template <__m256 (*Load8)(const void *, int), float (*Load1)(const void *, int), int H>
+void accum_group(const float *a, size_t lda, int n, const char *rows, size_t stride, int off, int dim, float *y, size_t ldy) {
+    constexpr int C = H <= 2 ? 4 : 2;
+    int i = 0;
+    for (; i + 8 * C <= dim; i += 8 * C) accum_heads<Load8, H, C>(a, lda, n, rows, stride, off, i, y, ldy);
+    for (; i + 8 <= dim; i += 8) accum_heads<Load8, H, 1>(a, lda, n, rows, stride, off, i, y, ldy);
+    for (int h = 0; h < H; h++)
+        for (int d = i; d < dim; d++)
+            for (int j = 0; j < n; j++) y[h * ldy + d] += a[h * lda + j] * Load1(rows + (size_t)j * stride, off + d);
+}
+
+template <__m256 (*Load8)(const void *, int), float (*Load1)(const void *, int)>
+void kv_accum(const float *a, size_t lda, int nq, int n, const void *rows, size_t stride, int off, int dim, float *y,
+              size_t ldy) {
+    by_queries(nq, [&](auto H, int h) {
+        accum_group<Load8, Load1, H()>(a + h * lda, lda, n, (const char *)rows, stride, off, dim, y + h * ldy, ldy);
+    });
 }
 
 // The 8 sums of 8 accumulators, one per lane (row r's in lane r).
@@ -265,68 +279,109 @@ inline __m256 hsum8(const __m256 *a) {
     return _mm256_add_ps(_mm256_permute2f128_ps(s0123, s4567, 0x20), _mm256_permute2f128_ps(s0123, s4567, 0x31));
 }
 
-// Attention scores: rows are one head long (64, 128 values), so 8 rows at a time share each load
-// of q and one reduction (a reduction per row costs about what the row's products do). SmolLM2,
-// 32 sessions of 1,000 tokens stepping together: 295 -> 221 ms a step (medians of 3, alternating);
-// one session: no change measured.
-template <__m256 (*Load8)(const void *, int), float (*Load1)(const void *, int), size_t kSize>
-void kv_dot(const void *rows, size_t stride, int n, int off, const float *q, int dim, float *y) {
-    const char *base = (const char *)rows + (size_t)off * kSize;
+// The sums of N accumulators (row r's of query h at r * H + h) to y[h * ldy + r]: hsum8's tree, 8
+// at a time (the last padded).
+template <int H, int N>
+inline void store_sums(const __m256 *acc, float *y, size_t ldy) {
+    for (int e0 = 0; e0 < N; e0 += 8) {
+        __m256 part[8];
+        for (int e = 0; e < 8; e++) part[e] = e0 + e < N ? acc[e0 + e] : _mm256_setzero_ps();
+        alignas(32) float sums[8];
+        _mm256_store_ps(sums, hsum8(part));
+        for (int e = e0; e < std::min(N, e0 + 8); e++) y[(e % H) * ldy + e / H] = sums[e - e0];
+    }
+}
+
+// Attention scores of H queries against R rows: each row's vectors are converted once for the H
+// queries, and the H * R sums are reduced 8 at a time (hsum8, padded): rows are one head long (64,
+// 128 values), and a reduction per row costs about what the row's products do. SmolLM2, 32
+// sessions of 1,000 tokens stepping together, 8 rows sharing a reduction: 295 -> 221 ms a step
+// (medians of 3, alternating). Every sum is a lane's chain in value order, then hsum8's tree,
+// whatever H and R: a row's score does not depend on its place or the queries beside it.
+template <__m256 (*Load8)(const void *, int), int H, int R>
+int dot_heads(const char *base, size_t stride, int n, const float *q, int dim, float *y, size_t ldy) {
+    constexpr int N = H * R;
     int j = 0;
-    if (dim % 8 == 0)
-        for (; j + 8 <= n; j += 8) {
-            __m256 acc[8];
-            for (int r = 0; r < 8; r++) acc[r] = _mm256_setzero_ps();
-            for (int i = 0; i < dim; i += 8) {
-                const __m256 qi = _mm256_loadu_ps(q + i);
-                for (int r = 0; r < 8; r++) acc[r] = _mm256_fmadd_ps(Load8(base + (size_t)(j + r) * stride, i), qi, acc[r]);
+    for (; j + R <= n; j += R) {
+        __m256 acc[N];
+        for (int e = 0; e < N; e++) acc[e] = _mm256_setzero_ps();
+        const char *rows = base + (size_t)j * stride;
+        for (int i = 0; i < dim; i += 8)
+            for (int r = 0; r < R; r++) {
+                const __m256 v = Load8(rows + (size_t)r * stride, i);
+                for (int h = 0; h < H; h++) acc[r * H + h] = _mm256_fmadd_ps(v, _mm256_loadu_ps(q + h * dim + i), acc[r * H + h]);
             }
-            _mm256_storeu_ps(y + j, hsum8(acc));
-        }
-    if (j < n) dot_rows<Load8, Load1>(base + (size_t)j * stride, stride, n - j, q, dim, y + j);
+        store_sums<H, N>(acc, y + j, ldy);
+    }
+    return j;
+}
+
+// R rows at a time, R * H accumulators (8 or 12) and a row's vector in 16 registers; the last
+// rows one at a time.
+template <__m256 (*Load8)(const void *, int), int H>
+void dot_group(const char *base, size_t stride, int n, const float *q, int dim, float *y, size_t ldy) {
+    constexpr int R = H == 1 ? 8 : H == 2 ? 4 : H == 3 ? 4 : 2;
+    const int j = dot_heads<Load8, H, R>(base, stride, n, q, dim, y, ldy);
+    dot_heads<Load8, H, 1>(base + (size_t)j * stride, stride, n - j, q, dim, y + j, ldy);
+}
+
+template <__m256 (*Load8)(const void *, int), float (*Load1)(const void *, int), size_t kSize>
+void kv_dot(const void *rows, size_t stride, int n, int off, const float *q, int nq, int dim, float *y, size_t ldy) {
+    const char *base = (const char *)rows + (size_t)off * kSize;
+    if (dim % 8) {  // heads of a length no model has: a row at a time
+        for (int h = 0; h < nq; h++) dot_rows<Load8, Load1>(base, stride, n, q + (size_t)h * dim, dim, y + h * ldy);
+        return;
+    }
+    by_queries(nq, [&](auto H, int h) { dot_group<Load8, H()>(base, stride, n, q + (size_t)h * dim, dim, y + h * ldy, ldy); });
 }
 
 // q8 rows (tensor.h): a head of whole blocks (head_dim a multiple of 32, as in every model with
 // heads of 64 or 128) runs here; shorter heads take the portable kernel.
 inline __m256 codes8(const int8_t *c) { return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)c))); }
 
-void kv_dot_q8(const void *rows, size_t stride, int n, int off, const float *q, int dim, float *y) {
-    if (off % kKvQ8Block || dim % kKvQ8Block) return scalar_kernels()->kv_dot[(int)KvType::Q8](rows, stride, n, off, q, dim, y);
-    const int b0 = off / kKvQ8Block, nb = dim / kKvQ8Block;
-    int j0 = 0;
-    for (; j0 + 8 <= n; j0 += 8) {  // 8 rows at a time, as kv_dot above
-        __m256 acc[8];
-        for (int r = 0; r < 8; r++) acc[r] = _mm256_setzero_ps();
-        for (int b = 0; b < nb; b++) {
-            const float *qb = q + b * kKvQ8Block;
-            const __m256 q0 = _mm256_loadu_ps(qb), q1 = _mm256_loadu_ps(qb + 8), q2 = _mm256_loadu_ps(qb + 16),
-                         q3 = _mm256_loadu_ps(qb + 24);
-            for (int r = 0; r < 8; r++) {
-                const char *row = (const char *)rows + (size_t)(j0 + r) * stride;
+// q8 scores as the plain rows' (kv_dot above): per block a chain over its 32 codes, times the
+// block's scale into the row's sum; R * H accumulators, a block's codes and its scale in 16 registers.
+template <int H, int R>
+int dot_heads_q8(const char *rows, size_t stride, int n, int b0, int nb, const float *q, int dim, float *y, size_t ldy) {
+    constexpr int N = H * R;
+    int j = 0;
+    for (; j + R <= n; j += R) {
+        __m256 acc[N];
+        for (int e = 0; e < N; e++) acc[e] = _mm256_setzero_ps();
+        for (int b = 0; b < nb; b++)
+            for (int r = 0; r < R; r++) {
+                const char *row = rows + (size_t)(j + r) * stride;
                 const int8_t *c = kv_q8_codes(row, b0 + b);
-                __m256 s = _mm256_mul_ps(codes8(c), q0);
-                s = _mm256_fmadd_ps(codes8(c + 8), q1, s);
-                s = _mm256_fmadd_ps(codes8(c + 16), q2, s);
-                s = _mm256_fmadd_ps(codes8(c + 24), q3, s);
-                acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(kv_q8_scale(row, b0 + b)), s, acc[r]);
+                const __m256 c0 = codes8(c), c1 = codes8(c + 8), c2 = codes8(c + 16), c3 = codes8(c + 24);
+                const __m256 d = _mm256_set1_ps(kv_q8_scale(row, b0 + b));
+                for (int h = 0; h < H; h++) {
+                    const float *qb = q + h * dim + b * kKvQ8Block;
+                    __m256 s = _mm256_mul_ps(c0, _mm256_loadu_ps(qb));
+                    s = _mm256_fmadd_ps(c1, _mm256_loadu_ps(qb + 8), s);
+                    s = _mm256_fmadd_ps(c2, _mm256_loadu_ps(qb + 16), s);
+                    s = _mm256_fmadd_ps(c3, _mm256_loadu_ps(qb + 24), s);
+                    acc[r * H + h] = _mm256_fmadd_ps(d, s, acc[r * H + h]);
+                }
             }
-        }
-        _mm256_storeu_ps(y + j0, hsum8(acc));
+        store_sums<H, N>(acc, y + j, ldy);
     }
-    for (int j = j0; j < n; j++) {
-        const char *row = (const char *)rows + (size_t)j * stride;
-        __m256 acc = _mm256_setzero_ps();
-        for (int b = 0; b < nb; b++) {
-            const int8_t *c = kv_q8_codes(row, b0 + b);
-            const float *qb = q + b * kKvQ8Block;
-            __m256 s = _mm256_mul_ps(codes8(c), _mm256_loadu_ps(qb));
-            s = _mm256_fmadd_ps(codes8(c + 8), _mm256_loadu_ps(qb + 8), s);
-            s = _mm256_fmadd_ps(codes8(c + 16), _mm256_loadu_ps(qb + 16), s);
-            s = _mm256_fmadd_ps(codes8(c + 24), _mm256_loadu_ps(qb + 24), s);
-            acc = _mm256_fmadd_ps(_mm256_set1_ps(kv_q8_scale(row, b0 + b)), s, acc);
-        }
-        y[j] = hsum(acc);
-    }
+    return j;
+}
+
+template <int H>
+void dot_group_q8(const char *rows, size_t stride, int n, int b0, int nb, const float *q, int dim, float *y, size_t ldy) {
+    constexpr int R = H == 1 ? 8 : H == 2 ? 4 : 2;
+    const int j = dot_heads_q8<H, R>(rows, stride, n, b0, nb, q, dim, y, ldy);
+    dot_heads_q8<H, 1>(rows + (size_t)j * stride, stride, n - j, b0, nb, q, dim, y + j, ldy);
+}
+
+void kv_dot_q8(const void *rows, size_t stride, int n, int off, const float *q, int nq, int dim, float *y, size_t ldy) {
+    if (off % kKvQ8Block || dim % kKvQ8Block)
+        return scalar_kernels()->kv_dot[(int)KvType::Q8](rows, stride, n, off, q, nq, dim, y, ldy);
+    const int b0 = off / kKvQ8Block, nb = dim / kKvQ8Block;
+    by_queries(nq, [&](auto H, int h) {
+        dot_group_q8<H()>((const char *)rows, stride, n, b0, nb, q + (size_t)h * dim, dim, y + h * ldy, ldy);
+    });
 }
 
 // A q8 row to f32: each block's codes widened and times its scale, the same one rounding as the
@@ -344,24 +399,45 @@ void kv_load_q8(const void *row, float *x, int n) {
     for (int i = b * kKvQ8Block; i < n; i++) x[i] = kv_q8_scale(r, b) * (float)kv_q8_codes(r, b)[i % kKvQ8Block];
 }
 
-void kv_accum_q8(const float *a, int n, const void *rows, size_t stride, int off, int dim, float *y) {
-    if (off % kKvQ8Block || dim % kKvQ8Block) return scalar_kernels()->kv_accum[(int)KvType::Q8](a, n, rows, stride, off, dim, y);
-    for (int i = 0; i < dim; i += kKvQ8Block) {
-        const int b = (off + i) / kKvQ8Block;
-        __m256 y0 = _mm256_loadu_ps(y + i), y1 = _mm256_loadu_ps(y + i + 8), y2 = _mm256_loadu_ps(y + i + 16),
-               y3 = _mm256_loadu_ps(y + i + 24);
-        for (int j = 0; j < n; j++) {
-            const char *row = (const char *)rows + (size_t)j * stride;
-            const int8_t *c = kv_q8_codes(row, b);
-            const __m256 w = _mm256_set1_ps(a[j] * kv_q8_scale(row, b));
-            y0 = _mm256_fmadd_ps(w, codes8(c), y0);
-            y1 = _mm256_fmadd_ps(w, codes8(c + 8), y1);
-            y2 = _mm256_fmadd_ps(w, codes8(c + 16), y2);
-            y3 = _mm256_fmadd_ps(w, codes8(c + 24), y3);
+// H queries' sums of C of a block's 4 vectors of a head's values (from vector c0), each row's codes
+// converted once for them; each output a chain of FMAs in row order, whatever H and C.
+template <int H, int C>
+void accum_block_q8(const float *a, size_t lda, int n, const char *rows, size_t stride, int b, int c0, float *y,
+                    size_t ldy) {
+    __m256 acc[H][C];
+    for (int h = 0; h < H; h++)
+        for (int c = 0; c < C; c++) acc[h][c] = _mm256_loadu_ps(y + h * ldy + 8 * c);
+    for (int j = 0; j < n; j++) {
+        const char *row = rows + (size_t)j * stride;
+        const int8_t *codes = kv_q8_codes(row, b) + 8 * c0;
+        __m256 v[C];
+        for (int c = 0; c < C; c++) v[c] = codes8(codes + 8 * c);
+        const float d = kv_q8_scale(row, b);
+        for (int h = 0; h < H; h++) {
+            const __m256 w = _mm256_set1_ps(a[h * lda + j] * d);
+            for (int c = 0; c < C; c++) acc[h][c] = _mm256_fmadd_ps(w, v[c], acc[h][c]);
         }
-        _mm256_storeu_ps(y + i, y0), _mm256_storeu_ps(y + i + 8, y1);
-        _mm256_storeu_ps(y + i + 16, y2), _mm256_storeu_ps(y + i + 24, y3);
     }
+    for (int h = 0; h < H; h++)
+        for (int c = 0; c < C; c++) _mm256_storeu_ps(y + h * ldy + 8 * c, acc[h][c]);
+}
+
+// A block's 4 vectors at once for up to 2 queries, 2 at a time for more (16 registers).
+template <int H>
+void accum_q8(const float *a, size_t lda, int n, const char *rows, size_t stride, int b, float *y, size_t ldy) {
+    if (H <= 2) return accum_block_q8<H, 4>(a, lda, n, rows, stride, b, 0, y, ldy);
+    accum_block_q8<H, 2>(a, lda, n, rows, stride, b, 0, y, ldy);
+    accum_block_q8<H, 2>(a, lda, n, rows, stride, b, 2, y + 16, ldy);
+}
+
+void kv_accum_q8(const float *a, size_t lda, int nq, int n, const void *rows, size_t stride, int off, int dim, float *y,
+                 size_t ldy) {
+    if (off % kKvQ8Block || dim % kKvQ8Block)
+        return scalar_kernels()->kv_accum[(int)KvType::Q8](a, lda, nq, n, rows, stride, off, dim, y, ldy);
+    by_queries(nq, [&](auto H, int h) {
+        for (int i = 0; i < dim; i += kKvQ8Block)
+            accum_q8<H()>(a + h * lda, lda, n, (const char *)rows, stride, (off + i) / kKvQ8Block, y + h * ldy + i, ldy);
+    });
 }
 
 // f16 rows with the F16C conversion (round to nearest even, as f32_to_f16).

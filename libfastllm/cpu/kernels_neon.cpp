@@ -168,22 +168,28 @@ void rows_to_f32(const void *src, size_t stride, int rows, int n, float *dst, si
 inline float32x4_t hsum4(const float32x4_t *a) { return vpaddq_f32(vpaddq_f32(a[0], a[1]), vpaddq_f32(a[2], a[3])); }
 
 // Attention scores: rows are one head long, so 8 rows at a time share each load of q and one
-// reduction (kernels_avx2.cpp's kv_dot has the measurement).
+// reduction (kernels_avx2.cpp's kv_dot has the measurement); the last rows go the same way (their
+// group padded with zeros), so that a row's score does not depend on its place.
+template <float32x4_t (*Load4)(const void *, int), int R>
+void dot_rows8(const char *base, size_t stride, int rows, const float *q, int dim, float *y) {
+    float32x4_t acc[8];
+    for (int r = 0; r < 8; r++) acc[r] = vdupq_n_f32(0.0f);
+    for (int i = 0; i < dim; i += 4) {
+        const float32x4_t qi = vld1q_f32(q + i);
+        for (int r = 0; r < (R ? R : rows); r++) acc[r] = vfmaq_f32(acc[r], Load4(base + (size_t)r * stride, i), qi);
+    }
+    float sums[8];
+    vst1q_f32(sums, hsum4(acc)), vst1q_f32(sums + 4, hsum4(acc + 4));
+    for (int r = 0; r < (R ? R : rows); r++) y[r] = sums[r];
+}
+
 template <float32x4_t (*Load4)(const void *, int), float (*Load1)(const void *, int), size_t kSize>
 void kv_dot(const void *rows, size_t stride, int n, int off, const float *q, int dim, float *y) {
     const char *base = (const char *)rows + (size_t)off * kSize;
+    if (dim % 4) return dot_rows<Load4, Load1>(base, stride, n, q, dim, y);
     int j = 0;
-    if (dim % 4 == 0)
-        for (; j + 8 <= n; j += 8) {
-            float32x4_t acc[8];
-            for (int r = 0; r < 8; r++) acc[r] = vdupq_n_f32(0.0f);
-            for (int i = 0; i < dim; i += 4) {
-                const float32x4_t qi = vld1q_f32(q + i);
-                for (int r = 0; r < 8; r++) acc[r] = vfmaq_f32(acc[r], Load4(base + (size_t)(j + r) * stride, i), qi);
-            }
-            vst1q_f32(y + j, hsum4(acc)), vst1q_f32(y + j + 4, hsum4(acc + 4));
-        }
-    if (j < n) dot_rows<Load4, Load1>(base + (size_t)j * stride, stride, n - j, q, dim, y + j);
+    for (; j + 8 <= n; j += 8) dot_rows8<Load4, 8>(base + (size_t)j * stride, stride, 8, q, dim, y + j);
+    if (j < n) dot_rows8<Load4, 0>(base + (size_t)j * stride, stride, n - j, q, dim, y + j);
 }
 
 // Attention's weighted values, y += sum_j a[j] * row j: 32 outputs at a time stay in registers
@@ -230,7 +236,7 @@ inline float32x4_t block_dot(const int8_t *c, const float32x4_t *q) {  // 4 part
 }
 
 void kv_dot_q8(const void *rows, size_t stride, int n, int off, const float *q, int dim, float *y) {
-    if (off % kKvQ8Block || dim % kKvQ8Block) return scalar_kernels()->kv_dot[(int)KvType::Q8](rows, stride, n, off, q, dim, y);
+    if (off % kKvQ8Block || dim % kKvQ8Block) return scalar_kernels()->kv_dot[(int)KvType::Q8](rows, stride, n, off, q, 1, dim, y, 0);
     const int b0 = off / kKvQ8Block, nb = dim / kKvQ8Block;
     auto row = [&](int j) { return (const char *)rows + (size_t)j * stride; };
     int j0 = 0;
@@ -257,7 +263,7 @@ void kv_dot_q8(const void *rows, size_t stride, int n, int off, const float *q, 
 }
 
 void kv_accum_q8(const float *a, int n, const void *rows, size_t stride, int off, int dim, float *y) {
-    if (off % kKvQ8Block || dim % kKvQ8Block) return scalar_kernels()->kv_accum[(int)KvType::Q8](a, n, rows, stride, off, dim, y);
+    if (off % kKvQ8Block || dim % kKvQ8Block) return scalar_kernels()->kv_accum[(int)KvType::Q8](a, 0, 1, n, rows, stride, off, dim, y, 0);
     for (int i = 0; i < dim; i += kKvQ8Block) {
         const int b = (off + i) / kKvQ8Block;
         float32x4_t acc[8];
@@ -437,10 +443,10 @@ const KernelTable *neon_kernels() {
         KernelTable t = with_quant_kernels(kPlain, quant_for_bits<DotNeon>);
         set_scalar_kv_kernels(t);  // f32 stores and loads: the portable memcpy
         const int f32 = (int)KvType::F32, f16 = (int)KvType::F16, q8 = (int)KvType::Q8;
-        t.kv_dot[f32] = kv_dot<load4_f32, load1_f32, 4>, t.kv_dot[f16] = kv_dot<load4_f16, load1_f16, 2>;
-        t.kv_dot[q8] = kv_dot_q8;
-        t.kv_accum[f32] = kv_accum<load4_f32, load1_f32>, t.kv_accum[f16] = kv_accum<load4_f16, load1_f16>;
-        t.kv_accum[q8] = kv_accum_q8;
+        t.kv_dot[f32] = kv_dot_each<kv_dot<load4_f32, load1_f32, 4>>, t.kv_dot[f16] = kv_dot_each<kv_dot<load4_f16, load1_f16, 2>>;
+        t.kv_dot[q8] = kv_dot_each<kv_dot_q8>;
+        t.kv_accum[f32] = kv_accum_each<kv_accum<load4_f32, load1_f32>>;
+        t.kv_accum[f16] = kv_accum_each<kv_accum<load4_f16, load1_f16>>, t.kv_accum[q8] = kv_accum_each<kv_accum_q8>;
         t.kv_store[f16] = kv_store_f16, t.kv_store[q8] = kv_store_q8;
         t.kv_load[f16] = to_f32<load4_f16, load1_f16>, t.kv_load[q8] = kv_load_q8;
         return t;

@@ -252,8 +252,9 @@ const KernelTable *scalar_kernels() {
 
 void set_scalar_kv_kernels(KernelTable &t) {
     const int f32 = (int)KvType::F32, f16 = (int)KvType::F16, q8 = (int)KvType::Q8;
-    t.kv_dot[f32] = kv_dot_f32, t.kv_dot[f16] = kv_dot_f16, t.kv_dot[q8] = kv_dot_q8;
-    t.kv_accum[f32] = kv_accum_f32, t.kv_accum[f16] = kv_accum_f16, t.kv_accum[q8] = kv_accum_q8;
+    t.kv_dot[f32] = kv_dot_each<kv_dot_f32>, t.kv_dot[f16] = kv_dot_each<kv_dot_f16>, t.kv_dot[q8] = kv_dot_each<kv_dot_q8>;
+    t.kv_accum[f32] = kv_accum_each<kv_accum_f32>, t.kv_accum[f16] = kv_accum_each<kv_accum_f16>;
+    t.kv_accum[q8] = kv_accum_each<kv_accum_q8>;
     t.kv_store[f32] = kv_store_f32, t.kv_store[f16] = kv_store_f16, t.kv_store[q8] = kv_store_q8;
     t.kv_load[f32] = to_f32_f32, t.kv_load[f16] = to_f32_f16, t.kv_load[q8] = kv_load_q8;
 }

@@ -534,8 +534,8 @@ static void test_kv_kernels(const KernelTable &k) {
             CHECK(ref_store_err <= bound, "ref::kv_store %s rel err %g > %g", kv_type_name(t), ref_store_err, bound);
             for (int h = 0; h < heads; h++) {
                 std::vector<float> y(n), yr(n), acc(dim, 0.5f), accr(dim, 0.5f);
-                k.kv_dot[(int)t](rows.data(), stride, n, h * dim, q.data(), dim, y.data());
-                k.kv_accum[(int)t](a.data(), n, rows.data(), stride, h * dim, dim, acc.data());
+                k.kv_dot[(int)t](rows.data(), stride, n, h * dim, q.data(), 1, dim, y.data(), 0);
+                k.kv_accum[(int)t](a.data(), 0, 1, n, rows.data(), stride, h * dim, dim, acc.data(), 0);
                 for (int j = 0; j < n; j++) {
                     ref::kv_load(t, rows.data() + j * stride, row_n, back.data());
                     double d = 0;
@@ -546,6 +546,32 @@ static void test_kv_kernels(const KernelTable &k) {
                       kv_type_name(t), dim, h, rel_err(y.data(), yr.data(), n));
                 CHECK(rel_err(acc.data(), accr.data(), dim) < 1e-5, "kv_accum %s %s dim %d head %d rel err %g",
                       isa_name(k.isa), kv_type_name(t), dim, h, rel_err(acc.data(), accr.data(), dim));
+            }
+            // nq queries over the same rows (a KV head's query heads): query i's scores and sums are
+            // those of a call with query i alone, bit for bit, and a row's score does not depend on
+            // where the call starts (the rows from j0 on, alone).
+            for (int nq = 2; nq <= 5; nq++) {
+                const size_t ld = n + 3, ldo = dim + 5;  // apart by more than their lengths
+                std::vector<float> qs = randn((size_t)nq * dim), as = randn((size_t)nq * ld), y((size_t)nq * ld, -1.0f),
+                                   acc((size_t)nq * ldo, 0.25f);
+                k.kv_dot[(int)t](rows.data(), stride, n, dim, qs.data(), nq, dim, y.data(), ld);
+                k.kv_accum[(int)t](as.data(), ld, nq, n, rows.data(), stride, dim, dim, acc.data(), ldo);
+                for (int i = 0; i < nq; i++) {
+                    std::vector<float> y1(n), acc1(dim, 0.25f);
+                    k.kv_dot[(int)t](rows.data(), stride, n, dim, &qs[(size_t)i * dim], 1, dim, y1.data(), 0);
+                    k.kv_accum[(int)t](&as[(size_t)i * ld], 0, 1, n, rows.data(), stride, dim, dim, acc1.data(), 0);
+                    CHECK(std::memcmp(y1.data(), &y[(size_t)i * ld], sizeof(float) * n) == 0 && y[(size_t)i * ld + n] == -1.0f,
+                          "kv_dot %s %s dim %d: query %d of %d differs from itself alone", isa_name(k.isa), kv_type_name(t), dim, i, nq);
+                    CHECK(std::memcmp(acc1.data(), &acc[(size_t)i * ldo], sizeof(float) * dim) == 0 && acc[(size_t)i * ldo + dim] == 0.25f,
+                          "kv_accum %s %s dim %d: query %d of %d differs from itself alone", isa_name(k.isa), kv_type_name(t), dim, i, nq);
+                    for (int j0 : {1, 5, n - 2}) {
+                        std::vector<float> yj(n - j0);
+                        k.kv_dot[(int)t](rows.data() + (size_t)j0 * stride, stride, n - j0, dim, &qs[(size_t)i * dim], 1, dim, yj.data(), 0);
+                        CHECK(std::memcmp(yj.data(), &y1[j0], sizeof(float) * (n - j0)) == 0,
+                              "kv_dot %s %s dim %d: rows from %d alone differ from the same rows after others", isa_name(k.isa),
+                              kv_type_name(t), dim, j0);
+                    }
+                }
             }
         }
 }
