@@ -268,7 +268,8 @@ template <__m256 (*Load8)(const void *, int), float (*Load1)(const void *, int)>
 void kv_accum(const float *a, size_t lda, int nq, int n, const void *rows, size_t stride, int off, int dim, float *y,
               size_t ldy) {
     by_queries(nq, [&](auto H, int h) {
-        accum_group<Load8, Load1, H()>(a + h * lda, lda, n, (const char *)rows, stride, off, dim, y + h * ldy, ldy);
+        accum_group<Load8, Load1, decltype(H)::value>(a + h * lda, lda, n, (const char *)rows, stride, off, dim,
+                                                      y + h * ldy, ldy);
     });
 }
 
@@ -332,7 +333,9 @@ void kv_dot(const void *rows, size_t stride, int n, int off, const float *q, int
         for (int h = 0; h < nq; h++) dot_rows<Load8, Load1>(base, stride, n, q + (size_t)h * dim, dim, y + h * ldy);
         return;
     }
-    by_queries(nq, [&](auto H, int h) { dot_group<Load8, H()>(base, stride, n, q + (size_t)h * dim, dim, y + h * ldy, ldy); });
+    by_queries(nq, [&](auto H, int h) {
+        dot_group<Load8, decltype(H)::value>(base, stride, n, q + (size_t)h * dim, dim, y + h * ldy, ldy);
+    });
 }
 
 // q8 rows (tensor.h): a head of whole blocks (head_dim a multiple of 32, as in every model with
@@ -380,7 +383,7 @@ void kv_dot_q8(const void *rows, size_t stride, int n, int off, const float *q, 
         return scalar_kernels()->kv_dot[(int)KvType::Q8](rows, stride, n, off, q, nq, dim, y, ldy);
     const int b0 = off / kKvQ8Block, nb = dim / kKvQ8Block;
     by_queries(nq, [&](auto H, int h) {
-        dot_group_q8<H()>((const char *)rows, stride, n, b0, nb, q + (size_t)h * dim, dim, y + h * ldy, ldy);
+        dot_group_q8<decltype(H)::value>((const char *)rows, stride, n, b0, nb, q + (size_t)h * dim, dim, y + h * ldy, ldy);
     });
 }
 
@@ -436,7 +439,8 @@ void kv_accum_q8(const float *a, size_t lda, int nq, int n, const void *rows, si
         return scalar_kernels()->kv_accum[(int)KvType::Q8](a, lda, nq, n, rows, stride, off, dim, y, ldy);
     by_queries(nq, [&](auto H, int h) {
         for (int i = 0; i < dim; i += kKvQ8Block)
-            accum_q8<H()>(a + h * lda, lda, n, (const char *)rows, stride, (off + i) / kKvQ8Block, y + h * ldy + i, ldy);
+            accum_q8<decltype(H)::value>(a + h * lda, lda, n, (const char *)rows, stride, (off + i) / kKvQ8Block,
+                                         y + h * ldy + i, ldy);
     });
 }
 

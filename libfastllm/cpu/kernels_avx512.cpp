@@ -79,7 +79,8 @@ template <__m512 (*Load16)(const void *, int), float (*Load1)(const void *, int)
 void kv_accum(const float *a, size_t lda, int nq, int n, const void *rows, size_t stride, int off, int dim, float *y,
               size_t ldy) {
     by_queries(nq, [&](auto H, int h) {
-        accum_group<Load16, Load1, H()>(a + h * lda, lda, n, (const char *)rows, stride, off, dim, y + h * ldy, ldy);
+        accum_group<Load16, Load1, decltype(H)::value>(a + h * lda, lda, n, (const char *)rows, stride, off, dim,
+                                                       y + h * ldy, ldy);
     });
 }
 
@@ -111,7 +112,8 @@ void kv_accum_q8(const float *a, size_t lda, int nq, int n, const void *rows, si
         return scalar_kernels()->kv_accum[(int)KvType::Q8](a, lda, nq, n, rows, stride, off, dim, y, ldy);
     by_queries(nq, [&](auto H, int h) {
         for (int i = 0; i < dim; i += kKvQ8Block)
-            accum_block_q8<H()>(a + h * lda, lda, n, (const char *)rows, stride, (off + i) / kKvQ8Block, y + h * ldy + i, ldy);
+            accum_block_q8<decltype(H)::value>(a + h * lda, lda, n, (const char *)rows, stride, (off + i) / kKvQ8Block,
+                                               y + h * ldy + i, ldy);
     });
 }
 
