@@ -591,6 +591,13 @@ void attend_direct(const KernelTable &k, const float *q, const AttentionRun &run
     std::fill(m, m + hn, -INFINITY);
     std::fill(l, l + hn, 0.0f);
     const HeadLines k_lines = head_lines(cache.type_k(), off, hd), v_lines = head_lines(cache.type_v(), off, hd);
+    // The first kDirectAhead rows, which no call prefetches: 32 characters of 1,000 tokens decoding
+    // together (bench_npc.py --sessions 32, tasks of 250 keys) 1.05-1.09x, one row of 4096 keys 1.0x.
+    for (int p = begin, len; p < std::min(end, begin + kDirectAhead); p += len) {
+        len = KvCache::run_in_block(p, std::min(end, begin + kDirectAhead));
+        prefetch_rows_l2(cache.k_row(layer, p), cache.row_bytes_k(), len, k_lines);
+        prefetch_rows_l2(cache.v_row(layer, p), cache.row_bytes_v(), len, v_lines);
+    }
     for (int p0 = begin, n; p0 < end; p0 += n) {
         n = std::min(kBlockKeys, end - p0);
         // The step's rows in calls of kDirectRows, each prefetching the rows kDirectAhead on
