@@ -561,9 +561,10 @@ KeyRange key_part(KeyRange kr, int part, int n_parts) {
 // each call first prefetching into L2 the rows kDirectAhead positions on (whole cache blocks on, so
 // that they too follow each other in one block). SmolLM2-135M q4m, 128 tokens after 4096 (AMD EPYC
 // Zen 5, 2 threads, 5 alternating runs), against the next step's 128 rows prefetched at once before
-// the step (itself 1.08-1.20x no prefetch): 1.13-1.29x; 8 rows a call 1.05-1.27x, 32 rows 1.04-1.17x;
-// 32 rows ahead as 64, 128 1.13-1.30x, 256 1.06-1.17x. Prefetched all at once, the rows' misses
-// queued behind each other while the products waited; spread out, they overlap the products.
+// the step (itself 1.08-1.20x no prefetch): 1.08-1.33x (1.20-1.30x in a later run); 8 rows a call
+// 1.03-1.27x, 32 rows 1.04-1.17x; 32 rows ahead as 64, 128 1.13-1.30x, 256 1.06-1.17x. Prefetched
+// all at once, the rows' misses queued behind each other while the products waited; spread out,
+// they overlap the products.
 constexpr int kDirectRows = 16, kDirectAhead = 64;
 static_assert(kDirectAhead % KvCache::kBlock == 0 && KvCache::kBlock % kDirectRows == 0, "rows a call ahead in one block");
 
@@ -571,9 +572,10 @@ static_assert(kDirectAhead % KvCache::kBlock == 0 && KvCache::kBlock % kDirectRo
 // from the cache (kv_dot, kv_accum), a step of kBlockKeys keys at a time, each head's softmax online
 // (s: room for hn steps' scores). The hn heads go through the kernels together, each row converted
 // once for all of them (f16 to f32: 0.39 ns a vector of 8, 0.47 of 16 on an AMD EPYC Zen 5, about
-// all of a head's products' time when each head converted it again; SmolLM2 4096 deep 1.04-1.22x
-// -> 1.09-1.39x of the step's rows prefetched at once); each head's operations and their order are
-// those of a head alone, so the grouping changes no result. With `part` (a part of a row's keys),
+// all of a head's products' time when each head converted it again; SmolLM2 4096 deep, prefetching
+// as above, against the step's rows prefetched at once: a call per head 1.04-1.22x, a call for all
+// 1.09-1.39x); each head's operations and their order are those of a head alone, so the grouping
+// changes no result. With `part` (a part of a row's keys),
 // head i's state goes there instead of to out: its maximum, total and unnormalised sums,
 // part[i * (hd + 2) ...].
 void attend_direct(const KernelTable &k, const float *q, const AttentionRun &run, int layer, const AttentionShape &sh,
