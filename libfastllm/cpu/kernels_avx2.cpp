@@ -428,9 +428,12 @@ void accum_block_q8(const float *a, size_t lda, int n, const char *rows, size_t 
 // A block's 4 vectors at once for up to 2 queries, 2 at a time for more (16 registers).
 template <int H>
 void accum_q8(const float *a, size_t lda, int n, const char *rows, size_t stride, int b, float *y, size_t ldy) {
-    if (H <= 2) return accum_block_q8<H, 4>(a, lda, n, rows, stride, b, 0, y, ldy);
-    accum_block_q8<H, 2>(a, lda, n, rows, stride, b, 0, y, ldy);
-    accum_block_q8<H, 2>(a, lda, n, rows, stride, b, 2, y + 16, ldy);
+    if constexpr (H <= 2) {
+        accum_block_q8<H, 4>(a, lda, n, rows, stride, b, 0, y, ldy);
+    } else {
+        accum_block_q8<H, 2>(a, lda, n, rows, stride, b, 0, y, ldy);
+        accum_block_q8<H, 2>(a, lda, n, rows, stride, b, 2, y + 16, ldy);
+    }
 }
 
 void kv_accum_q8(const float *a, size_t lda, int nq, int n, const void *rows, size_t stride, int off, int dim, float *y,
@@ -456,7 +459,8 @@ void kv_store_f16(const float *x, int n, void *row) {
 inline float f16s(uint16_t h) { return _cvtsh_ss(h); }
 
 // 32 values to codes round(x * 127 / max|x|) (half to even) at q, and their scale max|x| / 127;
-// returns the codes' sum (the portable quantize_acts' and kv_q8_store_row's arithmetic).
+// returns the codes' sum (the portable quantize_acts' and kv_q8_store_row's arithmetic; a block
+// whose scale is 0 gets codes 0, also where max|x| < 2e-43 and kv_q8_store_row's 127 / max is inf).
 inline int32_t quantize32(const float *x, float &d, int8_t *q) {
     const __m256 sign = _mm256_set1_ps(-0.0f);
     __m256 v[4];
