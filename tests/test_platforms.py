@@ -215,8 +215,14 @@ def test_the_dlls_vulkan_backend_runs_under_wine(win_build):
     Vulkan ops pass against the reference there too."""
     need("xvfb-run", "wine")
     env = dict(os.environ, WINEPREFIX=str(win_build / "wineprefix"), WINEDEBUG="-all", WINEDLLOVERRIDES="mscoree,mshtml=")
-    r = run(["xvfb-run", "-a", "wine", win_build / "test_kernels.exe", "scalar"], env=env)
-    out = r.stdout.replace("\r\n", "\n")
+    # Once in a full suite run (2026-12-07, beside the other worker's tests) winevulkan could not
+    # create the instance ("initialization failed") where the run alone, again, or beside another
+    # Wine program in the same prefix made it every time: a second try, and a second failure fails.
+    for attempt in range(2):
+        r = run(["xvfb-run", "-a", "wine", win_build / "test_kernels.exe", "scalar"], env=env)
+        out = r.stdout.replace("\r\n", "\n")
+        if "cannot create a Vulkan 1.2 instance" not in out:
+            break
     assert r.returncode == 0 and re.search(r"\b[1-9]\d* passed, 0 failed", out), out[-3000:]
     assert "backend vulkan: vulkan " in out, out[-3000:]
 
