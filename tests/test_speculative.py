@@ -98,6 +98,48 @@ def test_sessions_stepping_together_with_drafts_match_alone(stories_model, draft
         s.close()
 
 
+@pytest.fixture(scope="module")
+def smollm_q4m(smollm_gguf, tmp_path_factory):
+    """SmolLM2 at the GGUF's own q4m bits: its products give a token the same bits whatever tokens
+    go with it, so a row's logits show its attention's bits."""
+    path = convert(smollm_gguf, tmp_path_factory.mktemp("smollm-q4m") / "smollm2-q4m.flm", dtype="auto")
+    with fastllm.Model(path, threads=2) as m:
+        yield m
+
+
+@pytest.fixture(scope="module")
+def gemma3_windowed(tmp_path_factory):
+    """A random Gemma 3 text model at int4 (its output head q8, which gives each token the same bits
+    whatever tokens go with it, as the int4 products do): layers 0 and 2 see 16 positions, 1 and 3 all."""
+    from hf_models import make_model
+    tmp = tmp_path_factory.mktemp("gemma3-window")
+    hf = make_model(tmp / "hf", "gemma3", seed=3, num_attention_heads=4, num_key_value_heads=1, num_hidden_layers=4,
+                    sliding_window=16, sliding_window_pattern=2, max_position_embeddings=1024)
+    with fastllm.Model(convert(hf, tmp / "m.flm", dtype="int4"), threads=2) as m:
+        yield m
+
+
+@pytest.mark.parametrize("which", ["smollm2", "smollm2-q8-kv", "gemma3-window"])
+def test_rows_together_give_each_row_its_logits_alone(smollm_q4m, gemma3_windowed, which):
+    """A verification step's rows (or a short prompt's) read the KV cache once for all of them
+    (attend_direct); every row's logits are bit for bit those it gets evaluated alone: at depths
+    where a row's keys go in parts (SmolLM2's 3 KV heads, 512 keys or more), where one more key
+    moves a part's bound (1024, 1536), with a sliding window (each row's first key its own), and
+    with a q8 cache."""
+    m = gemma3_windowed if which == "gemma3-window" else smollm_q4m
+    kv = "q8" if which == "smollm2-q8-kv" else "f16"
+    cases = [(40, 9), (300, 15)] if which == "gemma3-window" else [(100, 6), (700, 4), (1019, 6), (1533, 15)]
+    rng = np.random.default_rng(7)
+    for depth, k in cases:
+        ids = [int(x) for x in rng.integers(3, min(m.info["vocab_size"], 30000), depth + k)]
+        with m.session(n_ctx=depth + k + 8, n_batch=512, kv_type=kv) as s:
+            s.eval(ids[:depth], logits=None)
+            together = s.eval(ids[depth:], logits="all")
+            s.truncate(depth)
+            alone = np.stack([s.eval([t], logits="all")[0] for t in ids[depth:]])
+        assert np.array_equal(together, alone), (which, depth, k, float(np.abs(together - alone).max()))
+
+
 def test_sampled_tokens_have_the_same_distribution(stories_model, draft_model):
     """Tokens 2 and 3 of a sampled reply (drafted, kept or redrawn), 1,500 seeds with and without
     drafts: a chi-square test of homogeneity per position. A rule that kept every draft, or redrew

@@ -272,14 +272,6 @@ int max_group(int hd) {
     return (int)std::clamp<size_t>(kGroupStateBytes / (4 * state.used), 1, kMaxGroup);
 }
 
-// A task's memory: a step's, then max_group blocks' states.
-size_t block_floats(int hd, int64_t kv_dim) {
-    Carve c;
-    carve_step(c, hd, kv_dim);
-    for (int b = 0; b < max_group(hd); b++) carve_state(c, hd);
-    return c.used;
-}
-
 // Values [off, off + dim) of a KV row as f32 (tmp: room for a whole row, for a q8 head that does
 // not start a block).
 void load_head(const KernelTable &k, KvType t, const char *row, int off, int dim, int kv_dim, float *out, float *tmp) {
@@ -557,6 +549,28 @@ KeyRange key_part(KeyRange kr, int part, int n_parts) {
     return {at(part), at(part + 1)};
 }
 
+// A direct run's rows go in groups that read their keys together (attend_direct): consecutive rows
+// whose keys go in as many parts, each part starting at the same key and, but for the last, ending
+// at the same key, the rows' ends not decreasing. A speculative step's rows, or a short prompt's,
+// are one group, unless a row's one more key moves a part's bound or a sliding window moves the
+// first key. Read once for all the group's rows rather than once a row: a step of 6 rows after
+// 4096 tokens of SmolLM2-135M q4m 17.0 -> 13.9 ms, of 12 rows 32-40 -> 24-26 ms, of 2 rows 8.1 ->
+// 7.7 (AMD EPYC Zen 5, 2 threads, medians of 15-20, three alternating runs).
+struct RowGroup {
+    int run, r0, nr, n_parts;
+    int64_t slot0;  // the group's first slot of part states (n_parts > 1)
+};
+bool read_together(const AttentionRun &run, const AttentionShape &sh, int a, int b) {
+    const int n = key_parts(run, sh, a);
+    const KeyRange ka = row_keys(run, sh, a), kb = row_keys(run, sh, b);
+    if (key_parts(run, sh, b) != n || kb.end < ka.end) return false;
+    for (int i = 0; i < n; i++) {
+        const KeyRange pa = key_part(ka, i, n), pb = key_part(kb, i, n);
+        if (pa.begin != pb.begin || (i + 1 < n && pa.end != pb.end)) return false;
+    }
+    return true;
+}
+
 // A decoding row reads its KV rows kDirectRows at a time (a call of the kernels for all its heads),
 // each call first prefetching into L2 the rows kDirectAhead positions on (whole cache blocks on, so
 // that they too follow each other in one block). SmolLM2-135M q4m, 128 tokens after 4096 (AMD EPYC
@@ -568,30 +582,57 @@ KeyRange key_part(KeyRange kr, int part, int n_parts) {
 constexpr int kDirectRows = 16, kDirectAhead = 64;
 static_assert(kDirectAhead % KvCache::kBlock == 0 && KvCache::kBlock % kDirectRows == 0, "rows a call ahead in one block");
 
-// Row r of a run against keys [kr.begin, kr.end) of query heads [h0, h0 + hn) of KV head g, straight
-// from the cache (kv_dot, kv_accum), a step of kBlockKeys keys at a time, each head's softmax online
-// (s: room for hn steps' scores). The hn heads go through the kernels together, each row converted
-// once for all of them (f16 to f32: 0.39 ns a vector of 8, 0.47 of 16 on an AMD EPYC Zen 5, about
-// all of a head's products' time when each head converted it again; SmolLM2 4096 deep, prefetching
-// as above, against the step's rows prefetched at once: a call per head 1.04-1.22x, a call for all
-// 1.09-1.39x); each head's operations and their order are those of a head alone, so the grouping
-// changes no result. With `part` (a part of a row's keys),
-// head i's state goes there instead of to out: its maximum, total and unnormalised sums,
-// part[i * (hd + 2) ...].
+// A direct task's queries: up to a run's decoding rows times a KV head's heads.
+constexpr int kMaxDirectQueries = (kAttentionBlockRows - 1) * (kDecodeGroupBlocked - 1);
+// A direct task's memory: its queries' scores for a step, the queries, their weighted values.
+struct DirectMemory {
+    float *s, *q, *o;
+};
+DirectMemory carve_direct(Carve &c, int nq, int hd) {
+    DirectMemory m;
+    m.s = c.take((size_t)nq * kBlockKeys), m.q = c.take((size_t)nq * hd), m.o = c.take((size_t)nq * hd);
+    return m;
+}
+
+// A task's memory: a blocked one's (a step's, then max_group blocks' states) or a direct one's.
+size_t block_floats(int hd, int64_t kv_dim) {
+    Carve c, d;
+    carve_step(c, hd, kv_dim);
+    for (int b = 0; b < max_group(hd); b++) carve_state(c, hd);
+    carve_direct(d, kMaxDirectQueries, hd);
+    return std::max(c.used, d.used);
+}
+
+// Rows [r0, r0 + nr) of a run, row r0 + i against keys kr[i], query heads [h0, h0 + hn) of KV head
+// g, straight from the cache (kv_dot, kv_accum), a step of kBlockKeys keys at a time from the
+// rows' common first key, each query's softmax online. The rows' keys start at one key and their
+// ends do not decrease (read_together). All the rows' heads go through the kernels together, each KV
+// row read and converted once for all of them (f16 to f32: 0.39 ns a vector of 8, 0.47 of 16 on an
+// AMD EPYC Zen 5, about all of a head's products' time when each head converted it again;
+// SmolLM2 4096 deep, prefetching as above, against the step's rows prefetched at once: a call per
+// head 1.04-1.22x, a call for all 1.09-1.39x). Each query's operations and their order are those
+// of its row alone: its steps are its own, a step's softmax takes only its keys, and a call of
+// kv_accum ends where a row's keys end, the rows still in it going on in the next. So the grouping
+// changes no result. With `part` (a part of the rows' keys), row i's head j's state goes to
+// part + i * part_stride + j * (hd + 2) instead of to out: its maximum, total and unnormalised sums.
 void attend_direct(const KernelTable &k, const float *q, const AttentionRun &run, int layer, const AttentionShape &sh,
-                   int r, KeyRange kr, int g, int h0, int hn, float *out, float *s, float *part) {
+                   int r0, int nr, const KeyRange *kr, int g, int h0, int hn, float *out, float *mem, float *part,
+                   size_t part_stride) {
     const KvCache &cache = *run.cache;
-    const int hd = sh.head_dim, off = g * hd, row = run.first_row + r, h_first = g * (sh.n_heads / sh.n_kv_heads) + h0;
+    const int hd = sh.head_dim, off = g * hd, h_first = g * (sh.n_heads / sh.n_kv_heads) + h0, nq = nr * hn;
     const auto kdot = k.kv_dot[(int)cache.type_k()];
     const auto vacc = k.kv_accum[(int)cache.type_v()];
-    const int begin = kr.begin, end = kr.end;
-    const float *qh = q + ((size_t)row * sh.n_heads + h_first) * hd;
-    const size_t ostride = part ? (size_t)hd + 2 : (size_t)hd;
-    float *o = part ? part + 2 : out + ((size_t)row * sh.n_heads + h_first) * hd;
-    for (int i = 0; i < hn; i++) std::fill(o + i * ostride, o + i * ostride + hd, 0.0f);
-    float m[kDecodeGroupBlocked], l[kDecodeGroupBlocked];
-    std::fill(m, m + hn, -INFINITY);
-    std::fill(l, l + hn, 0.0f);
+    const int begin = kr[0].begin, end = kr[nr - 1].end;
+    Carve carve{mem};
+    const DirectMemory dm = carve_direct(carve, nq, hd);
+    float *s = dm.s, *qs = dm.q, *o = dm.o;
+    for (int i = 0; i < nr; i++)  // the rows' queries, one after another
+        std::memcpy(qs + (size_t)i * hn * hd, q + ((size_t)(run.first_row + r0 + i) * sh.n_heads + h_first) * hd,
+                    sizeof(float) * hn * hd);
+    std::fill(o, o + (size_t)nq * hd, 0.0f);
+    float m[kMaxDirectQueries], l[kMaxDirectQueries];
+    std::fill(m, m + nq, -INFINITY);
+    std::fill(l, l + nq, 0.0f);
     const HeadLines k_lines = head_lines(cache.type_k(), off, hd), v_lines = head_lines(cache.type_v(), off, hd);
     // The first kDirectAhead rows, which no call prefetches: 32 characters of 1,000 tokens decoding
     // together (bench_npc.py --sessions 32, tasks of 250 keys) 1.05-1.09x, one row of 4096 keys 1.0x.
@@ -607,31 +648,40 @@ void attend_direct(const KernelTable &k, const float *q, const AttentionRun &run
             len = std::min(kDirectRows, KvCache::run_in_block(p, p0 + n));
             if (const int a = p + kDirectAhead; a < end)
                 prefetch_rows_l2(cache.k_row(layer, a), cache.row_bytes_k(), std::min(len, end - a), k_lines);
-            kdot(cache.k_row(layer, p), cache.row_bytes_k(), len, off, qh, hn, hd, s + (p - p0), kBlockKeys);
+            kdot(cache.k_row(layer, p), cache.row_bytes_k(), len, off, qs, nq, hd, s + (p - p0), kBlockKeys);
         }
-        for (int i = 0; i < hn; i++) {
-            float *si = s + i * kBlockKeys, *oi = o + i * ostride;
-            for (int j = 0; j < n; j++) si[j] *= sh.scale;
-            if (sh.softcap > 0) k.softcap(si, (size_t)n, sh.softcap);
-            const float m_new = std::max(m[i], k.reduce_max(si, n)), alpha = std::exp(m[i] - m_new);
-            l[i] = l[i] * alpha + k.exp_shift_sum(si, n, m_new), m[i] = m_new;
+        for (int i = 0; i < nq; i++) {
+            const int ni = std::min(n, kr[i / hn].end - p0);  // the query's keys in the step
+            if (ni <= 0) continue;  // its row's keys ended before the step
+            float *si = s + i * kBlockKeys, *oi = o + (size_t)i * hd;
+            for (int j = 0; j < ni; j++) si[j] *= sh.scale;
+            if (sh.softcap > 0) k.softcap(si, (size_t)ni, sh.softcap);
+            const float m_new = std::max(m[i], k.reduce_max(si, ni)), alpha = std::exp(m[i] - m_new);
+            l[i] = l[i] * alpha + k.exp_shift_sum(si, ni, m_new), m[i] = m_new;
             if (alpha != 1.0f)
                 for (int d = 0; d < hd; d++) oi[d] *= alpha;
         }
+        int first = 0;  // the first row with keys from p on: it and the rows after it take the call
         for (int p = p0, len; p < p0 + n; p += len) {
-            len = std::min(kDirectRows, KvCache::run_in_block(p, p0 + n));
+            while (kr[first].end <= p) first++;
+            len = std::min({kDirectRows, KvCache::run_in_block(p, p0 + n), kr[first].end - p});
             if (const int a = p + kDirectAhead; a < end)
                 prefetch_rows_l2(cache.v_row(layer, a), cache.row_bytes_v(), std::min(len, end - a), v_lines);
-            vacc(s + (p - p0), kBlockKeys, hn, len, cache.v_row(layer, p), cache.row_bytes_v(), off, hd, o, ostride);
+            vacc(s + (size_t)first * hn * kBlockKeys + (p - p0), kBlockKeys, (nr - first) * hn, len, cache.v_row(layer, p),
+                 cache.row_bytes_v(), off, hd, o + (size_t)first * hn * hd, hd);
         }
     }
-    for (int i = 0; i < hn; i++) {
+    for (int i = 0; i < nq; i++) {
+        const float *oi = o + (size_t)i * hd;
         if (part) {
-            part[i * ostride] = m[i], part[i * ostride + 1] = l[i];
+            float *pi = part + (size_t)(i / hn) * part_stride + (size_t)(i % hn) * (hd + 2);
+            pi[0] = m[i], pi[1] = l[i];
+            std::memcpy(pi + 2, oi, sizeof(float) * hd);
             continue;
         }
+        float *dst = out + ((size_t)(run.first_row + r0 + i / hn) * sh.n_heads + h_first + i % hn) * hd;
         const float inv = 1.0f / l[i];
-        for (int d = 0; d < hd; d++) o[i * ostride + d] *= inv;
+        for (int d = 0; d < hd; d++) dst[d] = oi[d] * inv;
     }
 }
 
@@ -677,15 +727,32 @@ void attention(const KernelTable &k, const float *q, const AttentionRun *runs, i
     // job per run would leave the threads waiting on each other 32 times per layer). A prompt's
     // run goes in blocks, a task per (block of rows, KV head, block of its query heads); so does a
     // decoding run whose KV heads have kDecodeGroupBlocked query heads or more, each of its tasks
-    // then taking a KV head's group of heads. Other decoding runs take a task per (row, KV head, block of its
-    // heads, part of its keys: attend_direct, key_parts).
+    // then taking a KV head's group of heads. Other decoding runs take a task per (group of rows,
+    // KV head, block of its heads, part of its keys: attend_direct, row_groups, key_parts).
     const int group = sh.n_heads / sh.n_kv_heads;
     auto direct = [&](const AttentionRun &r) { return r.T < kAttentionBlockRows && group < kDecodeGroupBlocked; };
+    // The direct runs' groups of rows, run i's from first_group[i] (thread_local, kept between
+    // calls: the workers reach them through the pointers below, their own copies being others)
+    static thread_local std::vector<RowGroup> row_groups;
+    static thread_local std::vector<int> first_group;
+    row_groups.clear(), first_group.assign((size_t)n_runs + 1, 0);
     // Decoding rows' groups are cut in as many blocks of heads as it takes to give every thread a
     // task (Qwen2.5-0.5B has 2 KV heads: one row would be 2 tasks). A query's sums do not depend
     // on the others of its block, so the cut changes no result, only the sharing of conversions.
-    int64_t decode_rows = 0;
-    for (int i = 0; i < n_runs; i++) decode_rows += runs[i].T < kAttentionBlockRows ? runs[i].T : 0;
+    int64_t decode_rows = 0;  // a direct run's groups of rows count as one
+    for (int i = 0; i < n_runs; i++) {
+        first_group[i] = (int)row_groups.size();
+        const AttentionRun &r = runs[i];
+        if (!direct(r)) {
+            decode_rows += r.T < kAttentionBlockRows ? r.T : 0;
+            continue;
+        }
+        for (int row = 0; row < r.T; row++) {
+            if (row > 0 && read_together(r, sh, row - 1, row)) row_groups.back().nr++;
+            else row_groups.push_back({i, row, 1, key_parts(r, sh, row), 0}), decode_rows++;
+        }
+    }
+    first_group[n_runs] = (int)row_groups.size();
     const int64_t decode_groups = decode_rows * sh.n_kv_heads;
     const int cut = decode_rows ? (int)std::min<int64_t>(group, (pool.n_threads() + decode_groups - 1) / decode_groups) : 1;
     struct Blocks {
@@ -710,37 +777,41 @@ void attention(const KernelTable &k, const float *q, const AttentionRun *runs, i
         const int64_t fill = (2 * pool.n_threads() + b.per_rows - 1) / b.per_rows;
         return std::max((n_blocks + most - 1) / most, std::min(n_blocks, fill));
     };
-    auto tasks_of = [&](const AttentionRun &r) {
-        if (!direct(r)) return n_groups(r) * blocks_for(r).per_rows;
+    // The parts' states, a slot of decode.hn heads per (row, block of heads, part): their size
+    // follows the call's rows and keys, not the planned scratch's threads, so the calling thread
+    // keeps them between calls.
+    const size_t slot = (size_t)decode.hn * (sh.head_dim + 2);
+    int64_t n_slots = 0;
+    for (RowGroup &rg : row_groups)
+        if (rg.n_parts > 1) rg.slot0 = n_slots, n_slots += decode.per_rows * rg.n_parts * rg.nr;
+    static thread_local std::vector<float> part_states;
+    if (part_states.size() < (size_t)n_slots * slot) part_states.resize((size_t)n_slots * slot);
+    float *const states = part_states.data();
+    const RowGroup *const groups = row_groups.data();
+    const int *const firsts = first_group.data();
+    auto tasks_of = [&](int i) {
+        if (!direct(runs[i])) return n_groups(runs[i]) * blocks_for(runs[i]).per_rows;
         int64_t n = 0;
-        for (int row = 0; row < r.T; row++) n += decode.per_rows * key_parts(r, sh, row);
+        for (int j = firsts[i]; j < firsts[i + 1]; j++) n += decode.per_rows * groups[j].n_parts;
         return n;
     };
     int64_t total = 0;
-    bool any_parts = false;  // some decoding row goes in parts: it has more tasks than its blocks of heads
-    for (int i = 0; i < n_runs; i++) {
-        const int64_t n = tasks_of(runs[i]);
-        total += n, any_parts |= direct(runs[i]) && n > runs[i].T * decode.per_rows;
-    }
-    // The parts' states, a slot of decode.hn heads a task: their size follows the call's rows and
-    // keys, not the planned scratch's threads, so the calling thread keeps them between calls.
-    static thread_local std::vector<float> part_states;
-    const size_t slot = (size_t)decode.hn * (sh.head_dim + 2);
-    if (any_parts && part_states.size() < (size_t)total * slot) part_states.resize((size_t)total * slot);
-    float *const states = part_states.data();  // (the workers' part_states are their own)
-    // A direct run's tasks: row by row, each row's (KV head, block of heads) by (part of its keys).
+    for (int i = 0; i < n_runs; i++) total += tasks_of(i);
+    // A direct run's tasks: group of rows by group, each group's (KV head, block of heads) by (part
+    // of its keys).
     struct DirectTask {
-        int row, n_parts, part;
+        int group, part;
+        int64_t blk;
         int g, h0, hn;  // KV head g's heads [h0, h0 + hn)
     };
-    auto direct_task = [&](const AttentionRun &run, int64_t local) {
-        for (int row = 0;; row++) {
-            const int n_parts = key_parts(run, sh, row);
+    auto direct_task = [&](int i, int64_t local) {
+        for (int j = firsts[i];; j++) {
+            const int n_parts = groups[j].n_parts;
             const int64_t n = decode.per_rows * n_parts;
             if (local < n) {
                 const int64_t blk = local / n_parts;
                 const int g = (int)(blk / decode.head_blocks), h0 = (int)(blk % decode.head_blocks) * decode.hn;
-                return DirectTask{row, n_parts, (int)(local % n_parts), g, h0, std::min(decode.hn, group - h0)};
+                return DirectTask{j, (int)(local % n_parts), blk, g, h0, std::min(decode.hn, group - h0)};
             }
             local -= n;
         }
@@ -750,37 +821,37 @@ void attention(const KernelTable &k, const float *q, const AttentionRun *runs, i
         int i = 0;
         int64_t base = 0;  // the first task of run i
         for (int64_t task = first; task < last; task++) {
-            while (task >= base + tasks_of(runs[i])) base += tasks_of(runs[i++]);
+            while (task >= base + tasks_of(i)) base += tasks_of(i++);
             const AttentionRun &run = runs[i];
             const int64_t local = task - base;
-            if (direct(run)) {  // (row, KV head, block of its heads, part of its keys), cut as a decoding block's
-                const DirectTask t = direct_task(run, local);
-                attend_direct(k, q, run, layer, sh, t.row, key_part(row_keys(run, sh, t.row), t.part, t.n_parts), t.g, t.h0, t.hn,
-                              out, mem, t.n_parts > 1 ? states + (size_t)task * slot : nullptr);
+            if (direct(run)) {  // (group of rows, KV head, block of its heads, part of its keys)
+                const DirectTask t = direct_task(i, local);
+                const RowGroup &rg = groups[t.group];
+                KeyRange kr[kAttentionBlockRows];
+                for (int j = 0; j < rg.nr; j++) kr[j] = key_part(row_keys(run, sh, rg.r0 + j), t.part, rg.n_parts);
+                float *part = rg.n_parts > 1 ? states + (size_t)(rg.slot0 + (t.blk * rg.n_parts + t.part) * rg.nr) * slot : nullptr;
+                attend_direct(k, q, run, layer, sh, rg.r0, rg.nr, kr, t.g, t.h0, t.hn, out, mem, part, slot);
                 continue;
             }
             const Blocks &b = blocks_for(run);
-            const int64_t n_blocks = (run.T + b.rows - 1) / b.rows, groups = n_groups(run);
-            const int j = (int)(groups - 1 - local / b.per_rows);  // the group of the last block (the most keys) first
+            const int64_t n_blocks = (run.T + b.rows - 1) / b.rows, groups_of_blocks = n_groups(run);
+            const int j = (int)(groups_of_blocks - 1 - local / b.per_rows);  // the group of the last block (the most keys) first
             const int g = (int)(local % b.per_rows / b.head_blocks), h0 = (int)(local % b.head_blocks) * b.hn;
-            const BlockGroup bg{g, h0, std::min(b.hn, group - h0), b.rows, j, (int)groups,
-                                (int)((n_blocks - j + groups - 1) / groups)};
+            const BlockGroup bg{g, h0, std::min(b.hn, group - h0), b.rows, j, (int)groups_of_blocks,
+                                (int)((n_blocks - j + groups_of_blocks - 1) / groups_of_blocks)};
             attend_blocks(k, q, run, layer, sh, bg, out, mem);
         }
     }, 1);  // one task at a time: a prompt's tasks are few, long, and uneven
-    if (!any_parts) return;
-    int64_t base = 0;
-    for (int i = 0; i < n_runs; base += tasks_of(runs[i++])) {
-        if (!direct(runs[i])) continue;
-        const AttentionRun &run = runs[i];
-        for (int64_t local = 0; local < tasks_of(run);) {
-            const DirectTask t = direct_task(run, local);
-            if (t.n_parts > 1) {
-                const int h = t.g * group + t.h0, row = run.first_row + t.row;
-                merge_parts(states + (size_t)(base + local) * slot, slot, t.n_parts, t.hn, sh.head_dim,
-                            out + ((size_t)row * sh.n_heads + h) * sh.head_dim);
+    for (const RowGroup &rg : row_groups) {  // the parts' states merged, row by row
+        if (rg.n_parts == 1) continue;
+        for (int64_t blk = 0; blk < decode.per_rows; blk++) {
+            const int g = (int)(blk / decode.head_blocks), h0 = (int)(blk % decode.head_blocks) * decode.hn;
+            for (int j = 0; j < rg.nr; j++) {
+                const int row = runs[rg.run].first_row + rg.r0 + j;
+                merge_parts(states + (size_t)(rg.slot0 + blk * rg.n_parts * rg.nr + j) * slot, (size_t)rg.nr * slot,
+                            rg.n_parts, std::min(decode.hn, group - h0), sh.head_dim,
+                            out + ((size_t)row * sh.n_heads + g * group + h0) * sh.head_dim);
             }
-            local += t.n_parts;
         }
     }
 }
