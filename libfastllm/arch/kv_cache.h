@@ -138,4 +138,9 @@ struct AttentionRun {
     const KvCache *cache;
 };
 
+// A run of up to kStepRows rows (a decoding step's token and its speculative drafts) gives each row
+// what it gets in a run of its own, bit for bit, on the CPU backend (test_kernels, and
+// tests/test_speculative.py through the API): greedy output is then the same with drafts.
+constexpr int kStepRows = 17;
+
 }  // namespace fastllm

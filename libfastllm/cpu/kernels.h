@@ -69,6 +69,18 @@ void kv_accum_each(const float *a, size_t lda, int nq, int n, const void *rows, 
     for (int i = 0; i < nq; i++) One(a + (size_t)i * lda, n, rows, stride, off, dim, y + (size_t)i * ldy);
 }
 
+// A table's dot_rows_multi from its dot_rows: a few rows at a time, each token in turn (the rows
+// read again from L1 or L2), so that every token gets the bits dot_rows gives it alone.
+using DotRows = void (*)(const void *w, size_t stride, int rows, const float *x, int n, float *y);
+template <DotRows One>
+void dot_rows_each(const void *w, size_t stride, int rows, const float *x, int n, int n_tok, float *y, size_t ldy) {
+    constexpr int kRows = 4;
+    for (int r = 0; r < rows; r += kRows)
+        for (int t = 0; t < n_tok; t++)
+            One((const char *)w + (size_t)r * stride, stride, rows - r < kRows ? rows - r : kRows, x + (size_t)t * n, n,
+                y + (size_t)t * ldy + r);
+}
+
 struct KernelTable {
     Isa isa;
     // y[r] = dot(row r of w, x) for r < rows; row r starts at (char*)w + r*stride, holds n weights
@@ -120,9 +132,10 @@ struct KernelTable {
     void (*kv_store[kNumKvTypes])(const float *x, int n, void *row);
     void (*kv_load[kNumKvTypes])(const void *row, float *x, int n);
     // dot_rows for n_tok (<= kMultiTokens) tokens at once: y[t * ldy + r] = dot(row r of w, x + t * n),
-    // each weight loaded once for all of them (a step verifying speculative drafts: 2-8 rows). Plain
-    // dtypes; nullptr where the ISA has none (matmul then packs panels, as for a prompt).
-    static constexpr int kMultiTokens = 8;
+    // each weight read from memory once for all of them (a step verifying speculative drafts: 2-17
+    // rows), every token's result bit for bit what dot_rows gives it alone (so that greedy output
+    // is the same with drafts). Plain dtypes.
+    static constexpr int kMultiTokens = 17;  // kStepRows (arch/kv_cache.h; ops.cpp checks)
     void (*dot_rows_multi[3])(const void *w, size_t stride, int rows, const float *x, int n, int n_tok, float *y,
                               size_t ldy);
     // Prompt batches over plain weights: a panel of up to kGemmCols weight rows, packed k-major as

@@ -168,50 +168,54 @@ void dot_rows(const void *w, size_t stride, int rows, const float *x, int n, flo
         }
         for (; i + 8 <= n; i += 8) a0 = _mm256_fmadd_ps(Load8(wr, i), _mm256_loadu_ps(x + i), a0);
         float s = hsum(_mm256_add_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(a2, a3)));
-        for (; i < n; i++) s += Load1(wr, i) * x[i];
+        for (; i < n; i++) s = std::fma(Load1(wr, i), x[i], s);  // fused, as dot_rows_multi's tails (AVX-512's too)
         y[r] = s;
     }
 }
 
-// A row against NT tokens: each load of the weights (8 of them) feeds 2 * NT accumulators.
+// A row against NT tokens, each token's sum dot_rows's operations in dot_rows's order (four
+// accumulators over runs of 32, the last vectors into the first, the same tree, the scalar tail):
+// a token's result does not depend on the tokens beside it, so a speculative step's rows get the
+// bits a decoding step gives them, and greedy output stays the same with drafts. Each pair of
+// weight vectors feeds 2 * NT accumulators (NT = 3: 12 of them and the pair in 16 registers).
 template <__m256 (*Load8)(const void *, int), float (*Load1)(const void *, int), int NT>
 void dot_row_tokens(const void *wr, const float *x, int n, float *y, size_t ldy) {
-    __m256 a[NT][2];
-    for (int t = 0; t < NT; t++) a[t][0] = a[t][1] = _mm256_setzero_ps();
+    __m256 a[NT][4];
+    for (int t = 0; t < NT; t++) a[t][0] = a[t][1] = a[t][2] = a[t][3] = _mm256_setzero_ps();
     int i = 0;
-    for (; i + 16 <= n; i += 16) {
-        const __m256 w0 = Load8(wr, i), w1 = Load8(wr, i + 8);
-        for (int t = 0; t < NT; t++) {
-            a[t][0] = _mm256_fmadd_ps(w0, _mm256_loadu_ps(x + (size_t)t * n + i), a[t][0]);
-            a[t][1] = _mm256_fmadd_ps(w1, _mm256_loadu_ps(x + (size_t)t * n + i + 8), a[t][1]);
+    for (; i + 32 <= n; i += 32)
+        for (int c = 0; c < 4; c += 2) {
+            const __m256 w0 = Load8(wr, i + 8 * c), w1 = Load8(wr, i + 8 * c + 8);
+            for (int t = 0; t < NT; t++) {
+                a[t][c] = _mm256_fmadd_ps(w0, _mm256_loadu_ps(x + (size_t)t * n + i + 8 * c), a[t][c]);
+                a[t][c + 1] = _mm256_fmadd_ps(w1, _mm256_loadu_ps(x + (size_t)t * n + i + 8 * c + 8), a[t][c + 1]);
+            }
         }
-    }
     for (; i + 8 <= n; i += 8) {
         const __m256 w0 = Load8(wr, i);
         for (int t = 0; t < NT; t++) a[t][0] = _mm256_fmadd_ps(w0, _mm256_loadu_ps(x + (size_t)t * n + i), a[t][0]);
     }
     for (int t = 0; t < NT; t++) {
-        float s = hsum(_mm256_add_ps(a[t][0], a[t][1]));
-        for (int j = i; j < n; j++) s += Load1(wr, j) * x[(size_t)t * n + j];
+        float s = hsum(_mm256_add_ps(_mm256_add_ps(a[t][0], a[t][1]), _mm256_add_ps(a[t][2], a[t][3])));
+        for (int j = i; j < n; j++) s = std::fma(Load1(wr, j), x[(size_t)t * n + j], s);
         y[(size_t)t * ldy] = s;
     }
 }
 
-// Row by row (one stream of weights, as dot_rows), up to 4 tokens a sweep; a row read again for
-// tokens 5-8 comes from L1. Random TinyLlama-1.1B shape, f16, 2 cores: a pass of 2 rows took 1.8x
+// Row by row (one stream of weights, as dot_rows), up to 3 tokens a sweep; a row read again for
+// the next tokens comes from L1. Random TinyLlama-1.1B shape, f16, 2 cores: a pass of 2 rows took 1.8x
 // one of 1 row when blocks of rows were converted to f32 first.
 template <__m256 (*Load8)(const void *, int), float (*Load1)(const void *, int)>
 void dot_rows_multi(const void *w, size_t stride, int rows, const float *x, int n, int n_tok, float *y, size_t ldy) {
     for (int r = 0; r < rows; r++) {
         const void *wr = (const char *)w + (size_t)r * stride;
-        for (int t = 0; t < n_tok; t += 4) {
+        for (int t = 0; t < n_tok; t += 3) {
             const float *xt = x + (size_t)t * n;
             float *yt = y + (size_t)t * ldy + r;
-            switch (std::min(4, n_tok - t)) {
+            switch (std::min(3, n_tok - t)) {
             case 1: dot_row_tokens<Load8, Load1, 1>(wr, xt, n, yt, ldy); break;
             case 2: dot_row_tokens<Load8, Load1, 2>(wr, xt, n, yt, ldy); break;
-            case 3: dot_row_tokens<Load8, Load1, 3>(wr, xt, n, yt, ldy); break;
-            default: dot_row_tokens<Load8, Load1, 4>(wr, xt, n, yt, ldy); break;
+            default: dot_row_tokens<Load8, Load1, 3>(wr, xt, n, yt, ldy); break;
             }
         }
     }

@@ -23,6 +23,12 @@ inline __m512 load16_bf16(const void *p, int i) {
     __m512i v = _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)((const uint16_t *)p + i)));
     return _mm512_castsi512_ps(_mm512_slli_epi32(v, 16));
 }
+inline __m256 load8_f32(const void *p, int i) { return _mm256_loadu_ps((const float *)p + i); }
+inline __m256 load8_f16(const void *p, int i) { return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)((const uint16_t *)p + i))); }
+inline __m256 load8_bf16(const void *p, int i) {
+    __m256i v = _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)((const uint16_t *)p + i)));
+    return _mm256_castsi256_ps(_mm256_slli_epi32(v, 16));
+}
 inline float load1_f32(const void *p, int i) { return ((const float *)p)[i]; }
 inline float load1_f16(const void *p, int i) { return f16_to_f32(((const uint16_t *)p)[i]); }
 inline float load1_bf16(const void *p, int i) { return bf16_to_f32(((const uint16_t *)p)[i]); }
@@ -41,6 +47,98 @@ template <__m512 (*Load16)(const void *, int), float (*Load1)(const void *, int)
 void rows_to_f32(const void *src, size_t stride, int rows, int n, float *dst, size_t ldd) {
     for (int r = 0; r < rows; r++)
         to_f32<Load16, Load1>((const char *)src + (size_t)r * stride, dst + (size_t)r * ldd, n);
+}
+
+// Plain weights, a speculative step's tokens (dot_rows_multi), in 512-bit vectors with the
+// arithmetic of AVX2's dot_rows, which is this table's decoding kernel: its four chains of 8 lanes
+// two to a register (chain 0 in lanes 0-7 of the first, chain 1 in lanes 8-15), the last vector of
+// 8 into chain 0, the same tree of adds, the same scalar tail. So every token gets the bits a
+// decoding step gives it, at twice the rate of 256-bit products (what matters here: 17 tokens
+// make the products the bound). R rows x NT tokens share each load: 24 of the 32 registers.
+inline __m256 high8(__m512 v) { return _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v), 1)); }  // no AVX512DQ
+inline float hsum8(__m256 v) {  // AVX2's hsum, operation for operation
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+}
+template <__m512 (*Load16)(const void *, int), __m256 (*Load8)(const void *, int), float (*Load1)(const void *, int),
+          int R, int NT>
+void dot_tile_tokens(const char *w, size_t stride, const float *x, int n, float *y, size_t ldy) {
+    // The loops unrolled (GCC kept a[] in memory otherwise: each product a load and a store)
+    __m512 a[R][NT][2];
+#pragma GCC unroll 16
+    for (int e = 0; e < R * NT; e++) a[e / NT][e % NT][0] = a[e / NT][e % NT][1] = _mm512_setzero_ps();
+    int i = 0;
+    const size_t elem = n ? stride / (size_t)n : 0;  // bytes per weight (rows are whole)
+    for (; i + 32 <= n; i += 32) {
+#pragma GCC unroll 2
+        for (int r = 0; r < R; r++) prefetch_ahead(w + (size_t)r * stride + i * elem, 32 * elem);
+#pragma GCC unroll 2
+        for (int c = 0; c < 2; c++) {
+            __m512 wv[R];
+#pragma GCC unroll 2
+            for (int r = 0; r < R; r++) wv[r] = Load16(w + (size_t)r * stride, i + 16 * c);
+#pragma GCC unroll 8
+            for (int t = 0; t < NT; t++) {
+                const __m512 xv = _mm512_loadu_ps(x + (size_t)t * n + i + 16 * c);
+#pragma GCC unroll 2
+                for (int r = 0; r < R; r++) a[r][t][c] = _mm512_fmadd_ps(wv[r], xv, a[r][t][c]);
+            }
+        }
+    }
+    for (; i + 8 <= n; i += 8) {  // chain 0 only: lanes 0-7
+        __m512 wv[R];
+#pragma GCC unroll 2
+        for (int r = 0; r < R; r++) wv[r] = _mm512_zextps256_ps512(Load8(w + (size_t)r * stride, i));
+#pragma GCC unroll 8
+        for (int t = 0; t < NT; t++) {
+            const __m512 xv = _mm512_maskz_loadu_ps(0xFF, x + (size_t)t * n + i);
+#pragma GCC unroll 2
+            for (int r = 0; r < R; r++) a[r][t][0] = _mm512_mask3_fmadd_ps(wv[r], xv, a[r][t][0], 0xFF);
+        }
+    }
+#pragma GCC unroll 16
+    for (int e = 0; e < R * NT; e++) {
+        const int r = e / NT, t = e % NT;
+        const __m512 a01 = a[r][t][0], a23 = a[r][t][1];
+        const __m256 c01 = _mm256_add_ps(_mm512_castps512_ps256(a01), high8(a01));
+        const __m256 c23 = _mm256_add_ps(_mm512_castps512_ps256(a23), high8(a23));
+        float s = hsum8(_mm256_add_ps(c01, c23));
+        for (int j = i; j < n; j++) s = std::fma(Load1(w + (size_t)r * stride, j), x[(size_t)t * n + j], s);
+        y[(size_t)t * ldy + r] = s;
+    }
+}
+
+template <__m512 (*Load16)(const void *, int), __m256 (*Load8)(const void *, int), float (*Load1)(const void *, int), int R>
+void dot_rows_tokens(const char *w, size_t stride, const float *x, int n, int n_tok, float *y, size_t ldy) {
+    constexpr int NT = 6;
+    for (int t = 0; t < n_tok; t += NT) {
+        const float *xt = x + (size_t)t * n;
+        float *yt = y + (size_t)t * ldy;
+        switch (std::min(NT, n_tok - t)) {
+        case 1: dot_tile_tokens<Load16, Load8, Load1, R, 1>(w, stride, xt, n, yt, ldy); break;
+        case 2: dot_tile_tokens<Load16, Load8, Load1, R, 2>(w, stride, xt, n, yt, ldy); break;
+        case 3: dot_tile_tokens<Load16, Load8, Load1, R, 3>(w, stride, xt, n, yt, ldy); break;
+        case 4: dot_tile_tokens<Load16, Load8, Load1, R, 4>(w, stride, xt, n, yt, ldy); break;
+        case 5: dot_tile_tokens<Load16, Load8, Load1, R, 5>(w, stride, xt, n, yt, ldy); break;
+        default: dot_tile_tokens<Load16, Load8, Load1, R, NT>(w, stride, xt, n, yt, ldy); break;
+        }
+    }
+}
+
+// Rows two at a time for more than 4 tokens (the products bind), else one at a time (one stream of
+// weights, as decoding: two streams took a 2-token pass of SmolLM2 f32 from 9.7 to 11.9 ms); a
+// row's or pair's tokens 6 at a time, read again from L1 for the next 6. Against the packed panels
+// it replaces above 8 tokens and the 256-bit kernel below (whose sums were not dot_rows's), SmolLM2
+// f32 100 deep, 2 threads, AMD EPYC Zen 5: 6 tokens 18.6 -> 12.5 ms, 9 24.5 -> 14.3, 17 29-33 -> 21.
+template <__m512 (*Load16)(const void *, int), __m256 (*Load8)(const void *, int), float (*Load1)(const void *, int)>
+void dot_rows_multi(const void *w, size_t stride, int rows, const float *x, int n, int n_tok, float *y, size_t ldy) {
+    int r = 0;
+    if (n_tok > 4)
+        for (; r + 2 <= rows; r += 2)
+            dot_rows_tokens<Load16, Load8, Load1, 2>((const char *)w + (size_t)r * stride, stride, x, n, n_tok, y + r, ldy);
+    for (; r < rows; r++) dot_rows_tokens<Load16, Load8, Load1, 1>((const char *)w + (size_t)r * stride, stride, x, n, n_tok, y + r, ldy);
 }
 
 // Attention's weighted values of H queries, y_i += sum_j a_i[j] * row j: C vectors of a head's
@@ -445,7 +543,8 @@ const KernelTable kPlain = {
     quantize_acts,
     {},  // dot_rows_quant
     {}, {}, {}, {},  // KV kernels: set by the factory
-    {},              // dot_rows_multi: AVX2's, see avx512_kernels()
+    {dot_rows_multi<load16_f32, load8_f32, load1_f32>, dot_rows_multi<load16_f16, load8_f16, load1_f16>,
+     dot_rows_multi<load16_bf16, load8_bf16, load1_bf16>},
     {gemm_pack<load16_f32, load1_f32>, gemm_pack<load16_f16, load1_f16>, gemm_pack<load16_bf16, load1_bf16>},
     gemm_panel};
 
@@ -459,7 +558,7 @@ const KernelTable *avx512_kernels() {
         static KernelTable t = with_quant_kernels(kPlain, quant_for_bits);
         const KernelTable *avx2 = avx2_kernels();
         if (!avx2) return nullptr;  // not built: cannot happen where this file is
-        for (int d = 0; d < 3; d++) t.dot_rows[d] = avx2->dot_rows[d], t.dot_rows_multi[d] = avx2->dot_rows_multi[d];
+        for (int d = 0; d < 3; d++) t.dot_rows[d] = avx2->dot_rows[d];
         // KV reads: the scores (dot products of short rows) are AVX2's, as dot_rows above; 512-bit
         // ones (a vector of 16 f16 converts in 0.47 ns against 0.39 for 8 on a Zen 5; 16 sums a
         // reduction) measured 0.94-1.15x decoding SmolLM2 4096 deep, within the noise.

@@ -432,7 +432,8 @@ const KernelTable kPlain = {
     quantize_acts,
     {},  // dot_rows_quant
     {}, {}, {}, {},  // KV kernels: set by the factory
-    {},              // dot_rows_multi: none, matmul packs panels
+    {dot_rows_each<dot_rows<load4_f32, load1_f32>>, dot_rows_each<dot_rows<load4_f16, load1_f16>>,
+     dot_rows_each<dot_rows<load4_bf16, load1_bf16>>},
     {gemm_pack<load4_f32, load1_f32>, gemm_pack<load4_f16, load1_f16>, gemm_pack<load4_bf16, load1_bf16>},
     gemm_panel};
 

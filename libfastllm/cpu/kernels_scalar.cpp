@@ -235,7 +235,7 @@ const KernelTable kPlain = {Isa::Scalar,
                             quantize_acts,
                             {},  // dot_rows_quant
     {}, {}, {}, {},  // KV kernels: set by the factory
-    {},              // dot_rows_multi: none, matmul packs panels
+    {dot_rows_each<dot_rows_f32>, dot_rows_each<dot_rows_f16>, dot_rows_each<dot_rows_bf16>},
     {gemm_pack<load1_f32>, gemm_pack<load1_f16>, gemm_pack<load1_bf16>},
     gemm_panel};
 

@@ -128,6 +128,7 @@ void matmul_panels(const KernelTable &k, const Tensor &W, const float *x, int T,
 
 }  // namespace
 
+static_assert(KernelTable::kMultiTokens == kStepRows, "a step's rows take the decoding kernels");
 void matmul(const KernelTable &k, const Tensor &W, const float *bias, const float *x, int T, float *y,
             const MatmulScratch &sc, ThreadPool &pool) {
     const int64_t N = W.rows(), K = W.cols();
@@ -141,8 +142,9 @@ void matmul(const KernelTable &k, const Tensor &W, const float *bias, const floa
             const int64_t r0 = first * kRowBlock, r1 = std::min(N, last * kRowBlock);
             k.dot_rows[dt](W.row(r0), W.row_bytes(), (int)(r1 - r0), x, (int)K, y + r0);
         });
-    } else if (T <= KernelTable::kMultiTokens && k.dot_rows_multi[dt]) {
-        // A few tokens (speculative drafts): as decoding, each weight read once for all of them.
+    } else if (T <= KernelTable::kMultiTokens) {
+        // A few tokens (speculative drafts): as decoding, each weight read once for all of them, each
+        // token's sums those it gets alone.
         pool.parallel_for(n_blocks, [&](int64_t first, int64_t last, int) {
             const int64_t r0 = first * kRowBlock, r1 = std::min(N, last * kRowBlock);
             k.dot_rows_multi[dt](W.row(r0), W.row_bytes(), (int)(r1 - r0), x, (int)K, T, y + r0, (size_t)N);
@@ -340,7 +342,7 @@ void attend_blocks(const KernelTable &k, const float *q, const AttentionRun &run
     // The products on the matrix unit where the ISA has one (AMX: bf16 halves, three products each),
     // for a prompt's rows: a decoding row's few queries (padded to 16) do not repay the keys'
     // conversion to tiles (Qwen2.5-0.5B tg64 4096 deep 0.92x), and a decoding row must not take
-    // other products when it comes with others (a speculative step's rows, T < 16).
+    // other products when it comes with others (a speculative step's rows, T <= kStepRows).
     const bool tiles = k.attn_step && hd % 32 == 0 && run.T >= kAttentionBlockRows;
     // The tiles' softmax takes scores in units of log2 (attn_step): the queries carry log2(e),
     // and a soft cap c, c * log2(e) (c' tanh(s' / c') is c tanh(s / c) * log2(e) for s' = s log2(e)).
@@ -583,7 +585,7 @@ constexpr int kDirectRows = 16, kDirectAhead = 64;
 static_assert(kDirectAhead % KvCache::kBlock == 0 && KvCache::kBlock % kDirectRows == 0, "rows a call ahead in one block");
 
 // A direct task's queries: up to a run's decoding rows times a KV head's heads.
-constexpr int kMaxDirectQueries = (kAttentionBlockRows - 1) * (kDecodeGroupBlocked - 1);
+constexpr int kMaxDirectQueries = kStepRows * (kDecodeGroupBlocked - 1);
 // A direct task's memory: its queries' scores for a step, the queries, their weighted values.
 struct DirectMemory {
     float *s, *q, *o;
@@ -827,7 +829,7 @@ void attention(const KernelTable &k, const float *q, const AttentionRun *runs, i
             if (direct(run)) {  // (group of rows, KV head, block of its heads, part of its keys)
                 const DirectTask t = direct_task(i, local);
                 const RowGroup &rg = groups[t.group];
-                KeyRange kr[kAttentionBlockRows];
+                KeyRange kr[kStepRows];
                 for (int j = 0; j < rg.nr; j++) kr[j] = key_part(row_keys(run, sh, rg.r0 + j), t.part, rg.n_parts);
                 float *part = rg.n_parts > 1 ? states + (size_t)(rg.slot0 + (t.blk * rg.n_parts + t.part) * rg.nr) * slot : nullptr;
                 attend_direct(k, q, run, layer, sh, rg.r0, rg.nr, kr, t.g, t.h0, t.hn, out, mem, part, slot);

@@ -65,12 +65,12 @@ AttentionScratch make_attention_scratch(float *memory, int head_dim, int64_t kv_
 // Attention (causal or, with !shape.causal, over each run's keys) over one layer of KV caches (of
 // any KvType, read in place) for the rows of runs[0..n_runs) (sorted by first_row; each run's
 // cache already holds its positions up to pos0 + T - 1); q and out are [rows, n_heads*head_dim].
-// A run of at least kAttentionBlockRows rows (a prompt) goes in blocks: a few rows of one KV head's
+// A run of more than kStepRows rows (a prompt) goes in blocks: a few rows of one KV head's
 // queries against 128 keys at a time, the softmax kept online (running maximum and sum), a task
 // taking several blocks so that each step's keys and values are converted once for all of them. Shorter runs (decoding) go so too when a KV head has
 // enough query heads; otherwise they read the cache in place, a task per (row, KV head, block of
 // its heads, and for long rows of a model with few KV heads, part of the keys).
-constexpr int kAttentionBlockRows = 16;
+constexpr int kAttentionBlockRows = kStepRows + 1;
 void attention(const KernelTable &k, const float *q, const AttentionRun *runs, int n_runs, int layer,
                const AttentionShape &shape, float *out, const AttentionScratch &scratch, ThreadPool &pool);
 

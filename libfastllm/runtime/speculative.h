@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <memory>
 
+#include "arch/kv_cache.h"
 #include "runtime/options.h"
 
 namespace fastllm {
@@ -19,7 +20,7 @@ struct SpeculativeOptions {
     int n_draft = 5;                     // most tokens drafted a step
     int ngram_min = 1, ngram_max = 3;    // prompt lookup: the context's last n tokens matched, n from max down
     float p_min = 0.0f;                  // draft model: drafting stops at a token it gives less (0: never)
-    static constexpr int kMaxDraft = 16;
+    static constexpr int kMaxDraft = kStepRows - 1;  // a step's rows: its token and the drafts
 };
 
 class Drafter {

@@ -206,6 +206,16 @@ static void test_matmul(const KernelTable &k) {
             ref::matmul(w.t, bias.data(), x.data(), T, yr.data());
             double e = rel_err(y.data(), yr.data(), y.size());
             CHECK(e < 2e-6, "matmul %s %s T=%d N=%d K=%d rel err %g", isa_name(k.isa), dtype_name(dt), T, N, K, e);
+            if (T > 1 && T <= KernelTable::kMultiTokens) {  // a speculative step's tokens: each as alone
+                std::vector<float> y1(N);
+                for (int t = 0; t < T; t++) {
+                    ops::matmul(k, w.t, bias.data(), x.data() + (size_t)t * K, 1, y1.data(),
+                                ops::make_matmul_scratch(mem.data(), K, 2, T), g_pool);
+                    CHECK(std::memcmp(y1.data(), y.data() + (size_t)t * N, N * sizeof(float)) == 0,
+                          "matmul %s %s T=%d N=%d K=%d: token %d differs from itself alone", isa_name(k.isa),
+                          dtype_name(dt), T, N, K, t);
+                }
+            }
             if (k.isa == Isa::Amx && dtype_is_quantized(dt)) {  // the same bits as AVX-512, whatever the batch
                 std::vector<float> y512((size_t)T * N);
                 ops::matmul(*kernels_for(Isa::Avx512), w.t, bias.data(), x.data(), T, y512.data(),
