@@ -11,6 +11,9 @@ figures are medians over the rounds, the ratio the median of the per-round ratio
 --from_state (with --gen) evaluates each prompt once, saves the session's state, and has every round
 load it and only generate: decoding at depth in more rounds than the prompts' time would allow
 (the state's format must be the same in both builds).
+--step_rows 1,6,17 also times passes of that many rows after each prompt (a speculative step's token
+and drafts, or a short turn; `--step_reps` passes each, the cache truncated back after each): rows a
+second of the median pass (stepK@depth). --flm PATH takes that model instead of a random shape.
 
 The model is a random-weight checkpoint of the shape, converted by this tree's converter (cached in
 --work_dir). Nothing is downloaded.
@@ -31,7 +34,21 @@ sys.path.insert(0, str(REPO / "bench"))
 sys.path.insert(0, str(REPO))
 
 
-def child(flm: str, lengths: list[int], threads: int, n_batch: int, n_gen: int, state: str | None) -> None:
+def step_rows(s, prompt, rows: list[int], reps: int, n: int, out: dict) -> None:
+    """Passes of k rows after the n tokens in s (the cache truncated back after each): rows/s of the median."""
+    extra = prompt[:max(rows)]  # any tokens will do: the pass's cost, not its text
+    for k in rows:
+        times = []
+        for _ in range(reps):
+            t0 = time.perf_counter()
+            s.eval(extra[:k], logits="all")
+            times.append(time.perf_counter() - t0)
+            s.truncate(n)
+        out[f"step{k}@{n}"] = k / statistics.median(times)
+
+
+def child(flm: str, lengths: list[int], threads: int, n_batch: int, n_gen: int, state: str | None,
+          rows: list[int], reps: int) -> None:
     from fastllm import Model
     from fastllm.bench import synthetic_prompt
     out = {}
@@ -58,10 +75,12 @@ def child(flm: str, lengths: list[int], threads: int, n_batch: int, n_gen: int, 
             s.eval(synthetic_prompt(info["vocab_size"], 64, info["bos_id"]))
         for n in lengths:
             prompt = synthetic_prompt(info["vocab_size"], n, info["bos_id"])
-            with m.session(n_ctx=n + n_gen + 8, n_batch=n_batch) as s:
+            with m.session(n_ctx=n + max([n_gen] + rows) + 8, n_batch=n_batch) as s:
                 t0 = time.perf_counter()
                 s.eval(prompt)
                 out[f"pp{n}"] = n / (time.perf_counter() - t0)
+                if rows:
+                    step_rows(s, prompt, rows, reps, n, out)
                 if n_gen:
                     s.generate([], n_gen, temperature=0.0, ignore_eos=True)
                     r = s.last_result
@@ -85,32 +104,37 @@ def main() -> int:
                     help="also generate this many tokens after each prompt: decoding at that depth (tgN@depth)")
     ap.add_argument("--from_state", action="store_true",
                     help="with --gen: the prompts evaluated once and saved; the rounds load them and only generate")
+    ap.add_argument("--step_rows", default="", help="also time passes of these many rows after each prompt")
+    ap.add_argument("--step_reps", type=int, default=15)
+    ap.add_argument("--flm", type=Path, help="this model rather than a random one of --shape")
     ap.add_argument("--work_dir", type=Path, default=Path("/tmp/fastllm-bench"))
     ap.add_argument("--child", help=argparse.SUPPRESS)
     ap.add_argument("--state", help=argparse.SUPPRESS)
     args = ap.parse_args()
     lengths = [int(n) for n in args.lengths.split(",")]
+    rows = [int(k) for k in args.step_rows.split(",") if k]
     if args.child:
-        child(args.child, lengths, args.threads, args.n_batch, args.gen, args.state)
+        child(args.child, lengths, args.threads, args.n_batch, args.gen, args.state, rows, args.step_reps)
         return 0
     if args.from_state and not args.gen:
         ap.error("--from_state needs --gen")
     from converter.convert import convert
     args.work_dir.mkdir(parents=True, exist_ok=True)
-    hf = random_checkpoint(args.shape, args.work_dir)
-    flm = args.work_dir / f"random-{args.shape}-{args.dtype}.flm"
+    flm = args.flm or args.work_dir / f"random-{args.shape}-{args.dtype}.flm"
     if not flm.exists():
-        convert(str(hf), str(flm), dtype=args.dtype, progress=False)
+        convert(str(random_checkpoint(args.shape, args.work_dir)), str(flm), dtype=args.dtype, progress=False)
     libs = {"after": args.after} if args.before is None else {"before": args.before, "after": args.after}
-    print(f"{cpu_name()}, {args.threads} threads; random {args.shape} {args.dtype}, {args.n_batch} tokens a pass, "
+    model = args.flm.name if args.flm else f"random {args.shape} {args.dtype}"
+    print(f"{cpu_name()}, {args.threads} threads; {model}, {args.n_batch} tokens a pass, "
           f"{args.rounds} rounds" + (", decoding from saved prompts" if args.from_state else ""))
 
     def run(lib: Path) -> dict | None:
         env = dict(os.environ, FASTLLM_LIBRARY=str(lib), PYTHONPATH=str(REPO / "bindings" / "python"))
         cmd = [sys.executable, __file__, "--child", str(flm), "--lengths", args.lengths, "--threads", str(args.threads),
-               "--n_batch", str(args.n_batch), "--gen", str(args.gen)]
+               "--n_batch", str(args.n_batch), "--gen", str(args.gen), "--step_rows", args.step_rows,
+               "--step_reps", str(args.step_reps)]
         if args.from_state:
-            cmd += ["--state", str(args.work_dir / f"state-{args.shape}-{args.dtype}")]
+            cmd += ["--state", str(args.work_dir / f"state-{flm.stem}")]
         p = subprocess.run(cmd, env=env, capture_output=True, text=True)
         if p.returncode != 0:
             print(p.stderr, file=sys.stderr)
