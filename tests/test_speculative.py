@@ -119,17 +119,29 @@ def gemma3_windowed(tmp_path_factory):
         yield m
 
 
-@pytest.mark.parametrize("which", ["smollm2", "smollm2-q8-kv", "smollm2-f32", "gemma3-window"])
-def test_rows_together_give_each_row_its_logits_alone(smollm_q4m, smollm, gemma3_windowed, which):
+@pytest.fixture(scope="module")
+def qwen2_group7(tmp_path_factory):
+    """A random Qwen2 at int4 with 7 query heads a KV head: its decoding rows go in blocks."""
+    from hf_models import make_model
+    tmp = tmp_path_factory.mktemp("qwen2-group7")
+    hf = make_model(tmp / "hf", "qwen2", seed=5, hidden_size=224, num_attention_heads=14, num_key_value_heads=2,
+                    max_position_embeddings=1024)
+    with fastllm.Model(convert(hf, tmp / "m.flm", dtype="int4"), threads=2) as m:
+        yield m
+
+
+@pytest.mark.parametrize("which", ["smollm2", "smollm2-q8-kv", "smollm2-f32", "gemma3-window", "qwen2-group7"])
+def test_rows_together_give_each_row_its_logits_alone(smollm_q4m, smollm, gemma3_windowed, qwen2_group7, which):
     """A verification step's rows (up to 17: a token and 16 drafts) read the KV cache once for all
     of them (attend_direct) and each weight once (f32 weights: dot_rows_multi); every row's logits
     are bit for bit those it gets evaluated alone, as greedy output with drafts needs: at depths
     where a row's keys go in parts (SmolLM2's 3 KV heads, 512 keys or more), where one more key
     moves a part's bound (1024, 1536), with a sliding window (each row's first key its own), with a
-    q8 cache, and with plain f32 weights."""
-    m = {"gemma3-window": gemma3_windowed, "smollm2-f32": smollm}.get(which, smollm_q4m)
+    q8 cache, with plain f32 weights, and where a KV head's 7 query heads take the blocked path."""
+    m = {"gemma3-window": gemma3_windowed, "smollm2-f32": smollm, "qwen2-group7": qwen2_group7}.get(which, smollm_q4m)
     kv = "q8" if which == "smollm2-q8-kv" else "f16"
-    cases = [(40, 9), (300, 17)] if which == "gemma3-window" else [(100, 6), (700, 4), (1019, 6), (1533, 17)]
+    cases = {"gemma3-window": [(40, 9), (300, 17)], "qwen2-group7": [(100, 6), (600, 17)]}.get(
+        which, [(100, 6), (700, 4), (1019, 6), (1533, 17)])
     rng = np.random.default_rng(7)
     for depth, k in cases:
         ids = [int(x) for x in rng.integers(3, min(m.info["vocab_size"], 30000), depth + k)]
