@@ -3,7 +3,7 @@
 // work a thread does for a pair). The pass is 512 rows after `pos0` positions of an f16 KV cache,
 // Qwen2.5-0.5B's heads by default (14 query heads, 2 KV heads of 64 values). Built with the tests
 // (it calls internal functions): build/bench_attention [threads] [pos0] [rounds] [head_dim]
-// [heads] [kv_heads] [rows] [cold]. Fewer than 16 rows are decoding rows (rows = 1: a decoding step's
+// [heads] [kv_heads] [rows] [cold]. Up to 17 rows are decoding rows (rows = 1: a decoding step's
 // attention of one layer); their KV rows are read from memory, as after the weights' layers (a
 // 256 MiB read between rounds), not from the caches of the round before; cold = 0 leaves them in
 // the caches (the attention's own work, without the reads' waits).
