@@ -730,7 +730,7 @@ void attention(const KernelTable &k, const float *q, const AttentionRun *runs, i
     // run goes in blocks, a task per (block of rows, KV head, block of its query heads); so does a
     // decoding run whose KV heads have kDecodeGroupBlocked query heads or more, each of its tasks
     // then taking a KV head's group of heads. Other decoding runs take a task per (group of rows,
-    // KV head, block of its heads, part of its keys: attend_direct, row_groups, key_parts).
+    // KV head, block of its heads, part of its keys: attend_direct, read_together, key_parts).
     const int group = sh.n_heads / sh.n_kv_heads;
     auto direct = [&](const AttentionRun &r) { return r.T < kAttentionBlockRows && group < kDecodeGroupBlocked; };
     // The direct runs' groups of rows, run i's from first_group[i] (thread_local, kept between

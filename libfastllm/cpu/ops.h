@@ -68,8 +68,9 @@ AttentionScratch make_attention_scratch(float *memory, int head_dim, int64_t kv_
 // A run of more than kStepRows rows (a prompt) goes in blocks: a few rows of one KV head's
 // queries against 128 keys at a time, the softmax kept online (running maximum and sum), a task
 // taking several blocks so that each step's keys and values are converted once for all of them. Shorter runs (decoding) go so too when a KV head has
-// enough query heads; otherwise they read the cache in place, a task per (row, KV head, block of
-// its heads, and for long rows of a model with few KV heads, part of the keys).
+// enough query heads; otherwise they read the cache in place, a task per (group of rows whose keys
+// split alike, KV head, block of its heads, and for long rows of a model with few KV heads, part of
+// the keys). Either way each row gets the bits it gets in a run of its own (kStepRows).
 constexpr int kAttentionBlockRows = kStepRows + 1;
 void attention(const KernelTable &k, const float *q, const AttentionRun *runs, int n_runs, int layer,
                const AttentionShape &shape, float *out, const AttentionScratch &scratch, ThreadPool &pool);
