@@ -4,12 +4,14 @@
 // o 2048 x 2048, gate-up 11264 x 2048, down 2048 x 5632) six times over, random codes and scales,
 // far more than the caches hold, so every weight comes from memory as in a decode step. Built with
 // the tests (it calls internal functions): build/bench_quant_decode [threads] [rounds] [dtypes]
-// (dtypes comma-separated .flm names: q8,q4,q4_g128,q4k,q6k by default) [cache | prompt]. With `cache`, one
+// (dtypes comma-separated .flm names: q8,q4,q4_g128,q4k,q6k by default) [cache | prompt | N]. With `cache`, one
 // 512 x 2048 matrix (0.3-1.1 MB, within L2 or the L3) passes 200 times a round instead: the kernels'
 // own rate with the weights in cache, the ceiling that memory's rate is measured against. With
 // `prompt`, 64 tokens pass through one 2048 x 2048 matrix 10 times a round, as a prompt's passes do
 // (the weights in cache, every pass of 8 tokens a block at a time): multiply-adds a second at each
-// level, the products' own rate, steadier than a whole prompt's tokens/s.
+// level, the products' own rate, steadier than a whole prompt's tokens/s. With a number N (2-8), N
+// tokens pass through the layers together from memory, as a speculative step's rows or a few
+// sessions decoding together do (the rate is still the weights' bytes a second).
 #include <algorithm>
 #include <chrono>
 #include <cstdint>
@@ -83,14 +85,17 @@ int main(int argc, char **argv) {
     const std::string list = argc > 3 ? argv[3] : "q8,q4,q4_g128,q4k,q6k";
     const std::string mode = argc > 4 ? argv[4] : "";
     const bool cache = mode == "cache", prompt = mode == "prompt";
-    const int repeat = cache ? 200 : prompt ? 10 : 1, n_tok = prompt ? 64 : 1;
+    const int steps = std::atoi(mode.c_str());  // a number: that many tokens a pass, streaming
+    const int repeat = cache ? 200 : prompt ? 10 : 1, n_tok = prompt ? 64 : steps > 0 ? steps : 1;
     std::vector<const KernelTable *> tables;
     for (Isa isa : {Isa::Avx512, Isa::AvxVnni, Isa::Avx2, Isa::NeonDot, Isa::Neon})  // amx: the avx512 kernel decodes
         if (const KernelTable *k = kernels_for(isa)) tables.push_back(k);
     if (tables.empty()) tables.push_back(&kernels());
     ThreadPool pool(threads);
-    std::printf("%s, %d threads, %s; median of %d alternating rounds\n", cpu_name().c_str(), threads,
-                prompt ? "64 tokens through a 2048 x 2048 matrix, 10 times" : cache ? "one token through a 512 x 2048 matrix in cache, 200 times" : "one token through 6 layers of the TinyLlama-1.1B shape", rounds);
+    const std::string what = prompt ? "64 tokens through a 2048 x 2048 matrix, 10 times"
+                           : cache  ? "one token through a 512 x 2048 matrix in cache, 200 times"
+                                    : std::to_string(n_tok) + (n_tok == 1 ? " token" : " tokens") + " through 6 layers of the TinyLlama-1.1B shape";
+    std::printf("%s, %d threads, %s; median of %d alternating rounds\n", cpu_name().c_str(), threads, what.c_str(), rounds);
     std::stringstream names(list);
     for (std::string name; std::getline(names, name, ',');) {
         DType dt = DType::F32;
@@ -115,11 +120,19 @@ int main(int argc, char **argv) {
         std::vector<float> scratch(ops::matmul_scratch_floats(5632, threads, n_tok));
         const ops::MatmulScratch sc = ops::make_matmul_scratch(scratch.data(), 5632, threads, n_tok);
         std::vector<std::vector<double>> secs(tables.size() + 1);
+        // Each round starts one step further along the levels and the plain read, so that no level
+        // always follows the same one (the first level after the read streamed 5-10% slower when the
+        // order was fixed).
+        const size_t n_runs = tables.size() + 1;
         for (int r = 0; r < rounds; r++) {
-            double read_s = 0;
-            for (int k = 0; k < (prompt ? 0 : repeat); k++) read_s += read_all(ms, pool);
-            secs[tables.size()].push_back(read_s);
-            for (size_t i = 0; i < tables.size(); i++) {
+            for (size_t s = 0; s < n_runs; s++) {
+                const size_t i = (s + r) % n_runs;
+                if (i == tables.size()) {
+                    double read_s = 0;
+                    for (int k = 0; k < (prompt ? 0 : repeat); k++) read_s += read_all(ms, pool);
+                    secs[i].push_back(read_s);
+                    continue;
+                }
                 const auto t0 = std::chrono::steady_clock::now();
                 for (int k = 0; k < repeat; k++)
                     for (const Matrix &m : ms) ops::matmul(*tables[i], m.t, nullptr, x.data(), n_tok, y.data(), sc, pool);

@@ -1,8 +1,10 @@
 // kernels_avx2.h — what the AVX2 table (kernels_avx2.cpp) and the AVX-VNNI one (kernels_avxvnni.cpp)
 // share: decoding a tile half's codes 8 rows wide, a thread's bytes for them decoded once, widening a
-// half's scales and storing its outputs.
-// Included by those two files only; everything here has internal linkage, so that the linker
-// cannot pick one file's copy of a helper for the other's table.
+// half's scales and storing its outputs; and one token's pass over a tile of codes narrower than a
+// byte in halves of 8 rows (decode_halves), which the AVX-512 table (kernels_avx512.cpp) takes too.
+// Included by those three files only; everything here has internal linkage, so that the linker
+// cannot pick one file's copy of a helper for another's table (each is compiled with its own ISA's
+// flags).
 #pragma once
 #if defined(__x86_64__) || defined(_M_X64)
 #include <immintrin.h>
@@ -64,6 +66,68 @@ inline void decode_pair(const uint8_t *cb, int j, __m256i &lo, __m256i &hi) {
         lo = _mm256_or_si256(lo, _mm256_and_si256(hl, top2));
         hi = _mm256_or_si256(hi, _mm256_and_si256(hh, top2));
     }
+}
+
+// Half h's 8 rows' scale of group g, and their minimum; kK: a K format's (8-bit codes times f16
+// factors).
+template <bool kK>
+inline __m256 half_scale(const QuantTile &w, int64_t g, int h) {
+    if constexpr (kK) return _mm256_mul_ps(f16x8(w.k_scale + (g / 8) * kTileRows + h * 8), u8x8(w.k_scale_code + g * kTileRows + h * 8));
+    return f16x8(w.scales + g * kTileRows + h * 8);
+}
+template <bool kK>
+inline __m256 half_min(const QuantTile &w, int64_t g, int h) {
+    if constexpr (kK) return _mm256_mul_ps(f16x8(w.k_min + (g / 8) * kTileRows + h * 8), u8x8(w.k_min_code + g * kTileRows + h * 8));
+    return f16x8(w.mins + g * kTileRows + h * 8);
+}
+
+// One token (decoding) through a tile's first n_rows rows of kBits-wide codes (3-6), with the
+// AVX-512 kernel's arithmetic (kernels_avx512.cpp, tile_dot), so the same bits: both halves of 8
+// rows a pair of blocks at a time, each 64-byte line read once and decoded by decode_pair, one
+// vpdpbusd with 4 bytes of the activations broadcast advancing a half's 8 rows, each block's scales
+// (and zero point or minimum) applied in f32; the weights come from memory and are prefetched.
+// Dot is the table's 256-bit vpdpbusd (AVX-VNNI's VEX form, AVX-512's EVEX one); kK, kMin as
+// half_scale, half_min.
+template <int kBits, bool kK, bool kMin, __m256i (*Dot)(__m256i, __m256i, __m256i)>
+void decode_halves(const QuantTile &w, int n, const QuantActs &x, float *y, int n_rows) {
+    constexpr float zero = kMin ? 0.0f : (float)(1 << (kBits - 1));
+    const int group_shift = kK || w.group == 32 ? 0 : w.group == 128 ? 2 : 1;  // block -> group
+    __m256 acc[2] = {_mm256_setzero_ps(), _mm256_setzero_ps()};
+    auto bcast = [](const int8_t *p) {
+        int32_t four;
+        std::memcpy(&four, p, 4);
+        return _mm256_set1_epi32(four);
+    };
+    // (d * sum - zero * ds) * scale, or d * sum * scale + min * ds
+    auto finish_block = [&](int b, int h, __m256i sum) {
+        const int g = b >> group_shift;
+        const __m256 ws = half_scale<kK>(w, g, h);
+        if constexpr (kMin) {
+            const __m256 f = _mm256_mul_ps(_mm256_cvtepi32_ps(sum), _mm256_set1_ps(x.d[b]));
+            acc[h] = _mm256_fmadd_ps(half_min<kK>(w, g, h), _mm256_set1_ps(x.ds[b]), _mm256_fmadd_ps(f, ws, acc[h]));
+        } else {
+            const __m256 f = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sum), _mm256_set1_ps(x.d[b]), _mm256_set1_ps(-zero * x.ds[b]));
+            acc[h] = _mm256_fmadd_ps(f, ws, acc[h]);
+        }
+    };
+    for (int b = 0; b < n / kActBlock; b += 2) {
+        __m256i lo_sum[2], hi_sum[2];
+        for (int h = 0; h < 2; h++) lo_sum[h] = hi_sum[h] = _mm256_setzero_si256();
+        const uint8_t *cb = w.codes + (size_t)(b / 2) * 128 * kBits;
+        prefetch_ahead(cb, 128 * kBits);
+#pragma GCC unroll 8
+        for (int j = 0; j < 8; j++) {
+            const __m256i xl = bcast(x.q + b * kActBlock + 4 * j), xh = bcast(x.q + (b + 1) * kActBlock + 4 * j);
+            for (int h = 0; h < 2; h++) {
+                __m256i lo, hi;
+                decode_pair<kBits>(cb + h * 32, j, lo, hi);
+                lo_sum[h] = Dot(lo_sum[h], lo, xl);
+                hi_sum[h] = Dot(hi_sum[h], hi, xh);
+            }
+        }
+        for (int h = 0; h < 2; h++) finish_block(b, h, lo_sum[h]), finish_block(b + 1, h, hi_sum[h]);
+    }
+    for (int h = 0; h < 2; h++) store_rows8(y + h * 8, acc[h], n_rows - h * 8);
 }
 
 // The thread's bytes for a half's decoded codes (n x 8 bytes, 32-byte aligned), one buffer for every

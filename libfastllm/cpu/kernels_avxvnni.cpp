@@ -15,27 +15,14 @@ namespace fastllm {
 
 namespace {
 
-// Half h's 8 rows' scale of group g, and their minimum; kK: a K format's (8-bit codes times f16
-// factors).
-template <bool kK>
-inline __m256 half_scale(const QuantTile &w, int64_t g, int h) {
-    if constexpr (kK) return _mm256_mul_ps(f16x8(w.k_scale + (g / 8) * kTileRows + h * 8), u8x8(w.k_scale_code + g * kTileRows + h * 8));
-    return f16x8(w.scales + g * kTileRows + h * 8);
-}
-template <bool kK>
-inline __m256 half_min(const QuantTile &w, int64_t g, int h) {
-    if constexpr (kK) return _mm256_mul_ps(f16x8(w.k_min + (g / 8) * kTileRows + h * 8), u8x8(w.k_min_code + g * kTileRows + h * 8));
-    return f16x8(w.mins + g * kTileRows + h * 8);
-}
+inline __m256i dot4(__m256i sum, __m256i u8, __m256i s8) { return _mm256_dpbusd_avx_epi32(sum, u8, s8); }
 
-// The AVX-512 kernel's arithmetic (kernels_avx512.cpp) on halves of 8 rows: one vpdpbusd with 4
-// bytes of a token's activations broadcast advances a half's 8 rows into int32 sums, and each
-// block's scales (and zero point or minimum) are applied in f32. H halves from half0 (8H rows) and
-// NT tokens share every load. Two paths:
-// - kBits < 8 and one token (decoding): both halves a pair of blocks at a time, each 64-byte line
-//   read once, the codes decoded by decode_pair;
-// - q8's own codes, or codes decoded once into pre by unpack_half (one half, H = 1): a block at a
-//   time, NT tokens' sums and outputs in 2NT of the 16 registers.
+// The AVX-512 kernel's arithmetic (kernels_avx512.cpp) on halves of 8 rows, for q8's own codes or
+// codes decoded once into pre by unpack_half (one half, H = 1): one vpdpbusd with 4 bytes of a
+// token's activations broadcast advances a half's 8 rows into int32 sums, a block at a time, and
+// each block's scales (and zero point or minimum) are applied in f32. H halves from half0 (8H rows)
+// and NT tokens share every load; NT tokens' sums and outputs take 2NT of the 16 registers. One
+// token over narrower codes takes decode_halves (kernels_avx2.h).
 // kStream: the weights come from memory, and are prefetched. kK, kMin as half_scale, half_min.
 template <int kBits, int NT, int H, bool kK, bool kMin, bool kStream>
 void tile_dot(const QuantTile &w, int half0, int n, const QuantActs &x0, float *y, size_t ldy, int n_rows, const uint8_t *pre) {
@@ -73,48 +60,28 @@ void tile_dot(const QuantTile &w, int half0, int n, const QuantActs &x0, float *
             }
         }
     };
-    if constexpr (kBits == 8 || H == 1) {  // decoded codes are one half's
-        // Decoding takes two chains of sums a token and half (vpdpbusd's latency would bind).
-        constexpr int kChains = NT * H < 4 ? 2 : 1;
-        for (int b = 0; b < n_blocks; b++) {
-            __m256i sum[kChains][H][NT];
-            for (int c = 0; c < kChains; c++)
-                for (int h = 0; h < H; h++)
-                    for (int t = 0; t < NT; t++) sum[c][h][t] = _mm256_setzero_si256();
-            // q8: chunk j of block b, half h at 64 j + 32 h; decoded codes: chunk j of the pair's
-            // block b % 2 at 64 j + 32 (b % 2)
-            const uint8_t *cb = kBits == 8 ? w.codes + (size_t)b * 512 + half0 * 32 : pre + (size_t)(b / 2) * 512 + (b % 2) * 32;
-            if (kStream && kBits == 8) prefetch_ahead(w.codes + (size_t)b * 512, 512);
-            for (int j = 0; j < 8; j++)
-                for (int h = 0; h < H; h++) {
-                    const __m256i v = _mm256_loadu_si256((const __m256i *)(cb + j * 64 + h * 32));
-                    for (int t = 0; t < NT; t++)
-                        sum[j % kChains][h][t] = _mm256_dpbusd_avx_epi32(sum[j % kChains][h][t], v, bcast(q[t] + b * kActBlock + 4 * j));
-                }
+    static_assert(kBits == 8 || H == 1, "decoded codes are one half's");
+    // Decoding takes two chains of sums a token and half (vpdpbusd's latency would bind).
+    constexpr int kChains = NT * H < 4 ? 2 : 1;
+    for (int b = 0; b < n_blocks; b++) {
+        __m256i sum[kChains][H][NT];
+        for (int c = 0; c < kChains; c++)
+            for (int h = 0; h < H; h++)
+                for (int t = 0; t < NT; t++) sum[c][h][t] = _mm256_setzero_si256();
+        // q8: chunk j of block b, half h at 64 j + 32 h; decoded codes: chunk j of the pair's
+        // block b % 2 at 64 j + 32 (b % 2)
+        const uint8_t *cb = kBits == 8 ? w.codes + (size_t)b * 512 + half0 * 32 : pre + (size_t)(b / 2) * 512 + (b % 2) * 32;
+        if (kStream && kBits == 8) prefetch_ahead(w.codes + (size_t)b * 512, 512);
+        for (int j = 0; j < 8; j++)
             for (int h = 0; h < H; h++) {
-                if (kChains == 2)
-                    for (int t = 0; t < NT; t++) sum[0][h][t] = _mm256_add_epi32(sum[0][h][t], sum[kChains - 1][h][t]);
-                finish_block(b, h, sum[0][h]);
+                const __m256i v = _mm256_loadu_si256((const __m256i *)(cb + j * 64 + h * 32));
+                for (int t = 0; t < NT; t++)
+                    sum[j % kChains][h][t] = dot4(sum[j % kChains][h][t], v, bcast(q[t] + b * kActBlock + 4 * j));
             }
-        }
-    } else {
-        static_assert(NT == 1, "decode_pair's path is one token's");
-        for (int b = 0; b < n_blocks; b += 2) {
-            __m256i lo_sum[H], hi_sum[H];
-            for (int h = 0; h < H; h++) lo_sum[h] = hi_sum[h] = _mm256_setzero_si256();
-            const uint8_t *cb = w.codes + (size_t)(b / 2) * 128 * kBits;
-            if (kStream) prefetch_ahead(cb, 128 * kBits);
-#pragma GCC unroll 8
-            for (int j = 0; j < 8; j++) {
-                const __m256i xl = bcast(q[0] + b * kActBlock + 4 * j), xh = bcast(q[0] + (b + 1) * kActBlock + 4 * j);
-                for (int h = 0; h < H; h++) {
-                    __m256i lo, hi;
-                    decode_pair<kBits>(cb + (half0 + h) * 32, j, lo, hi);
-                    lo_sum[h] = _mm256_dpbusd_avx_epi32(lo_sum[h], lo, xl);
-                    hi_sum[h] = _mm256_dpbusd_avx_epi32(hi_sum[h], hi, xh);
-                }
-            }
-            for (int h = 0; h < H; h++) finish_block(b, h, &lo_sum[h]), finish_block(b + 1, h, &hi_sum[h]);
+        for (int h = 0; h < H; h++) {
+            if (kChains == 2)
+                for (int t = 0; t < NT; t++) sum[0][h][t] = _mm256_add_epi32(sum[0][h][t], sum[kChains - 1][h][t]);
+            finish_block(b, h, sum[0][h]);
         }
     }
     for (int h = 0; h < H; h++)
@@ -142,7 +109,10 @@ void half_passes(const QuantTile &w, int half, int n, const QuantActs &x, int n_
 // decoded once a half for all their passes (unpack_half prefetches when streaming).
 template <int kBits, bool kK, bool kMin>
 void dot_rows_form(const QuantTile &w, int rows, int n, const QuantActs &x, int n_tok, float *y, size_t ldy) {
-    if (n_tok == 1) return tile_dot<kBits, 1, 2, kK, kMin, true>(w, 0, n, x, y, ldy, rows, nullptr);
+    if (n_tok == 1) {
+        if constexpr (kBits < 8) return decode_halves<kBits, kK, kMin, dot4>(w, n, x, y, rows);
+        else return tile_dot<kBits, 1, 2, kK, kMin, true>(w, 0, n, x, y, ldy, rows, nullptr);
+    }
     const bool stream = n_tok <= kStreamTokens;
     for (int half = 0; half * 8 < rows; half++) {
         const int n_rows = std::min(8, rows - half * 8);
