@@ -451,7 +451,7 @@ template <int kBits, bool kK, bool kMin>
 void dot_rows_form(const QuantTile &w, int rows, int n, const QuantActs &x, int n_tok, float *y, size_t ldy) {
     static_assert(kStreamTokens <= 8, "a streaming call is one pass");
     if constexpr (kDecodeOnce<kBits>)
-        if (n_tok == 1) return decode_halves<kBits, kK, kMin, dot4>(w, n, x, y, rows);
+        if (n_tok == 1) return decode_halves<kBits, kK, kMin, dot4>(w, 0, n, x, y, ldy, rows);
     if (n_tok <= kStreamTokens) return tile_passes<kBits, kK, kMin, true>(w, rows, n, x, n_tok, y, ldy, nullptr);
     uint8_t *pre = nullptr;
     if constexpr (kDecodeOnce<kBits>) unpack_tile<kBits>(w, n, pre = decoded_tile(n));

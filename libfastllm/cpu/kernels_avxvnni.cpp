@@ -21,8 +21,8 @@ inline __m256i dot4(__m256i sum, __m256i u8, __m256i s8) { return _mm256_dpbusd_
 // codes decoded once into pre by unpack_half (one half, H = 1): one vpdpbusd with 4 bytes of a
 // token's activations broadcast advances a half's 8 rows into int32 sums, a block at a time, and
 // each block's scales (and zero point or minimum) are applied in f32. H halves from half0 (8H rows)
-// and NT tokens share every load; NT tokens' sums and outputs take 2NT of the 16 registers. One
-// token over narrower codes takes decode_halves (kernels_avx2.h).
+// and NT tokens share every load. Narrower codes streamed from memory take decode_halves
+// (kernels_avx2.h), the same arithmetic.
 // kStream: the weights come from memory, and are prefetched. kK, kMin as half_scale, half_min.
 template <int kBits, int NT, int H, bool kK, bool kMin, bool kStream>
 void tile_dot(const QuantTile &w, int half0, int n, const QuantActs &x0, float *y, size_t ldy, int n_rows, const uint8_t *pre) {
@@ -88,38 +88,52 @@ void tile_dot(const QuantTile &w, int half0, int n, const QuantActs &x0, float *
         for (int t = 0; t < NT; t++) store_rows8(y + t * ldy + h * 8, acc[h][t], n_rows - h * 8);
 }
 
-// One half's passes, 4 tokens at a time.
-template <int kBits, bool kK, bool kMin, bool kStream>
+// One half's passes over codes decoded once into pre (a prompt's), 4 tokens at a time.
+template <int kBits, bool kK, bool kMin>
 void half_passes(const QuantTile &w, int half, int n, const QuantActs &x, int n_tok, float *yh, size_t ldy, int n_rows,
                  const uint8_t *pre) {
     constexpr int NT = 4;
     int t = 0;
     for (; t + NT <= n_tok; t += NT)
-        tile_dot<kBits, NT, 1, kK, kMin, kStream>(w, half, n, token_acts(x, n, t), yh + t * ldy, ldy, n_rows, pre);
+        tile_dot<kBits, NT, 1, kK, kMin, false>(w, half, n, token_acts(x, n, t), yh + t * ldy, ldy, n_rows, pre);
     const QuantActs rest = token_acts(x, n, t);
     switch (n_tok - t) {
-    case 3: tile_dot<kBits, 3, 1, kK, kMin, kStream>(w, half, n, rest, yh + t * ldy, ldy, n_rows, pre); break;
-    case 2: tile_dot<kBits, 2, 1, kK, kMin, kStream>(w, half, n, rest, yh + t * ldy, ldy, n_rows, pre); break;
-    case 1: tile_dot<kBits, 1, 1, kK, kMin, kStream>(w, half, n, rest, yh + t * ldy, ldy, n_rows, pre); break;
+    case 3: tile_dot<kBits, 3, 1, kK, kMin, false>(w, half, n, rest, yh + t * ldy, ldy, n_rows, pre); break;
+    case 2: tile_dot<kBits, 2, 1, kK, kMin, false>(w, half, n, rest, yh + t * ldy, ldy, n_rows, pre); break;
+    case 1: tile_dot<kBits, 1, 1, kK, kMin, false>(w, half, n, rest, yh + t * ldy, ldy, n_rows, pre); break;
     default: break;
     }
 }
 
-// One token takes both halves in one pass; more take a half at a time, codes narrower than a byte
-// decoded once a half for all their passes (unpack_half prefetches when streaming).
+// NT tokens through both halves of a tile, streaming it from memory, straight from its codes.
+template <int kBits, bool kK, bool kMin, int NT>
+void stream_pass(const QuantTile &w, int rows, int n, const QuantActs &x, float *y, size_t ldy) {
+    if constexpr (kBits < 8) decode_halves<kBits, kK, kMin, dot4, NT, 2>(w, 0, n, x, y, ldy, rows);
+    else tile_dot<kBits, NT, 2, kK, kMin, true>(w, 0, n, x, y, ldy, rows, nullptr);
+}
+
+// Up to kStreamTokens tokens (decoding; a speculative step's rows, a few sessions decoding together)
+// stream the tile: both halves a pass, each 64-byte line read once, 2 tokens a pass (3 in the last
+// when their number is odd), the codes decoded again for each pass. Against a half at a time with
+// the codes decoded once into bytes, as a prompt goes (AMD EPYC Zen 5 at this level, 2 threads,
+// `build/bench_quant_decode 2 7 DTYPES N`, share of the read rate): 2 tokens q4 54 -> 92%, q6k 62 ->
+// 92%, q8 84 -> 97%; 3 tokens q4 88%; 4 tokens 50-58 -> 76-78%; 8 tokens 35-41 -> 43-48%. More
+// tokens take a half at a time, the codes narrower than a byte decoded once for all their passes.
 template <int kBits, bool kK, bool kMin>
 void dot_rows_form(const QuantTile &w, int rows, int n, const QuantActs &x, int n_tok, float *y, size_t ldy) {
-    if (n_tok == 1) {
-        if constexpr (kBits < 8) return decode_halves<kBits, kK, kMin, dot4>(w, n, x, y, rows);
-        else return tile_dot<kBits, 1, 2, kK, kMin, true>(w, 0, n, x, y, ldy, rows, nullptr);
+    if (n_tok == 1) return stream_pass<kBits, kK, kMin, 1>(w, rows, n, x, y, ldy);
+    if (n_tok <= kStreamTokens) {
+        int t = 0;
+        for (; n_tok - t > 3; t += 2) stream_pass<kBits, kK, kMin, 2>(w, rows, n, token_acts(x, n, t), y + t * ldy, ldy);
+        if (n_tok - t == 3) stream_pass<kBits, kK, kMin, 3>(w, rows, n, token_acts(x, n, t), y + t * ldy, ldy);
+        else stream_pass<kBits, kK, kMin, 2>(w, rows, n, token_acts(x, n, t), y + t * ldy, ldy);
+        return;
     }
-    const bool stream = n_tok <= kStreamTokens;
     for (int half = 0; half * 8 < rows; half++) {
         const int n_rows = std::min(8, rows - half * 8);
         uint8_t *pre = nullptr;
-        if constexpr (kBits < 8) unpack_half<kBits>(w, half, n, pre = decoded_codes(n), stream && half == 0);
-        if (stream) half_passes<kBits, kK, kMin, true>(w, half, n, x, n_tok, y + half * 8, ldy, n_rows, pre);
-        else half_passes<kBits, kK, kMin, false>(w, half, n, x, n_tok, y + half * 8, ldy, n_rows, pre);
+        if constexpr (kBits < 8) unpack_half<kBits>(w, half, n, pre = decoded_codes(n), false);
+        half_passes<kBits, kK, kMin>(w, half, n, x, n_tok, y + half * 8, ldy, n_rows, pre);
     }
 }
 
