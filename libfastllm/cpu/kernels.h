@@ -225,8 +225,15 @@ constexpr size_t kPrefetchAhead = 8192;
 inline void prefetch_ahead(const void *p, size_t bytes) {
     for (size_t i = 0; i < bytes; i += 64) __builtin_prefetch((const char *)p + kPrefetchAhead + i, 0, 2);
 }
-// Token counts up to this stream the weights (each tile is read once for all of them).
-constexpr int kStreamTokens = 8;
+// Token counts up to stream_tokens(bits) stream the weights: each tile is read from memory once, by
+// the first pass over it, whose loads are prefetched (later passes find it in cache), and every
+// pass takes the codes as they lie. More tokens go as a prompt's do, codes narrower than a byte
+// decoded once a tile where that pays. 3-, 5- and 6-bit codes, the costliest to decode, stream up
+// to 8 tokens; 4- and 8-bit ones up to a step's rows (KernelTable::kMultiTokens): at 9-17 tokens
+// (AMD EPYC Zen 5, 2 threads, build/bench_quant_decode 2 5 DTYPES N, against a limit of 8) AVX-512
+// 1.03-1.5x, AVX-VNNI 1.04-1.4x, AVX2 (whose passes only gain the prefetches) 1.15-1.27x; 3- and
+// 5-bit codes 0.9x that way on AVX-512, 6-bit ones 0.9x at 17 tokens on AVX-VNNI.
+constexpr int stream_tokens(int bits) { return bits == 4 || bits == 8 ? KernelTable::kMultiTokens : 8; }
 // Token t's view of activations quantized for n_tok tokens of n values each.
 inline QuantActs token_acts(const QuantActs &x, int n, int t) {
     QuantActs v{x.q + (size_t)t * n, x.d + (size_t)t * (n / kActBlock), x.ds + (size_t)t * (n / kActBlock)};

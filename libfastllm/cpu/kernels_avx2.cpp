@@ -546,8 +546,8 @@ __attribute__((always_inline)) inline void for_chunks(int from, int to, int step
 // 1.21x, q8 1.19x, q4_g128 1.13x, q4k and q6k about 1.0x; 24 tokens q4k 1.14x, q6k 1.09x, q4 1.06x,
 // q8 0.98x. End to end (bench_before_after.py): q4_k_m tg64 1.35x, pp128 1.25x; int4 1.37x, 1.13x.
 // bench/bench_quant_decode.cpp measures decoding's rate against a plain read of the same bytes.
-// stream: the weights come from memory (kStreamTokens tokens or fewer), and are prefetched by the
-// pass over the first half (a second half's pass finds them in cache).
+// stream: the weights come from memory (stream_tokens(kBits) tokens or fewer), and are prefetched
+// by the pass over the first half (a second half's pass finds them in cache).
 // kPre: the half's codes are read from pre, where unpack_half decoded them once for all of a
 // prompt's passes, instead of being decoded again in every pass of NT tokens.
 template <int kBits, bool kKScales, int NT, int H, bool kPre = false>
@@ -714,7 +714,7 @@ void dot_rows_quant(const QuantTile &w, int rows, int n, const QuantActs &x, int
     uint8_t *decoded = kDecodeOnce && n_tok > NT ? decoded_codes(n) : nullptr;
     for (int half = 0; half * 8 < rows; half++) {
         const int n_rows = std::min(8, rows - half * 8);
-        const bool stream = half == 0 && n_tok <= kStreamTokens;
+        const bool stream = half == 0 && n_tok <= stream_tokens(kBits);
         if constexpr (kDecodeOnce) {
             if (decoded) {
                 unpack_half<kBits>(w, half, n, decoded, stream);

@@ -296,12 +296,12 @@ void quantize_acts(const float *x, int n, const QuantActs &out) {
 // block's scale, activation scale and zero-point / minimum term are applied once, 16 rows wide.
 // q4 chunks carry two blocks (low and high nibbles); q6 adds the top 2 bits of each code from 4
 // more chunks per pair of blocks. NT tokens share every load and unpack.
-// kStream: the weights come from memory (kStreamTokens tokens or fewer), and are prefetched. kK,
-// kMin: the tile's scales are a K format's (codes times factors), and it has minimums. All three are
-// decided once per tile, so that the loop over blocks tests none of them: decoding streams from
-// memory at a rate a third of the kernel's own from cache, yet a test of a run-time `stream` before
-// each block's prefetches alone cost 10% of it (q6k, one thread, AMD EPYC Zen 5: 0.87-0.96 of a plain
-// read of the bytes against 1.02-1.05 without the test).
+// kStream: the weights come from memory (stream_tokens(kBits) tokens or fewer), and are
+// prefetched. kK, kMin: the tile's scales are a K format's (codes times factors), and it has
+// minimums. All three are decided once per tile, so that the loop over blocks tests none of them:
+// decoding streams from memory at a rate a third of the kernel's own from cache, yet a test of a
+// run-time `stream` before each block's prefetches alone cost 10% of it (q6k, one thread, AMD EPYC
+// Zen 5: 0.87-0.96 of a plain read of the bytes against 1.02-1.05 without the test).
 // A prompt's passes (not streaming) over codes narrower than a byte read them from pre, where
 // unpack_tile decoded the tile once for all of them.
 template <int kBits>
@@ -449,10 +449,9 @@ inline __m256i dot4(__m256i sum, __m256i u8, __m256i s8) { return _mm256_dpbusd_
 
 template <int kBits, bool kK, bool kMin>
 void dot_rows_form(const QuantTile &w, int rows, int n, const QuantActs &x, int n_tok, float *y, size_t ldy) {
-    static_assert(kStreamTokens <= 8, "a streaming call is one pass");
     if constexpr (kDecodeOnce<kBits>)
         if (n_tok == 1) return decode_halves<kBits, kK, kMin, dot4>(w, 0, n, x, y, ldy, rows);
-    if (n_tok <= kStreamTokens) return tile_passes<kBits, kK, kMin, true>(w, rows, n, x, n_tok, y, ldy, nullptr);
+    if (n_tok <= stream_tokens(kBits)) return tile_passes<kBits, kK, kMin, true>(w, rows, n, x, n_tok, y, ldy, nullptr);
     uint8_t *pre = nullptr;
     if constexpr (kDecodeOnce<kBits>) unpack_tile<kBits>(w, n, pre = decoded_tile(n));
     tile_passes<kBits, kK, kMin, false>(w, rows, n, x, n_tok, y, ldy, pre);

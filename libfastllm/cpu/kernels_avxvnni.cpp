@@ -112,17 +112,17 @@ void stream_pass(const QuantTile &w, int rows, int n, const QuantActs &x, float 
     else tile_dot<kBits, NT, 2, kK, kMin, true>(w, 0, n, x, y, ldy, rows, nullptr);
 }
 
-// Up to kStreamTokens tokens (decoding; a speculative step's rows, a few sessions decoding together)
-// stream the tile: both halves a pass, each 64-byte line read once, 2 tokens a pass (3 in the last
-// when their number is odd), the codes decoded again for each pass. Against a half at a time with
-// the codes decoded once into bytes, as a prompt goes (AMD EPYC Zen 5 at this level, 2 threads,
-// `build/bench_quant_decode 2 7 DTYPES N`, share of the read rate): 2 tokens q4 54 -> 92%, q6k 62 ->
-// 92%, q8 84 -> 97%; 3 tokens q4 88%; 4 tokens 50-58 -> 76-78%; 8 tokens 35-41 -> 43-48%. More
-// tokens take a half at a time, the codes narrower than a byte decoded once for all their passes.
+// Up to stream_tokens(kBits) tokens (decoding; a speculative step's rows, a few sessions decoding
+// together) stream the tile: both halves a pass, each 64-byte line read once, 2 tokens a pass (3 in
+// the last when their number is odd), the codes decoded again for each pass. Against a half at a
+// time with the codes decoded once into bytes, as a prompt goes (AMD EPYC Zen 5 at this level, 2
+// threads, `build/bench_quant_decode 2 7 DTYPES N`, share of the read rate): 2 tokens q4 54 -> 92%,
+// q6k 62 -> 92%, q8 84 -> 97%; 3 tokens q4 88%; 4 tokens 50-58 -> 76-78%; 8 tokens 35-41 -> 43-48%.
+// More tokens take a half at a time, the codes narrower than a byte decoded once for all passes.
 template <int kBits, bool kK, bool kMin>
 void dot_rows_form(const QuantTile &w, int rows, int n, const QuantActs &x, int n_tok, float *y, size_t ldy) {
     if (n_tok == 1) return stream_pass<kBits, kK, kMin, 1>(w, rows, n, x, y, ldy);
-    if (n_tok <= kStreamTokens) {
+    if (n_tok <= stream_tokens(kBits)) {
         int t = 0;
         for (; n_tok - t > 3; t += 2) stream_pass<kBits, kK, kMin, 2>(w, rows, n, token_acts(x, n, t), y + t * ldy, ldy);
         if (n_tok - t == 3) stream_pass<kBits, kK, kMin, 3>(w, rows, n, token_acts(x, n, t), y + t * ldy, ldy);
