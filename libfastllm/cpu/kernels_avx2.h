@@ -1,7 +1,7 @@
 // kernels_avx2.h — what the AVX2 table (kernels_avx2.cpp) and the AVX-VNNI one (kernels_avxvnni.cpp)
 // share: decoding a tile half's codes 8 rows wide, a thread's bytes for them decoded once, widening a
-// half's scales and storing its outputs; and one token's pass over a tile of codes narrower than a
-// byte in halves of 8 rows (decode_halves), which the AVX-512 table (kernels_avx512.cpp) takes too.
+// half's scales and storing its outputs; and a few tokens' pass over both halves of a tile of codes
+// narrower than a byte (decode_halves), which the AVX-512 table (kernels_avx512.cpp) takes for one.
 // Included by those three files only; everything here has internal linkage, so that the linker
 // cannot pick one file's copy of a helper for another's table (each is compiled with its own ISA's
 // flags).
@@ -81,16 +81,15 @@ inline __m256 half_min(const QuantTile &w, int64_t g, int h) {
     return f16x8(w.mins + g * kTileRows + h * 8);
 }
 
-// NT tokens through H halves of a tile from half0 (the first n_rows of their rows; y and n_rows
-// count from half0's first row) of kBits-wide codes (3-6), straight from the codes, with the AVX-512
-// kernel's arithmetic (kernels_avx512.cpp, tile_dot), so the same bits: a pair of blocks at a time,
-// each 32-byte half-line decoded once by decode_pair for all NT tokens, one vpdpbusd with 4 bytes of
-// a token's activations broadcast advancing a half's 8 rows, each block's scales (and zero point or
-// minimum) applied in f32. The codes are prefetched (a second half's pass finds them in cache).
-// Dot is the table's 256-bit vpdpbusd (AVX-VNNI's VEX form, AVX-512's EVEX one); kK, kMin as
-// half_scale, half_min. One token (decoding) takes both halves, each 64-byte line read once.
-template <int kBits, bool kK, bool kMin, __m256i (*Dot)(__m256i, __m256i, __m256i), int NT = 1, int H = 2>
-void decode_halves(const QuantTile &w, int half0, int n, const QuantActs &x, float *y, size_t ldy, int n_rows) {
+// NT tokens through a tile's first n_rows rows of kBits-wide codes (3-6), streamed from memory,
+// with the AVX-512 kernel's arithmetic (kernels_avx512.cpp, tile_dot), so the same bits: both
+// halves of 8 rows a pair of blocks at a time, each 64-byte line read once (prefetched) and each of
+// its 32-byte halves decoded once by decode_pair for all NT tokens, one vpdpbusd with 4 bytes of a
+// token's activations broadcast advancing a half's 8 rows, each block's scales (and zero point or
+// minimum) applied in f32. Dot is the table's 256-bit vpdpbusd (AVX-VNNI's VEX form, AVX-512's
+// EVEX one); kK, kMin as half_scale, half_min.
+template <int kBits, bool kK, bool kMin, __m256i (*Dot)(__m256i, __m256i, __m256i), int NT = 1>
+void decode_halves(const QuantTile &w, int n, const QuantActs &x, float *y, size_t ldy, int n_rows) {
     constexpr float zero = kMin ? 0.0f : (float)(1 << (kBits - 1));
     const int group_shift = kK || w.group == 32 ? 0 : w.group == 128 ? 2 : 1;  // block -> group
     const int8_t *q[NT];
@@ -99,8 +98,8 @@ void decode_halves(const QuantTile &w, int half0, int n, const QuantActs &x, flo
         const QuantActs a = token_acts(x, n, t);
         q[t] = a.q, d[t] = a.d, ds[t] = a.ds;
     }
-    __m256 acc[H][NT];
-    for (int h = 0; h < H; h++)
+    __m256 acc[2][NT];
+    for (int h = 0; h < 2; h++)
         for (int t = 0; t < NT; t++) acc[h][t] = _mm256_setzero_ps();
     auto bcast = [](const int8_t *p) {
         int32_t four;
@@ -110,11 +109,11 @@ void decode_halves(const QuantTile &w, int half0, int n, const QuantActs &x, flo
     // (d * sum - zero * ds) * scale, or d * sum * scale + min * ds
     auto finish_block = [&](int b, int h, const __m256i *sum) {
         const int g = b >> group_shift;
-        const __m256 ws = half_scale<kK>(w, g, half0 + h);
+        const __m256 ws = half_scale<kK>(w, g, h);
         for (int t = 0; t < NT; t++) {
             if constexpr (kMin) {
                 const __m256 f = _mm256_mul_ps(_mm256_cvtepi32_ps(sum[t]), _mm256_set1_ps(d[t][b]));
-                acc[h][t] = _mm256_fmadd_ps(half_min<kK>(w, g, half0 + h), _mm256_set1_ps(ds[t][b]), _mm256_fmadd_ps(f, ws, acc[h][t]));
+                acc[h][t] = _mm256_fmadd_ps(half_min<kK>(w, g, h), _mm256_set1_ps(ds[t][b]), _mm256_fmadd_ps(f, ws, acc[h][t]));
             } else {
                 const __m256 f = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sum[t]), _mm256_set1_ps(d[t][b]), _mm256_set1_ps(-zero * ds[t][b]));
                 acc[h][t] = _mm256_fmadd_ps(f, ws, acc[h][t]);
@@ -122,24 +121,24 @@ void decode_halves(const QuantTile &w, int half0, int n, const QuantActs &x, flo
         }
     };
     for (int b = 0; b < n / kActBlock; b += 2) {
-        __m256i lo_sum[H][NT], hi_sum[H][NT];
-        for (int h = 0; h < H; h++)
+        __m256i lo_sum[2][NT], hi_sum[2][NT];
+        for (int h = 0; h < 2; h++)
             for (int t = 0; t < NT; t++) lo_sum[h][t] = hi_sum[h][t] = _mm256_setzero_si256();
         const uint8_t *cb = w.codes + (size_t)(b / 2) * 128 * kBits;
         prefetch_ahead(cb, 128 * kBits);
 #pragma GCC unroll 8
         for (int j = 0; j < 8; j++)
-            for (int h = 0; h < H; h++) {
+            for (int h = 0; h < 2; h++) {
                 __m256i lo, hi;
-                decode_pair<kBits>(cb + (half0 + h) * 32, j, lo, hi);
+                decode_pair<kBits>(cb + h * 32, j, lo, hi);
                 for (int t = 0; t < NT; t++) {
                     lo_sum[h][t] = Dot(lo_sum[h][t], lo, bcast(q[t] + b * kActBlock + 4 * j));
                     hi_sum[h][t] = Dot(hi_sum[h][t], hi, bcast(q[t] + (b + 1) * kActBlock + 4 * j));
                 }
             }
-        for (int h = 0; h < H; h++) finish_block(b, h, lo_sum[h]), finish_block(b + 1, h, hi_sum[h]);
+        for (int h = 0; h < 2; h++) finish_block(b, h, lo_sum[h]), finish_block(b + 1, h, hi_sum[h]);
     }
-    for (int h = 0; h < H; h++)
+    for (int h = 0; h < 2; h++)
         for (int t = 0; t < NT; t++) store_rows8(y + t * ldy + h * 8, acc[h][t], n_rows - h * 8);
 }
 

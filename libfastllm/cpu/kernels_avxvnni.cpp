@@ -108,7 +108,7 @@ void half_passes(const QuantTile &w, int half, int n, const QuantActs &x, int n_
 // NT tokens through both halves of a tile, streaming it from memory, straight from its codes.
 template <int kBits, bool kK, bool kMin, int NT>
 void stream_pass(const QuantTile &w, int rows, int n, const QuantActs &x, float *y, size_t ldy) {
-    if constexpr (kBits < 8) decode_halves<kBits, kK, kMin, dot4, NT, 2>(w, 0, n, x, y, ldy, rows);
+    if constexpr (kBits < 8) decode_halves<kBits, kK, kMin, dot4, NT>(w, n, x, y, ldy, rows);
     else tile_dot<kBits, NT, 2, kK, kMin, true>(w, 0, n, x, y, ldy, rows, nullptr);
 }
 
