@@ -9,6 +9,8 @@ Cases:
   lookup           the same f32 model asked to repeat a Tiny Shakespeare passage, prompt lookup drafting
   lookup-long      the same after about 3,000 tokens of another scene: each verification step's rows
                    read a deep KV cache
+  lookup-q4m       the lookup case with the GGUF's own 4-bit weights (converted with --dtype auto, as a
+                   game would ship the model): each step's rows pass over quantized tiles
   tinyllama-draft  a random-weight TinyLlama-1.1B-shape model at f16 drafted by its int4 copy
   rejected         the same f16 target drafted by an unrelated random 110M-shape model of the same
                    vocabulary: (almost) every draft fails, which shows what failing costs
@@ -71,9 +73,16 @@ def case(name, target, prompt_ids, n_gen, threads, repeat, draft=None, lookup=Fa
         raise SystemExit(f"{name}: greedy output differs with drafts")
 
 
+def repeat_ids(model) -> list[int]:
+    """The lookup cases' request: repeat about 200 words of a Tiny Shakespeare scene."""
+    passage = " ".join(SHAKESPEARE.read_text()[2000:3200].split())
+    ask = f"Repeat the following passage exactly, word for word:\n\n{passage}"
+    return model.tokenize(model.apply_chat_template([{"role": "user", "content": ask}]), add_bos=False)
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--cases", default="smollm2-draft,lookup,lookup-long,tinyllama-draft,rejected")
+    ap.add_argument("--cases", default="smollm2-draft,lookup,lookup-long,lookup-q4m,tinyllama-draft,rejected")
     ap.add_argument("--work_dir", type=Path, default=Path("/tmp/fastllm-bench"))
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--repeat", type=int, default=3)
@@ -86,6 +95,10 @@ def main() -> int:
     print(f"fastllm {fastllm.__version__}, ISA {fastllm.isa()}, {args.threads} threads, greedy, {args.gen} tokens, "
           f"n_draft {args.n_draft}, medians of {args.repeat} alternating", flush=True)
 
+    if "lookup-q4m" in cases:
+        q4 = fastllm.Model(converted(smollm_gguf(), args.work_dir, "smollm2", "auto"), threads=args.threads)
+        case("lookup-q4m", q4, repeat_ids(q4), args.gen, args.threads, args.repeat, lookup=True, n_draft=args.n_draft)
+
     if {"smollm2-draft", "lookup", "lookup-long"} & set(cases):
         gguf = smollm_gguf()
         target = fastllm.Model(converted(gguf, args.work_dir, "smollm2", "f32"), threads=args.threads)
@@ -96,11 +109,8 @@ def main() -> int:
                                   add_bos=False)
             case("smollm2-draft", target, ids, args.gen, args.threads, args.repeat, draft=draft, n_draft=args.n_draft)
         if "lookup" in cases:
-            text = SHAKESPEARE.read_text()
-            passage = " ".join(text[2000:3200].split())  # ~200 words of a scene
-            ask = f"Repeat the following passage exactly, word for word:\n\n{passage}"
-            ids = target.tokenize(target.apply_chat_template([{"role": "user", "content": ask}]), add_bos=False)
-            case("lookup", target, ids, args.gen, args.threads, args.repeat, lookup=True, n_draft=args.n_draft)
+            case("lookup", target, repeat_ids(target), args.gen, args.threads, args.repeat, lookup=True,
+                 n_draft=args.n_draft)
         if "lookup-long" in cases:
             text = SHAKESPEARE.read_text()
             before = " ".join(text[20000:32000].split())  # ~3,000 tokens read first
