@@ -704,13 +704,16 @@ void half_passes(const QuantTile &w, int half, int n, const QuantActs &x, int n_
 // kKScales: w.k_scale is set (a K format), decided once per tile.
 template <int kBits, bool kKScales>
 void dot_rows_quant(const QuantTile &w, int rows, int n, const QuantActs &x, int n_tok, float *y, size_t ldy) {
-    // Up to 4 tokens (decoding, a short speculative step, a few sessions decoding together) go as one
-    // token does: both halves a pass, each 64-byte line read once, 2 tokens a pass (their sums over
-    // both halves are more than 16 registers hold, yet it streams faster). Against passes of 3 tokens
-    // a half at a time (AMD EPYC Zen 5 at FASTLLM_ISA=avx2, 2 threads, `build/bench_quant_decode 2 5
-    // DTYPES N`, share of the read rate): 2 tokens 56-71% -> 83-100%, 3 tokens 58-61% -> 61-82%, 4
-    // tokens 39-56% -> 56-67%; 5 and more tokens were no faster so.
-    if (n_tok <= 4) {
+    // A few tokens (decoding, a speculative step, a few sessions decoding together) go as one token
+    // does: both halves a pass, each 64-byte line read once, 2 tokens a pass (their sums over both
+    // halves are more than 16 registers hold, yet it streams faster), the codes decoded again for
+    // each pass: up to 8 tokens of 4- and 8-bit codes, 4 of the others, which cost more to decode.
+    // Against passes of 3 tokens a half at a time (AMD EPYC Zen 5 at FASTLLM_ISA=avx2, 2 threads,
+    // `build/bench_quant_decode 2 5 DTYPES N`, share of the read rate): 2 tokens 56-71% -> 83-100%,
+    // 3 tokens 58-61% -> 61-82%, 4 tokens 39-56% -> 56-67%; 6-7 tokens q4, q4k, q8 about 1.0-1.3x,
+    // q3k 0.6x, q5k 0.75x.
+    constexpr int kPairsMax = kBits == 4 || kBits == 8 ? 8 : 4;
+    if (n_tok <= kPairsMax) {
         int t = 0;
         for (; t + 2 <= n_tok; t += 2) tile_dot<kBits, kKScales, 2, 2>(w, 0, n, token_acts(x, n, t), y + t * ldy, ldy, rows, true);
         if (t < n_tok) tile_dot<kBits, kKScales, 1, 2>(w, 0, n, token_acts(x, n, t), y + t * ldy, ldy, rows, true);
