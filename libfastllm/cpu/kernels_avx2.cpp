@@ -546,8 +546,8 @@ __attribute__((always_inline)) inline void for_chunks(int from, int to, int step
 // 1.21x, q8 1.19x, q4_g128 1.13x, q4k and q6k about 1.0x; 24 tokens q4k 1.14x, q6k 1.09x, q4 1.06x,
 // q8 0.98x. End to end (bench_before_after.py): q4_k_m tg64 1.35x, pp128 1.25x; int4 1.37x, 1.13x.
 // bench/bench_quant_decode.cpp measures decoding's rate against a plain read of the same bytes.
-// stream: the weights come from memory (stream_tokens(kBits) tokens or fewer), and are prefetched
-// by the pass over the first half (a second half's pass finds them in cache).
+// stream: the weights come from memory, and are prefetched: a few tokens' passes over both halves,
+// a prompt's first pass over the first half (later passes, and a second half's, find them in cache).
 // kPre: the half's codes are read from pre, where unpack_half decoded them once for all of a
 // prompt's passes, instead of being decoded again in every pass of NT tokens.
 template <int kBits, bool kKScales, int NT, int H, bool kPre = false>
@@ -685,14 +685,16 @@ void tile_dot(const QuantTile &w, int half0, int n, const QuantActs &x0, float *
         for (int h = 0; h < H; h++) store_rows8(y + t * ldy + h * 8, acc[t][h], n_rows - h * 8);
 }
 
-// The passes over one half of a tile for a prompt's tokens, NT at a time.
+// The passes over one half of a tile for a prompt's tokens, NT at a time; stream: the first reads the
+// tile from memory (prefetched).
 template <int kBits, bool kKScales, int NT, bool kPre>
 void half_passes(const QuantTile &w, int half, int n, const QuantActs &x, int n_tok, float *yh, size_t ldy, int n_rows,
                  bool stream, const uint8_t *pre) {
     int t = 0;
     for (; t + NT <= n_tok; t += NT)
-        tile_dot<kBits, kKScales, NT, 1, kPre>(w, half, n, token_acts(x, n, t), yh + t * ldy, ldy, n_rows, stream, pre);
+        tile_dot<kBits, kKScales, NT, 1, kPre>(w, half, n, token_acts(x, n, t), yh + t * ldy, ldy, n_rows, stream && t == 0, pre);
     const QuantActs rest = token_acts(x, n, t);
+    stream = stream && t == 0;
     switch (n_tok - t) {
     case 3: tile_dot<kBits, kKScales, 3, 1, kPre>(w, half, n, rest, yh + t * ldy, ldy, n_rows, stream, pre); break;
     case 2: tile_dot<kBits, kKScales, 2, 1, kPre>(w, half, n, rest, yh + t * ldy, ldy, n_rows, stream, pre); break;
@@ -728,7 +730,7 @@ void dot_rows_quant(const QuantTile &w, int rows, int n, const QuantActs &x, int
     uint8_t *decoded = kDecodeOnce && n_tok > NT ? decoded_codes(n) : nullptr;
     for (int half = 0; half * 8 < rows; half++) {
         const int n_rows = std::min(8, rows - half * 8);
-        const bool stream = half == 0 && n_tok <= stream_tokens(kBits);
+        const bool stream = half == 0;  // the tile comes from memory once, by half 0's first pass or unpacking
         if constexpr (kDecodeOnce) {
             if (decoded) {
                 unpack_half<kBits>(w, half, n, decoded, stream);

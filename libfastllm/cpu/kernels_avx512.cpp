@@ -443,7 +443,8 @@ void unpack_tile(const QuantTile &w, int n, uint8_t *out) {
 // in 512 bits, 0.96-0.97 in halves; q4 0.93-0.98 against 1.00).
 inline __m256i dot4(__m256i sum, __m256i u8, __m256i s8) { return _mm256_dpbusd_epi32(sum, u8, s8); }
 
-// Up to stream_tokens(kBits) tokens stream the tile (kStream). A prompt decodes each tile once (32
+// Up to stream_tokens(kBits) tokens stream the tile (kStream). A prompt's first pass over q8's codes
+// streams them too (prefetched; q8 at 24-32 tokens from memory 1.3-1.7x). A prompt decodes each tile once (32
 // KiB at K = 2048, read back from L1 or L2) for all its passes of 8 tokens, which then go a block at
 // a time, as q8's do (AMD EPYC Zen 5, TinyLlama-1.1B shape, pp128: decoding once 1.14-1.19x for 3-,
 // 5- and 6-bit codes, then a block at a time 1.11-1.33x; for 4-bit codes, both at once, int4 1.40x,
@@ -453,6 +454,10 @@ void dot_rows_form(const QuantTile &w, int rows, int n, const QuantActs &x, int 
     if constexpr (kDecodeOnce<kBits>)
         if (n_tok == 1) return decode_halves<kBits, kK, kMin, dot4>(w, n, x, y, ldy, rows);
     if (n_tok <= stream_tokens(kBits)) return tile_passes<kBits, kK, kMin, true>(w, rows, n, x, n_tok, y, ldy, nullptr);
+    if constexpr (kBits == 8) {  // read in place by every pass: the first streams the tile, with prefetches
+        tile_passes<kBits, kK, kMin, true>(w, rows, n, x, 8, y, ldy, nullptr);
+        return tile_passes<kBits, kK, kMin, false>(w, rows, n, token_acts(x, n, 8), n_tok - 8, y + 8 * ldy, ldy, nullptr);
+    }
     uint8_t *pre = nullptr;
     if constexpr (kDecodeOnce<kBits>) unpack_tile<kBits>(w, n, pre = decoded_tile(n));
     tile_passes<kBits, kK, kMin, false>(w, rows, n, x, n_tok, y, ldy, pre);

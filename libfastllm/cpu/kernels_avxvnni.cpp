@@ -88,12 +88,17 @@ void tile_dot(const QuantTile &w, int half0, int n, const QuantActs &x0, float *
         for (int t = 0; t < NT; t++) store_rows8(y + t * ldy + h * 8, acc[h][t], n_rows - h * 8);
 }
 
-// One half's passes over codes decoded once into pre (a prompt's), 4 tokens at a time.
+// One half's passes over codes decoded once into pre (a prompt's), or q8's own, 4 tokens at a time;
+// first_streams: the first pass reads the tile from memory.
 template <int kBits, bool kK, bool kMin>
 void half_passes(const QuantTile &w, int half, int n, const QuantActs &x, int n_tok, float *yh, size_t ldy, int n_rows,
-                 const uint8_t *pre) {
+                 const uint8_t *pre, bool first_streams) {
     constexpr int NT = 4;
     int t = 0;
+    if (first_streams && kBits == 8 && n_tok >= NT) {  // q8's codes read in place: the first pass prefetches
+        tile_dot<kBits, NT, 1, kK, kMin, true>(w, half, n, x, yh, ldy, n_rows, pre);
+        t = NT;
+    }
     for (; t + NT <= n_tok; t += NT)
         tile_dot<kBits, NT, 1, kK, kMin, false>(w, half, n, token_acts(x, n, t), yh + t * ldy, ldy, n_rows, pre);
     const QuantActs rest = token_acts(x, n, t);
@@ -132,8 +137,9 @@ void dot_rows_form(const QuantTile &w, int rows, int n, const QuantActs &x, int 
     for (int half = 0; half * 8 < rows; half++) {
         const int n_rows = std::min(8, rows - half * 8);
         uint8_t *pre = nullptr;
-        if constexpr (kBits < 8) unpack_half<kBits>(w, half, n, pre = decoded_codes(n), false);
-        half_passes<kBits, kK, kMin>(w, half, n, x, n_tok, y + half * 8, ldy, n_rows, pre);
+        // the tile comes from memory once, by the first half's unpacking or first pass (prefetched)
+        if constexpr (kBits < 8) unpack_half<kBits>(w, half, n, pre = decoded_codes(n), half == 0);
+        half_passes<kBits, kK, kMin>(w, half, n, x, n_tok, y + half * 8, ldy, n_rows, pre, half == 0);
     }
 }
 
