@@ -444,11 +444,11 @@ void unpack_tile(const QuantTile &w, int n, uint8_t *out) {
 inline __m256i dot4(__m256i sum, __m256i u8, __m256i s8) { return _mm256_dpbusd_epi32(sum, u8, s8); }
 
 // Up to stream_tokens(kBits) tokens stream the tile (kStream). A prompt's first pass over q8's codes
-// streams them too (prefetched; q8 at 24-32 tokens from memory 1.3-1.7x). A prompt decodes each tile once (32
-// KiB at K = 2048, read back from L1 or L2) for all its passes of 8 tokens, which then go a block at
-// a time, as q8's do (AMD EPYC Zen 5, TinyLlama-1.1B shape, pp128: decoding once 1.14-1.19x for 3-,
-// 5- and 6-bit codes, then a block at a time 1.11-1.33x; for 4-bit codes, both at once, int4 1.40x,
-// q4_k_m 1.24x).
+// streams them too (prefetched; q8 at 24-32 tokens from memory 1.3-1.7x). A prompt decodes each
+// tile of narrower codes once (32 KiB at K = 2048, read back from L1 or L2; unpack_tile prefetches)
+// for all its passes of 8 tokens, which then go a block at a time, as q8's do (AMD EPYC Zen 5,
+// TinyLlama-1.1B shape, pp128: decoding once 1.14-1.19x for 3-, 5- and 6-bit codes, then a block at
+// a time 1.11-1.33x; for 4-bit codes, both at once, int4 1.40x, q4_k_m 1.24x).
 template <int kBits, bool kK, bool kMin>
 void dot_rows_form(const QuantTile &w, int rows, int n, const QuantActs &x, int n_tok, float *y, size_t ldy) {
     if constexpr (kDecodeOnce<kBits>)

@@ -95,10 +95,8 @@ void half_passes(const QuantTile &w, int half, int n, const QuantActs &x, int n_
                  const uint8_t *pre, bool first_streams) {
     constexpr int NT = 4;
     int t = 0;
-    if (first_streams && kBits == 8 && n_tok >= NT) {  // q8's codes read in place: the first pass prefetches
-        tile_dot<kBits, NT, 1, kK, kMin, true>(w, half, n, x, yh, ldy, n_rows, pre);
-        t = NT;
-    }
+    if constexpr (kBits == 8)  // q8's codes read in place: the first pass prefetches
+        if (first_streams && n_tok >= NT) tile_dot<kBits, NT, 1, kK, kMin, true>(w, half, n, x, yh, ldy, n_rows, pre), t = NT;
     for (; t + NT <= n_tok; t += NT)
         tile_dot<kBits, NT, 1, kK, kMin, false>(w, half, n, token_acts(x, n, t), yh + t * ldy, ldy, n_rows, pre);
     const QuantActs rest = token_acts(x, n, t);
