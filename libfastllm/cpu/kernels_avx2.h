@@ -81,45 +81,65 @@ inline __m256 half_min(const QuantTile &w, int64_t g, int h) {
     return f16x8(w.mins + g * kTileRows + h * 8);
 }
 
-// NT tokens through a tile's first n_rows rows of kBits-wide codes (3-6), streamed from memory,
-// with the AVX-512 kernel's arithmetic (kernels_avx512.cpp, tile_dot), so the same bits: both
-// halves of 8 rows a pair of blocks at a time, each 64-byte line read once (prefetched) and each of
-// its 32-byte halves decoded once by decode_pair for all NT tokens, one vpdpbusd with 4 bytes of a
-// token's activations broadcast advancing a half's 8 rows, each block's scales (and zero point or
-// minimum) applied in f32. Dot is the table's 256-bit vpdpbusd (AVX-VNNI's VEX form, AVX-512's
-// EVEX one); kK, kMin as half_scale, half_min.
-template <int kBits, bool kK, bool kMin, __m256i (*Dot)(__m256i, __m256i, __m256i), int NT = 1>
-void decode_halves(const QuantTile &w, int n, const QuantActs &x, float *y, size_t ldy, int n_rows) {
-    constexpr float zero = kMin ? 0.0f : (float)(1 << (kBits - 1));
-    const int group_shift = kK || w.group == 32 ? 0 : w.group == 128 ? 2 : 1;  // block -> group
+// What a pass of NT tokens over H halves of a tile from half0 keeps: the tokens' activations, and
+// the halves' outputs, to which finish_block adds a block's int32 sums times the block's scales with
+// the AVX-512 kernel's operations (kernels_avx512.cpp, tile_dot), so the same bits: (d * sum - zero
+// * ds) * scale, or d * sum * scale + min * ds. kK, kMin as half_scale, half_min.
+template <int kBits, bool kK, bool kMin, int NT, int H>
+struct HalfOutputs {
+    static constexpr float kZero = kMin ? 0.0f : (float)(1 << (kBits - 1));
+    const QuantTile &w;
+    const int half0, group_shift;  // group_shift: block -> group
     const int8_t *q[NT];
     const float *d[NT], *ds[NT];
-    for (int t = 0; t < NT; t++) {
-        const QuantActs a = token_acts(x, n, t);
-        q[t] = a.q, d[t] = a.d, ds[t] = a.ds;
-    }
-    __m256 acc[2][NT];
-    for (int h = 0; h < 2; h++)
-        for (int t = 0; t < NT; t++) acc[h][t] = _mm256_setzero_ps();
-    auto bcast = [](const int8_t *p) {
-        int32_t four;
-        std::memcpy(&four, p, 4);
-        return _mm256_set1_epi32(four);
-    };
-    // (d * sum - zero * ds) * scale, or d * sum * scale + min * ds
-    auto finish_block = [&](int b, int h, const __m256i *sum) {
-        const int g = b >> group_shift;
-        const __m256 ws = half_scale<kK>(w, g, h);
+    __m256 acc[H][NT];
+
+    __attribute__((always_inline)) HalfOutputs(const QuantTile &w_, int half0_, int n, const QuantActs &x)
+        : w(w_), half0(half0_), group_shift(kK || w_.group == 32 ? 0 : w_.group == 128 ? 2 : 1) {
         for (int t = 0; t < NT; t++) {
-            if constexpr (kMin) {
+            const QuantActs a = token_acts(x, n, t);
+            q[t] = a.q, d[t] = a.d, ds[t] = a.ds;
+        }
+        for (int h = 0; h < H; h++)
+            for (int t = 0; t < NT; t++) acc[h][t] = _mm256_setzero_ps();
+    }
+    // Token t's 4 activation bytes from i, broadcast to every lane.
+    __attribute__((always_inline)) __m256i acts4(int t, int i) const {
+        int32_t four;
+        std::memcpy(&four, q[t] + i, 4);
+        return _mm256_set1_epi32(four);
+    }
+    __attribute__((always_inline)) void finish_block(int b, int h, const __m256i *sum) {
+        const int g = b >> group_shift;
+        const __m256 ws = half_scale<kK>(w, g, half0 + h);
+        if constexpr (kMin) {
+            const __m256 mn = half_min<kK>(w, g, half0 + h);
+            for (int t = 0; t < NT; t++) {
                 const __m256 f = _mm256_mul_ps(_mm256_cvtepi32_ps(sum[t]), _mm256_set1_ps(d[t][b]));
-                acc[h][t] = _mm256_fmadd_ps(half_min<kK>(w, g, h), _mm256_set1_ps(ds[t][b]), _mm256_fmadd_ps(f, ws, acc[h][t]));
-            } else {
-                const __m256 f = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sum[t]), _mm256_set1_ps(d[t][b]), _mm256_set1_ps(-zero * ds[t][b]));
+                acc[h][t] = _mm256_fmadd_ps(mn, _mm256_set1_ps(ds[t][b]), _mm256_fmadd_ps(f, ws, acc[h][t]));
+            }
+        } else {
+            for (int t = 0; t < NT; t++) {
+                const __m256 f = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sum[t]), _mm256_set1_ps(d[t][b]), _mm256_set1_ps(-kZero * ds[t][b]));
                 acc[h][t] = _mm256_fmadd_ps(f, ws, acc[h][t]);
             }
         }
-    };
+    }
+    // The outputs to y (token t at y + t * ldy), only the first n_rows rows from half0's first.
+    __attribute__((always_inline)) void store(float *y, size_t ldy, int n_rows) const {
+        for (int h = 0; h < H; h++)
+            for (int t = 0; t < NT; t++) store_rows8(y + t * ldy + h * 8, acc[h][t], n_rows - h * 8);
+    }
+};
+
+// NT tokens through a tile's first n_rows rows of kBits-wide codes (3-6), streamed from memory:
+// both halves of 8 rows a pair of blocks at a time, each 64-byte line read once (prefetched) and
+// each of its 32-byte halves decoded once by decode_pair for all NT tokens, one vpdpbusd with 4
+// bytes of a token's activations broadcast advancing a half's 8 rows, each block scaled by
+// HalfOutputs. Dot is the table's 256-bit vpdpbusd (AVX-VNNI's VEX form, AVX-512's EVEX one).
+template <int kBits, bool kK, bool kMin, __m256i (*Dot)(__m256i, __m256i, __m256i), int NT = 1>
+void decode_halves(const QuantTile &w, int n, const QuantActs &x, float *y, size_t ldy, int n_rows) {
+    HalfOutputs<kBits, kK, kMin, NT, 2> out(w, 0, n, x);
     for (int b = 0; b < n / kActBlock; b += 2) {
         __m256i lo_sum[2][NT], hi_sum[2][NT];
         for (int h = 0; h < 2; h++)
@@ -132,14 +152,13 @@ void decode_halves(const QuantTile &w, int n, const QuantActs &x, float *y, size
                 __m256i lo, hi;
                 decode_pair<kBits>(cb + h * 32, j, lo, hi);
                 for (int t = 0; t < NT; t++) {
-                    lo_sum[h][t] = Dot(lo_sum[h][t], lo, bcast(q[t] + b * kActBlock + 4 * j));
-                    hi_sum[h][t] = Dot(hi_sum[h][t], hi, bcast(q[t] + (b + 1) * kActBlock + 4 * j));
+                    lo_sum[h][t] = Dot(lo_sum[h][t], lo, out.acts4(t, b * kActBlock + 4 * j));
+                    hi_sum[h][t] = Dot(hi_sum[h][t], hi, out.acts4(t, (b + 1) * kActBlock + 4 * j));
                 }
             }
-        for (int h = 0; h < 2; h++) finish_block(b, h, lo_sum[h]), finish_block(b + 1, h, hi_sum[h]);
+        for (int h = 0; h < 2; h++) out.finish_block(b, h, lo_sum[h]), out.finish_block(b + 1, h, hi_sum[h]);
     }
-    for (int h = 0; h < 2; h++)
-        for (int t = 0; t < NT; t++) store_rows8(y + t * ldy + h * 8, acc[h][t], n_rows - h * 8);
+    out.store(y, ldy, n_rows);
 }
 
 // The thread's bytes for a half's decoded codes (n x 8 bytes, 32-byte aligned), one buffer for every

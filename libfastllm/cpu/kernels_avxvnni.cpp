@@ -27,39 +27,7 @@ inline __m256i dot4(__m256i sum, __m256i u8, __m256i s8) { return _mm256_dpbusd_
 template <int kBits, int NT, int H, bool kK, bool kMin, bool kStream>
 void tile_dot(const QuantTile &w, int half0, int n, const QuantActs &x0, float *y, size_t ldy, int n_rows, const uint8_t *pre) {
     const int n_blocks = n / kActBlock;
-    constexpr float zero = kMin ? 0.0f : (float)(1 << (kBits - 1));
-    const int group_shift = kK || w.group == 32 ? 0 : w.group == 128 ? 2 : 1;  // block -> group
-    const int8_t *q[NT];
-    const float *d[NT], *ds[NT];
-    for (int t = 0; t < NT; t++) {
-        const QuantActs a = token_acts(x0, n, t);
-        q[t] = a.q, d[t] = a.d, ds[t] = a.ds;
-    }
-    __m256 acc[H][NT];
-    for (int h = 0; h < H; h++)
-        for (int t = 0; t < NT; t++) acc[h][t] = _mm256_setzero_ps();
-    auto bcast = [](const int8_t *p) {
-        int32_t four;
-        std::memcpy(&four, p, 4);
-        return _mm256_set1_epi32(four);
-    };
-    // As the AVX-512 kernel: (d * sum - zero * ds) * scale, or d * sum * scale + min * ds.
-    auto finish_block = [&](int b, int h, const __m256i *sum) {
-        const int g = b >> group_shift;
-        const __m256 ws = half_scale<kK>(w, g, half0 + h);
-        if constexpr (kMin) {
-            const __m256 mn = half_min<kK>(w, g, half0 + h);
-            for (int t = 0; t < NT; t++) {
-                const __m256 f = _mm256_mul_ps(_mm256_cvtepi32_ps(sum[t]), _mm256_set1_ps(d[t][b]));
-                acc[h][t] = _mm256_fmadd_ps(mn, _mm256_set1_ps(ds[t][b]), _mm256_fmadd_ps(f, ws, acc[h][t]));
-            }
-        } else {
-            for (int t = 0; t < NT; t++) {
-                const __m256 f = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sum[t]), _mm256_set1_ps(d[t][b]), _mm256_set1_ps(-zero * ds[t][b]));
-                acc[h][t] = _mm256_fmadd_ps(f, ws, acc[h][t]);
-            }
-        }
-    };
+    HalfOutputs<kBits, kK, kMin, NT, H> out(w, half0, n, x0);
     static_assert(kBits == 8 || H == 1, "decoded codes are one half's");
     // Decoding takes two chains of sums a token and half (vpdpbusd's latency would bind).
     constexpr int kChains = NT * H < 4 ? 2 : 1;
@@ -76,16 +44,15 @@ void tile_dot(const QuantTile &w, int half0, int n, const QuantActs &x0, float *
             for (int h = 0; h < H; h++) {
                 const __m256i v = _mm256_loadu_si256((const __m256i *)(cb + j * 64 + h * 32));
                 for (int t = 0; t < NT; t++)
-                    sum[j % kChains][h][t] = dot4(sum[j % kChains][h][t], v, bcast(q[t] + b * kActBlock + 4 * j));
+                    sum[j % kChains][h][t] = dot4(sum[j % kChains][h][t], v, out.acts4(t, b * kActBlock + 4 * j));
             }
         for (int h = 0; h < H; h++) {
             if (kChains == 2)
                 for (int t = 0; t < NT; t++) sum[0][h][t] = _mm256_add_epi32(sum[0][h][t], sum[kChains - 1][h][t]);
-            finish_block(b, h, sum[0][h]);
+            out.finish_block(b, h, sum[0][h]);
         }
     }
-    for (int h = 0; h < H; h++)
-        for (int t = 0; t < NT; t++) store_rows8(y + t * ldy + h * 8, acc[h][t], n_rows - h * 8);
+    out.store(y, ldy, n_rows);
 }
 
 // One half's passes over codes decoded once into pre (a prompt's), or q8's own, 4 tokens at a time;
