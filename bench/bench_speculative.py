@@ -73,10 +73,10 @@ def case(name, target, prompt_ids, n_gen, threads, repeat, draft=None, lookup=Fa
         raise SystemExit(f"{name}: greedy output differs with drafts")
 
 
-def repeat_ids(model) -> list[int]:
-    """The lookup cases' request: repeat about 200 words of a Tiny Shakespeare scene."""
+def repeat_ids(model, preface: str = "") -> list[int]:
+    """The lookup cases' request: repeat about 200 words of a Tiny Shakespeare scene (after `preface`)."""
     passage = " ".join(SHAKESPEARE.read_text()[2000:3200].split())
-    ask = f"Repeat the following passage exactly, word for word:\n\n{passage}"
+    ask = f"{preface}Repeat the following passage exactly, word for word:\n\n{passage}"
     return model.tokenize(model.apply_chat_template([{"role": "user", "content": ask}]), add_bos=False)
 
 
@@ -112,12 +112,9 @@ def main() -> int:
             case("lookup", target, repeat_ids(target), args.gen, args.threads, args.repeat, lookup=True,
                  n_draft=args.n_draft)
         if "lookup-long" in cases:
-            text = SHAKESPEARE.read_text()
-            before = " ".join(text[20000:32000].split())  # ~3,000 tokens read first
-            passage = " ".join(text[2000:3200].split())
-            ask = f"{before}\n\nRepeat the following passage exactly, word for word:\n\n{passage}"
-            ids = target.tokenize(target.apply_chat_template([{"role": "user", "content": ask}]), add_bos=False)
-            case("lookup-long", target, ids, args.gen, args.threads, args.repeat, lookup=True, n_draft=args.n_draft)
+            before = " ".join(SHAKESPEARE.read_text()[20000:32000].split())  # ~3,000 tokens read first
+            case("lookup-long", target, repeat_ids(target, f"{before}\n\n"), args.gen, args.threads, args.repeat,
+                 lookup=True, n_draft=args.n_draft)
 
     if {"tinyllama-draft", "rejected"} & set(cases):
         from bench_speed import random_checkpoint
