@@ -520,7 +520,11 @@ void attend_blocks(const KernelTable &k, const float *q, const AttentionRun &run
 //   7 (Qwen2.5-0.5B):                   1900 deep 32.5 / 33.1, 4096 deep 30.3 / 34.7
 // A block converts each key once for all its heads, and its products need no horizontal sums, but
 // it converts and packs the keys and values before any product; with few heads that costs more
-// than it saves.
+// than it saves. Tried and left out (AMD EPYC Zen 3, AVX2): a block's 7-8 heads side by side in the
+// lanes of a vector, each key's scores by FMAs over its f32 row and one reduction tree for 8 heads,
+// the softmax a vector op for them, no panel packed: the products alone 4.4 ns a (head, key) pair
+// from L1, and Qwen2.5-0.5B's layer 4096 deep as fast as the blocks (build/bench_attention 1 4096
+// 21 64 14 2 1 0: 7.06 against 7.06-7.3 ns a pair; converting the rows took 30% of it).
 constexpr int kDecodeGroupBlocked = 6;
 
 // The keys of decoding row r of a run: [begin, end).

@@ -19,7 +19,10 @@ namespace {
 constexpr int kSpinsBeforeSleep = 4000;  // roughly tens of microseconds of pause instructions
 constexpr int kIndexBits = 40;
 constexpr uint64_t kIndexMask = (uint64_t(1) << kIndexBits) - 1;
-constexpr int kChunksPerThread = 2;  // small enough to even out, large enough to keep rows together
+// Small enough to even out, large enough to keep rows together. SmolLM2-135M q4m decoding, whose
+// products are a few microseconds each (AMD EPYC Zen 3, 2 threads, 3 alternating runs of 20 x 64
+// tokens): 4 chunks a thread 0.96x, 8 0.76-0.95x, 1 1.00x.
+constexpr int kChunksPerThread = 2;
 }  // namespace
 
 ThreadPool::ThreadPool(int n_threads) {
