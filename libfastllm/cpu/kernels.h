@@ -171,6 +171,26 @@ struct KernelTable {
     void (*attn_vals)(const float *v, int n, int hd, uint16_t *vt) = nullptr;
     void (*attn_step)(const uint16_t *qt, int nq, int hd, const uint16_t *kt, const uint16_t *vt, int n, const int *lo,
                       const int *hi, float cap, float *m, float *l, float *o) = nullptr;
+
+    // A decoding row's attention, its queries in lanes (nullptr: decoding rows go in blocks, as a
+    // prompt's do): a KV head's queries go through each key and value together, 8 to a vector, the
+    // key and value rows read where they lie (no panel packed, no copy) and the softmax taken for 8
+    // queries a vector op. Indexed by the KV rows' type (f32 and f16; q8 rows are converted to f32
+    // first). 8 * nv queries q[i * hd + d] (scaled) over n keys, row j's head at (char*)k + j * ldk,
+    // its values at (char*)v + j * ldv (hd values each, hd a multiple of 8): one step of the online
+    // softmax. Query i takes keys lo[i] <= j < hi[i] (bounds may lie outside [0, n)). Its score s_j:
+    // 8 sums t_r of key times query over the d = r (mod 8), each from zero in order of d, then ((t0 +
+    // t1) + (t2 + t3)) + ((t4 + t5) + (t6 + t7)); soft-capped to cap * tanh(s_j / cap) where cap >
+    // 0. With M = max(m[i], its scores) (m[i] = -inf before any key), p_j = exp(s_j - M) and a =
+    // exp(m[i] - M) (a number where that is NaN: no key yet), l[i] = l[i] * a + (sum of its p_j from
+    // zero in order of j), o[i * hd + d] = o[i * hd + d] * a + (sum of p_j * value d of row j
+    // likewise), m[i] = M. A key outside a query's bounds changes none of its sums, so a query's
+    // results do not depend on the queries, keys or lanes beside it. s: room for 8 * nv * n floats.
+    // The AVX2 tables' (and AVX-VNNI's, built on them); AVX-512's keep the blocks, whose products
+    // are 16 lanes wide (not measured against these).
+    using AttnLanes = void (*)(const float *q, int nv, int hd, const void *k, size_t ldk, const void *v, size_t ldv,
+                               int n, const int *lo, const int *hi, float cap, float *m, float *l, float *o, float *s);
+    AttnLanes attn_lanes[kNumKvTypes] = {};
 };
 // The bf16 halves (uint16_t) of 128 rows (queries, keys or values) of hd values, in the tile
 // products' layouts: twice 128 * hd.

@@ -827,6 +827,98 @@ void gemm_panel(const float *p, int n, const float *x, size_t ldx, int n_tok, fl
         }
 }
 
+// KernelTable::attn_lanes. A key's scores against 8 queries: each query's 8 sums t_r in one register
+// (lane r), a vector of the key's values at a time against the 8 queries' (the FMAs' memory
+// operands), so that the 8 chains of FMAs interleave; the 8 registers then reduced together, the
+// same pairwise tree for each (lane i: query i).
+template <__m256 (*Load8)(const void *, int)>
+inline __m256 lane_scores(const void *kr, const float *q, int hd) {
+    __m256 acc[8];
+    for (int i = 0; i < 8; i++) acc[i] = _mm256_setzero_ps();
+    for (int c = 0; c < hd; c += 8) {
+        const __m256 kv = Load8(kr, c);
+#pragma GCC unroll 8
+        for (int i = 0; i < 8; i++) acc[i] = _mm256_fmadd_ps(kv, _mm256_loadu_ps(q + (size_t)i * hd + c), acc[i]);
+    }
+    // hadd(a, b) = a0+a1, a2+a3, b0+b1, b2+b3 | a4+a5, a6+a7, b4+b5, b6+b7: twice gives each query
+    // (t0+t1)+(t2+t3) in the low half and (t4+t5)+(t6+t7) in the high, then the halves added.
+    const __m256 h01 = _mm256_hadd_ps(acc[0], acc[1]), h23 = _mm256_hadd_ps(acc[2], acc[3]);
+    const __m256 h45 = _mm256_hadd_ps(acc[4], acc[5]), h67 = _mm256_hadd_ps(acc[6], acc[7]);
+    const __m256 a = _mm256_hadd_ps(h01, h23), b = _mm256_hadd_ps(h45, h67);
+    return _mm256_add_ps(_mm256_permute2f128_ps(a, b, 0x20), _mm256_permute2f128_ps(a, b, 0x31));
+}
+
+// The weighted values of queries i0..i0+3, W vectors of a head's values from d0: 4 x W sums in
+// registers, each key's weights broadcast (from s, a key's 8 lanes every ls floats) against its
+// values' W vectors (gemm_tile's shape).
+template <__m256 (*Load8)(const void *, int), int W>
+inline void lane_values(const float *s, size_t ls, int i0, const void *v, size_t ldv, int n, int d0, const float *a,
+                        float *o, int hd) {
+    __m256 acc[4][W];
+    for (int t = 0; t < 4; t++)
+        for (int w = 0; w < W; w++) acc[t][w] = _mm256_setzero_ps();
+    for (int j = 0; j < n; j++) {
+        const void *vr = (const char *)v + (size_t)j * ldv;
+        __m256 vv[W];
+        for (int w = 0; w < W; w++) vv[w] = Load8(vr, d0 + 8 * w);
+        for (int t = 0; t < 4; t++) {
+            const __m256 p = _mm256_set1_ps(s[(size_t)j * ls + i0 + t]);
+            for (int w = 0; w < W; w++) acc[t][w] = _mm256_fmadd_ps(vv[w], p, acc[t][w]);
+        }
+    }
+    for (int t = 0; t < 4; t++) {
+        const __m256 at = _mm256_set1_ps(a[i0 + t]);
+        for (int w = 0; w < W; w++) {
+            float *od = o + (size_t)(i0 + t) * hd + d0 + 8 * w;
+            _mm256_storeu_ps(od, _mm256_add_ps(_mm256_mul_ps(_mm256_loadu_ps(od), at), acc[t][w]));
+        }
+    }
+}
+
+template <__m256 (*Load8)(const void *, int)>
+void attn_lanes(const float *q, int nv, int hd, const void *k, size_t ldk, const void *v, size_t ldv, int n,
+                const int *lo, const int *hi, float cap, float *m, float *l, float *o, float *s) {
+    const size_t ls = (size_t)8 * nv;
+    const __m256 neg_inf = _mm256_set1_ps(-INFINITY), capv = _mm256_set1_ps(cap), inv = _mm256_set1_ps(1.0f / cap);
+    for (int vi = 0; vi < nv; vi++) {
+        const float *qv = q + (size_t)vi * 8 * hd;
+        float *sv = s + vi * 8, *ov = o + (size_t)vi * 8 * hd;
+        // The queries' bounds; a key outside one's gets the score -inf and the weight 0.
+        const __m256i lov = _mm256_loadu_si256((const __m256i *)(lo + vi * 8));
+        const __m256i hiv = _mm256_loadu_si256((const __m256i *)(hi + vi * 8));
+        auto inside = [&](int j) {
+            const __m256i jv = _mm256_set1_epi32(j);
+            return _mm256_castsi256_ps(_mm256_andnot_si256(_mm256_cmpgt_epi32(lov, jv), _mm256_cmpgt_epi32(hiv, jv)));
+        };
+        const __m256 m_old = _mm256_loadu_ps(m + vi * 8);
+        __m256 mx = neg_inf;
+        for (int j = 0; j < n; j++) {
+            __m256 x = lane_scores<Load8>((const char *)k + (size_t)j * ldk, qv, hd);
+            if (cap > 0) x = softcap8(x, capv, inv);
+            x = _mm256_blendv_ps(neg_inf, x, inside(j));
+            _mm256_storeu_ps(sv + j * ls, x);
+            mx = _mm256_max_ps(mx, x);
+        }
+        const __m256 m_new = _mm256_max_ps(m_old, mx);
+        const __m256 a = exp8(_mm256_sub_ps(m_old, m_new));  // exp8 takes a NaN (no key yet) as -87.3
+        __m256 sum = _mm256_setzero_ps();
+        for (int j = 0; j < n; j++) {
+            const __m256 p = _mm256_and_ps(exp8(_mm256_sub_ps(_mm256_loadu_ps(sv + j * ls), m_new)), inside(j));
+            _mm256_storeu_ps(sv + j * ls, p);
+            sum = _mm256_add_ps(sum, p);
+        }
+        _mm256_storeu_ps(l + vi * 8, _mm256_add_ps(_mm256_mul_ps(_mm256_loadu_ps(l + vi * 8), a), sum));
+        _mm256_storeu_ps(m + vi * 8, m_new);
+        alignas(32) float av[8];
+        _mm256_store_ps(av, a);
+        for (int i0 = 0; i0 < 8; i0 += 4) {
+            int d0 = 0;
+            for (; d0 + 16 <= hd; d0 += 16) lane_values<Load8, 2>(sv, ls, i0, v, ldv, n, d0, av, ov, hd);
+            if (d0 < hd) lane_values<Load8, 1>(sv, ls, i0, v, ldv, n, d0, av, ov, hd);
+        }
+    }
+}
+
 KernelTable::QuantDot quant_for_bits(int bits) {
     return bits == 8 ? dot_rows_quant<8> : bits == 6 ? dot_rows_quant<6> : bits == 5 ? dot_rows_quant<5>
          : bits == 3 ? dot_rows_quant<3> : dot_rows_quant<4>;
@@ -864,6 +956,7 @@ const KernelTable *avx2_kernels() {
         t.kv_accum[q8] = kv_accum_q8;
         t.kv_store[f16] = kv_store_f16, t.kv_store[q8] = kv_store_q8;
         t.kv_load[f16] = to_f32<load8_f16, load1_f16>, t.kv_load[q8] = kv_load_q8;
+        t.attn_lanes[f32] = attn_lanes<load8_f32>, t.attn_lanes[f16] = attn_lanes<load8_f16>;
         return t;
     }();
     return &table;

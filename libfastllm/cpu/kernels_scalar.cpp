@@ -185,6 +185,36 @@ inline float load1_f32(const void *p, int i) { return ((const float *)p)[i]; }
 inline float load1_f16(const void *p, int i) { return f16_to_f32(((const uint16_t *)p)[i]); }
 inline float load1_bf16(const void *p, int i) { return bf16_to_f32(((const uint16_t *)p)[i]); }
 
+// KernelTable::attn_lanes, a query at a time: the reference of the vector tables' (the same sums in
+// the same order, each product rounded before its sum, and std::exp).
+template <float (*Load1)(const void *, int)>
+void attn_lanes(const float *q, int nv, int hd, const void *k, size_t ldk, const void *v, size_t ldv, int n,
+                const int *lo, const int *hi, float cap, float *m, float *l, float *o, float *s) {
+    auto row = [](const void *base, size_t ld, int j) { return (const char *)base + (size_t)j * ld; };
+    for (int i = 0; i < 8 * nv; i++) {
+        const float *qi = q + (size_t)i * hd;
+        float mx = -INFINITY;
+        for (int j = 0; j < n; j++) {
+            float t[8] = {};
+            for (int d = 0; d < hd; d++) t[d % 8] += Load1(row(k, ldk, j), d) * qi[d];
+            float x = ((t[0] + t[1]) + (t[2] + t[3])) + ((t[4] + t[5]) + (t[6] + t[7]));
+            if (cap > 0) softcap(&x, 1, cap);
+            s[j] = j >= lo[i] && j < hi[i] ? x : -INFINITY;
+            mx = std::max(mx, s[j]);
+        }
+        const float m_new = std::max(m[i], mx), diff = m[i] - m_new;
+        const float a = std::exp(diff >= -87.3f ? diff : -87.3f);  // NaN: no key yet (o and l are 0)
+        float sum = 0;
+        for (int j = 0; j < n; j++) sum += (s[j] = j >= lo[i] && j < hi[i] ? std::exp(s[j] - m_new) : 0.0f);
+        l[i] = l[i] * a + sum, m[i] = m_new;
+        for (int d = 0; d < hd; d++) {
+            float acc = 0;
+            for (int j = 0; j < n; j++) acc += s[j] * Load1(row(v, ldv, j), d);
+            o[(size_t)i * hd + d] = o[(size_t)i * hd + d] * a + acc;
+        }
+    }
+}
+
 template <float (*Load1)(const void *, int)>
 void gemm_pack(const void *w, size_t stride, int rows, int n, float *p) {
     constexpr int C = KernelTable::kGemmCols;
@@ -245,6 +275,7 @@ const KernelTable *scalar_kernels() {
     static const KernelTable table = [] {
         KernelTable t = with_quant_kernels(kPlain, quant_for_bits);
         set_scalar_kv_kernels(t);
+        t.attn_lanes[(int)KvType::F32] = attn_lanes<load1_f32>, t.attn_lanes[(int)KvType::F16] = attn_lanes<load1_f16>;
         return t;
     }();
     return &table;

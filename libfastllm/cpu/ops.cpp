@@ -520,11 +520,8 @@ void attend_blocks(const KernelTable &k, const float *q, const AttentionRun &run
 //   7 (Qwen2.5-0.5B):                   1900 deep 32.5 / 33.1, 4096 deep 30.3 / 34.7
 // A block converts each key once for all its heads, and its products need no horizontal sums, but
 // it converts and packs the keys and values before any product; with few heads that costs more
-// than it saves. Tried and left out (AMD EPYC Zen 3, AVX2): a block's 7-8 heads side by side in the
-// lanes of a vector, each key's scores by FMAs over its f32 row and one reduction tree for 8 heads,
-// the softmax a vector op for them, no panel packed: the products alone 4.4 ns a (head, key) pair
-// from L1, and Qwen2.5-0.5B's layer 4096 deep as fast as the blocks (build/bench_attention 1 4096
-// 21 64 14 2 1 0: 7.06 against 7.06-7.3 ns a pair; converting the rows took 30% of it).
+// than it saves. Where the kernels have attn_lanes (AVX2), a block's decoding rows take their heads
+// in lanes instead (attend_lanes).
 constexpr int kDecodeGroupBlocked = 6;
 
 // The keys of decoding row r of a run: [begin, end).
@@ -600,13 +597,108 @@ DirectMemory carve_direct(Carve &c, int nq, int hd) {
     return m;
 }
 
-// A task's memory: a blocked one's (a step's, then max_group blocks' states) or a direct one's.
+// Queries a pass over a decoding task's keys takes in lanes (attend_lanes): 8 vectors. A task's
+// queries past these (a step of 17 rows of 7 heads: 119) take another pass.
+constexpr int kLaneQueries = 64;
+// A lanes task's memory: the queries and their weighted values, maxima, totals and bounds, a step's
+// scores, its keys and values as f32 (where the cache's are not both f32 or both f16), a q8 row.
+struct LaneMemory {
+    float *q, *o, *m, *l, *s, *kt, *vt, *tmp;
+    int *lo, *hi;
+};
+LaneMemory carve_lanes(Carve &c, int hd, int64_t kv_dim) {
+    const size_t Q = kLaneQueries, B = KvCache::kBlock;
+    LaneMemory m;
+    m.q = c.take(Q * hd), m.o = c.take(Q * hd), m.m = c.take(Q), m.l = c.take(Q), m.s = c.take(Q * B);
+    m.kt = c.take(B * hd), m.vt = c.take(B * hd), m.tmp = c.take((size_t)kv_dim);
+    m.lo = c.take<int>(Q), m.hi = c.take<int>(Q);
+    return m;
+}
+
+// A task's memory: a blocked one's (a step's, then max_group blocks' states), a direct one's or a
+// lanes one's.
 size_t block_floats(int hd, int64_t kv_dim) {
-    Carve c, d;
+    Carve c, d, e;
     carve_step(c, hd, kv_dim);
     for (int b = 0; b < max_group(hd); b++) carve_state(c, hd);
     carve_direct(d, kMaxDirectQueries, hd);
-    return std::max(c.used, d.used);
+    carve_lanes(e, hd, kv_dim);
+    return std::max({c.used, d.used, e.used});
+}
+
+// A blocked task's decoding rows with their queries in lanes (KernelTable::attn_lanes): up to
+// kLaneQueries of the rows' heads a pass over their keys, a step of the online softmax per run of
+// keys in one cache block (the steps fall on the blocks, so a row's are the same whatever rows go
+// with it). Keys and values both f16 or both f32 are read in the cache; other types are converted
+// to f32 a row at a time. The rows' KV rows are prefetched into L2 kDirectAhead keys on, as
+// attend_direct's (none, 32, 128 or 256 keys on measured the same). Against the same rows in blocks
+// (attend_blocks: keys packed into panels, products of 7 queries, each query's softmax apart; AMD
+// EPYC Zen 3, 2 threads, build/bench_attention 2 4096 11 64 14 2 ROWS, Qwen2.5-0.5B's heads 4096
+// deep, the rows from memory): one row 0.52-0.61 -> 0.42 ms (in the caches, 1 thread, 7.4 -> 5.2-5.8
+// ns a head and key), 4 rows 1.17-1.19 -> 1.13-1.15 ms, 17 rows 2.31-2.36 -> 2.02-2.08 ms. In the
+// model, generating after 4096 tokens, a token's attention 10.0-10.4 -> 8.7-9.3 ms and tokens/s
+// 1.037x (bench_long_prompt.py --from_state, 7 rounds); TinyLlama int4's after 1900 1.022x. A first
+// form, the rows converted to f32 and each key value broadcast against the queries (transposed),
+// ran no faster than the blocks.
+void attend_lanes(const KernelTable &k, const float *q, const AttentionRun &run, int layer, const AttentionShape &sh,
+                  const BlockGroup &bg, float *out, float *mem) {
+    const int hd = sh.head_dim, group = sh.n_heads / sh.n_kv_heads, hn = bg.hn, off = bg.g * hd;
+    const KvCache &cache = *run.cache;
+    Carve carve{mem};
+    const LaneMemory lm = carve_lanes(carve, hd, cache.kv_dim());
+    const HeadLines k_lines = head_lines(cache.type_k(), off, hd), v_lines = head_lines(cache.type_v(), off, hd);
+    const KvType tk = cache.type_k(), tv = cache.type_v();
+    const bool in_place = tk == tv && k.attn_lanes[(int)tk];
+    const KernelTable::AttnLanes lanes = k.attn_lanes[(int)(in_place ? tk : KvType::F32)];
+    const size_t value_bytes = tk == KvType::F16 ? 2 : 4;  // in place: f16 or f32
+    auto key_end = [&](int r) { return run.pos0 + (sh.causal ? r + 1 : run.T); };
+    auto key_begin = [&](int r) { return sh.window > 0 ? std::max(0, key_end(r) - sh.window) : 0; };
+    int begin[kLaneQueries], end[kLaneQueries];
+    for (int b = 0; b < bg.n; b++) {
+        const int r0 = (bg.first + b * bg.stride) * bg.rows, r1 = std::min(run.T, r0 + bg.rows), all = (r1 - r0) * hn;
+        for (int i0 = 0; i0 < all; i0 += kLaneQueries) {
+            const int nq = std::min(kLaneQueries, all - i0), nv = (nq + 7) / 8, L = 8 * nv;
+            int first_key = INT32_MAX, last_key = 0;
+            for (int i = 0; i < L; i++) {
+                const int row = r0 + (i0 + i) / hn, h = bg.g * group + bg.h0 + (i0 + i) % hn;
+                const float *src = i < nq ? q + ((size_t)(run.first_row + row) * sh.n_heads + h) * hd : nullptr;
+                for (int d = 0; d < hd; d++) lm.q[(size_t)i * hd + d] = src ? src[d] * sh.scale : 0.0f, lm.o[(size_t)i * hd + d] = 0.0f;
+                lm.m[i] = -INFINITY, lm.l[i] = 0.0f;
+                begin[i] = src ? key_begin(row) : 0, end[i] = src ? key_end(row) : 0;  // a lane past nq: no key
+                if (src) first_key = std::min(first_key, begin[i]), last_key = std::max(last_key, end[i]);
+            }
+            for (int p = first_key, len; p < std::min(last_key, first_key + kDirectAhead); p += len) {
+                len = KvCache::run_in_block(p, std::min(last_key, first_key + kDirectAhead));
+                prefetch_rows_l2(cache.k_row(layer, p), cache.row_bytes_k(), len, k_lines);
+                prefetch_rows_l2(cache.v_row(layer, p), cache.row_bytes_v(), len, v_lines);
+            }
+            for (int p = first_key, n; p < last_key; p += n) {
+                n = KvCache::run_in_block(p, last_key);
+                if (const int a = p + kDirectAhead; a < last_key) {
+                    prefetch_rows_l2(cache.k_row(layer, a), cache.row_bytes_k(), std::min(n, last_key - a), k_lines);
+                    prefetch_rows_l2(cache.v_row(layer, a), cache.row_bytes_v(), std::min(n, last_key - a), v_lines);
+                }
+                const char *kr = cache.k_row(layer, p), *vr = cache.v_row(layer, p);
+                const void *kp = kr + (size_t)off * value_bytes, *vp = vr + (size_t)off * value_bytes;
+                size_t ldk = cache.row_bytes_k(), ldv = cache.row_bytes_v();
+                if (!in_place) {
+                    for (int j = 0; j < n; j++) {
+                        load_head(k, tk, kr + (size_t)j * ldk, off, hd, cache.kv_dim(), lm.kt + (size_t)j * hd, lm.tmp);
+                        load_head(k, tv, vr + (size_t)j * ldv, off, hd, cache.kv_dim(), lm.vt + (size_t)j * hd, lm.tmp);
+                    }
+                    kp = lm.kt, vp = lm.vt, ldk = ldv = (size_t)hd * 4;
+                }
+                for (int i = 0; i < L; i++) lm.lo[i] = begin[i] - p, lm.hi[i] = end[i] - p;
+                lanes(lm.q, nv, hd, kp, ldk, vp, ldv, n, lm.lo, lm.hi, sh.softcap, lm.m, lm.l, lm.o, lm.s);
+            }
+            for (int i = 0; i < nq; i++) {
+                const int row = r0 + (i0 + i) / hn, h = bg.g * group + bg.h0 + (i0 + i) % hn;
+                float *dst = out + ((size_t)(run.first_row + row) * sh.n_heads + h) * hd;
+                const float inv = 1.0f / lm.l[i];
+                for (int d = 0; d < hd; d++) dst[d] = lm.o[(size_t)i * hd + d] * inv;
+            }
+        }
+    }
 }
 
 // Rows [r0, r0 + nr) of a run, row r0 + i against keys kr[i], query heads [h0, h0 + hn) of KV head
@@ -840,12 +932,14 @@ void attention(const KernelTable &k, const float *q, const AttentionRun *runs, i
                 continue;
             }
             const Blocks &b = blocks_for(run);
+            const bool lanes = k.attn_lanes[(int)KvType::F32] && run.T < kAttentionBlockRows && sh.head_dim % 8 == 0;
             const int64_t n_blocks = (run.T + b.rows - 1) / b.rows, groups_of_blocks = n_groups(run);
             const int j = (int)(groups_of_blocks - 1 - local / b.per_rows);  // the group of the last block (the most keys) first
             const int g = (int)(local % b.per_rows / b.head_blocks), h0 = (int)(local % b.head_blocks) * b.hn;
             const BlockGroup bg{g, h0, std::min(b.hn, group - h0), b.rows, j, (int)groups_of_blocks,
                                 (int)((n_blocks - j + groups_of_blocks - 1) / groups_of_blocks)};
-            attend_blocks(k, q, run, layer, sh, bg, out, mem);
+            if (lanes) attend_lanes(k, q, run, layer, sh, bg, out, mem);
+            else attend_blocks(k, q, run, layer, sh, bg, out, mem);
         }
     }, 1);  // one task at a time: a prompt's tasks are few, long, and uneven
     for (const RowGroup &rg : row_groups) {  // the parts' states merged, row by row

@@ -422,11 +422,12 @@ static void test_attention(const KernelTable &k) {
     // Decoding rows with 8 heads a KV head, 4 KV heads: on 8 threads their groups are cut into
     // blocks of fewer heads (4 for one row), which must not change a bit of the result against 2
     // threads or 1, nor a row's against the row alone (a speculative step of up to kStepRows rows).
-    // f16 and f32 caches, whose panels are packed from their rows in place; with a window of 100,
-    // the first step of keys starts inside the window (copied, zeros before it) and the second is
-    // in place.
+    // f16 and f32 caches, read in place (the panels packed from their rows, or the lanes' kernel
+    // reading them), and q8 ones, converted first; with a window of 100, the first step of keys
+    // starts inside the window (blocks: copied, zeros before it; lanes: the keys before a row's
+    // window outside its bounds) and the second is in place.
     static ThreadPool pool8(8), pool1(1);
-    for (KvType kv : {KvType::F16, KvType::F32})
+    for (KvType kv : {KvType::F16, KvType::F32, KvType::Q8})
     for (int window : {0, 100})
     for (int T : {1, 3, kStepRows}) {
         const int n_heads = 32, n_kv = 4, hd = 64, pos0 = 150, kv_dim = n_kv * hd;
@@ -443,7 +444,7 @@ static void test_attention(const KernelTable &k) {
         ops::attention(k, q.data(), &run, 1, 0, sh, out1.data(), scratch, pool1);
         const double e = rel_err(out8.data(), ref_attention(q.data(), T, pos0, cache, sh).data(), out8.size());
         CHECK(e < 1e-5, "attention %s, 8 heads a KV head on 8 threads, %s cache, window %d, rows %d: rel err %g",
-              isa_name(k.isa), kv == KvType::F16 ? "f16" : "f32", window, T, e);
+              isa_name(k.isa), kv_type_name(kv), window, T, e);
         CHECK(std::memcmp(out2.data(), out8.data(), out2.size() * sizeof(float)) == 0 &&
                   std::memcmp(out1.data(), out8.data(), out1.size() * sizeof(float)) == 0,
               "attention %s, 8 heads a KV head, window %d, rows %d: 1, 2 and 8 threads differ", isa_name(k.isa), window, T);
