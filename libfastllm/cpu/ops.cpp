@@ -521,7 +521,9 @@ void attend_blocks(const KernelTable &k, const float *q, const AttentionRun &run
 // A block converts each key once for all its heads, and its products need no horizontal sums, but
 // it converts and packs the keys and values before any product; with few heads that costs more
 // than it saves. Where the kernels have attn_lanes (AVX2), a block's decoding rows take their heads
-// in lanes instead (attend_lanes).
+// in lanes instead (attend_lanes); below 6 heads a KV head those lanes lost to the direct path too
+// (build/bench_attention 2 4096 11 64 HEADS KV 1, AMD EPYC Zen 3: 9 heads of 3 KV heads 0.69-0.97
+// against 0.45-0.58 ms, 32 of 8 1.95-2.38 against 1.41-1.51).
 constexpr int kDecodeGroupBlocked = 6;
 
 // The keys of decoding row r of a run: [begin, end).
