@@ -587,6 +587,18 @@ bool read_together(const AttentionRun &run, const AttentionShape &sh, int a, int
 constexpr int kDirectRows = 16, kDirectAhead = 64;
 static_assert(kDirectAhead % KvCache::kBlock == 0 && KvCache::kBlock % kDirectRows == 0, "rows a call ahead in one block");
 
+// The first kDirectAhead of KV rows [begin, end) into L2 (head lines k and v), which no call's
+// prefetch ahead reaches: 32 characters of 1,000 tokens decoding together (bench_npc.py --sessions
+// 32, tasks of 250 keys) 1.05-1.09x, one row of 4096 keys 1.0x (attend_direct).
+void prefetch_first_rows(const KvCache &cache, int layer, int begin, int end, HeadLines k, HeadLines v) {
+    end = std::min(end, begin + kDirectAhead);
+    for (int p = begin, len; p < end; p += len) {
+        len = KvCache::run_in_block(p, end);
+        prefetch_rows_l2(cache.k_row(layer, p), cache.row_bytes_k(), len, k);
+        prefetch_rows_l2(cache.v_row(layer, p), cache.row_bytes_v(), len, v);
+    }
+}
+
 // A direct task's queries: up to a run's decoding rows times a KV head's heads.
 constexpr int kMaxDirectQueries = kStepRows * (kDecodeGroupBlocked - 1);
 // A direct task's memory: its queries' scores for a step, the queries, their weighted values.
@@ -653,8 +665,6 @@ void attend_lanes(const KernelTable &k, const float *q, const AttentionRun &run,
     const bool in_place = tk == tv && k.attn_lanes[(int)tk];
     const KernelTable::AttnLanes lanes = k.attn_lanes[(int)(in_place ? tk : KvType::F32)];
     const size_t value_bytes = tk == KvType::F16 ? 2 : 4;  // in place: f16 or f32
-    auto key_end = [&](int r) { return run.pos0 + (sh.causal ? r + 1 : run.T); };
-    auto key_begin = [&](int r) { return sh.window > 0 ? std::max(0, key_end(r) - sh.window) : 0; };
     int begin[kLaneQueries], end[kLaneQueries];
     for (int b = 0; b < bg.n; b++) {
         const int r0 = (bg.first + b * bg.stride) * bg.rows, r1 = std::min(run.T, r0 + bg.rows), all = (r1 - r0) * hn;
@@ -666,14 +676,11 @@ void attend_lanes(const KernelTable &k, const float *q, const AttentionRun &run,
                 const float *src = i < nq ? q + ((size_t)(run.first_row + row) * sh.n_heads + h) * hd : nullptr;
                 for (int d = 0; d < hd; d++) lm.q[(size_t)i * hd + d] = src ? src[d] * sh.scale : 0.0f, lm.o[(size_t)i * hd + d] = 0.0f;
                 lm.m[i] = -INFINITY, lm.l[i] = 0.0f;
-                begin[i] = src ? key_begin(row) : 0, end[i] = src ? key_end(row) : 0;  // a lane past nq: no key
+                const KeyRange kr = src ? row_keys(run, sh, row) : KeyRange{0, 0};  // a lane past nq: no key
+                begin[i] = kr.begin, end[i] = kr.end;
                 if (src) first_key = std::min(first_key, begin[i]), last_key = std::max(last_key, end[i]);
             }
-            for (int p = first_key, len; p < std::min(last_key, first_key + kDirectAhead); p += len) {
-                len = KvCache::run_in_block(p, std::min(last_key, first_key + kDirectAhead));
-                prefetch_rows_l2(cache.k_row(layer, p), cache.row_bytes_k(), len, k_lines);
-                prefetch_rows_l2(cache.v_row(layer, p), cache.row_bytes_v(), len, v_lines);
-            }
+            prefetch_first_rows(cache, layer, first_key, last_key, k_lines, v_lines);
             for (int p = first_key, n; p < last_key; p += n) {
                 n = KvCache::run_in_block(p, last_key);
                 if (const int a = p + kDirectAhead; a < last_key) {
@@ -734,13 +741,7 @@ void attend_direct(const KernelTable &k, const float *q, const AttentionRun &run
     std::fill(m, m + nq, -INFINITY);
     std::fill(l, l + nq, 0.0f);
     const HeadLines k_lines = head_lines(cache.type_k(), off, hd), v_lines = head_lines(cache.type_v(), off, hd);
-    // The first kDirectAhead rows, which no call prefetches: 32 characters of 1,000 tokens decoding
-    // together (bench_npc.py --sessions 32, tasks of 250 keys) 1.05-1.09x, one row of 4096 keys 1.0x.
-    for (int p = begin, len; p < std::min(end, begin + kDirectAhead); p += len) {
-        len = KvCache::run_in_block(p, std::min(end, begin + kDirectAhead));
-        prefetch_rows_l2(cache.k_row(layer, p), cache.row_bytes_k(), len, k_lines);
-        prefetch_rows_l2(cache.v_row(layer, p), cache.row_bytes_v(), len, v_lines);
-    }
+    prefetch_first_rows(cache, layer, begin, end, k_lines, v_lines);
     for (int p0 = begin, n; p0 < end; p0 += n) {
         n = std::min(kBlockKeys, end - p0);
         // The step's rows in calls of kDirectRows, each prefetching the rows kDirectAhead on
